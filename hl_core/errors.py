@@ -1,0 +1,41 @@
+"""User-facing errors.
+
+Every mistake a user can make in a recipe or a data file is raised as a
+``UserError``: the launcher prints its one-paragraph message (no traceback) and
+exits with code 2. Code bugs stay ordinary exceptions.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Iterable, Optional
+
+EXIT_USER_ERROR = 2
+
+
+class UserError(Exception):
+    """A mistake in the user's recipe, command line or data: message names the place and the fix."""
+
+    exit_code = EXIT_USER_ERROR
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
+class RecipeError(UserError):
+    """A bad recipe key, value or combination of values."""
+
+
+class DataError(UserError):
+    """A bad data file or data row; the message names ``file:line`` (or row index)."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """Return ' Did you mean `x`?' for the closest choice, or '' when nothing is close."""
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return f" Did you mean `{match[0]}`?" if match else ""
+
+
+def suggestion(word: str, choices: Iterable[str]) -> Optional[str]:
+    match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
+    return match[0] if match else None

@@ -1,0 +1,44 @@
+"""DPO over (already humanline-transformed) per-token log-ratios.
+
+``r_c = beta * sum_t d_c[t]``, ``r_r = beta * sum_t d_r[t]``, ``loss = mean_b -logsigmoid(r_c - r_r)``.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Tuple
+
+import torch
+import torch.nn.functional as F
+
+
+def sequence_logratio(logratios: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Sum of per-token log-ratios over the non-masked tokens: ``[B, T] -> [B]``."""
+    return (logratios * mask.to(logratios.dtype)).sum(dim=-1)
+
+
+def dpo_loss(
+    chosen_logratios: torch.Tensor,
+    chosen_mask: torch.Tensor,
+    rejected_logratios: torch.Tensor,
+    rejected_mask: torch.Tensor,
+    beta: float = 0.1,
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Batch mean of ``-logsigmoid(beta * (sum chosen - sum rejected))``.
+
+    Returns ``(loss, metrics)``; metrics hold the mean chosen/rejected rewards (``beta * sum``),
+    the mean margin and the reward accuracy (fraction of pairs with chosen reward > rejected).
+    """
+    if chosen_logratios.shape[0] != rejected_logratios.shape[0]:
+        raise ValueError("chosen and rejected batches must have the same number of pairs")
+    chosen_rewards = beta * sequence_logratio(chosen_logratios, chosen_mask)
+    rejected_rewards = beta * sequence_logratio(rejected_logratios, rejected_mask)
+    margins = chosen_rewards - rejected_rewards
+    loss = -F.logsigmoid(margins).mean()
+    with torch.no_grad():
+        metrics = {
+            "rewards/chosen": float(chosen_rewards.mean()),
+            "rewards/rejected": float(rejected_rewards.mean()),
+            "rewards/margin": float(margins.mean()),
+            "rewards/accuracy": float((margins > 0).float().mean()),
+        }
+    return loss, metrics

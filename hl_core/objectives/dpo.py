@@ -26,7 +26,8 @@ def dpo_loss(
     """Batch mean of ``-logsigmoid(beta * (sum chosen - sum rejected))``.
 
     Returns ``(loss, metrics)``; metrics hold the mean chosen/rejected rewards (``beta * sum``),
-    the mean margin and the reward accuracy (fraction of pairs with chosen reward > rejected).
+    the mean margin and the reward accuracy (fraction of pairs with chosen reward > rejected, ties
+    counting one half).
     """
     if chosen_logratios.shape[0] != rejected_logratios.shape[0]:
         raise ValueError("chosen and rejected batches must have the same number of pairs")
@@ -39,6 +40,13 @@ def dpo_loss(
             "rewards/chosen": float(chosen_rewards.mean()),
             "rewards/rejected": float(rejected_rewards.mean()),
             "rewards/margin": float(margins.mean()),
-            "rewards/accuracy": float((margins > 0).float().mean()),
+            # ties (e.g. policy == reference at step 0) count as half right
+            "rewards/accuracy": float(((margins > 0).float() + 0.5 * (margins == 0).float()).mean()),
         }
     return loss, metrics
+
+
+def dpo_batch_loss(objective_cfg, log_ratios: torch.Tensor, mask: torch.Tensor, batch) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Trainer entry point: rows ``[:B]`` of a collated pair batch are chosen, rows ``[B:]`` rejected."""
+    half = log_ratios.shape[0] // 2
+    return dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta)

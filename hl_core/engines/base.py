@@ -1,0 +1,65 @@
+"""The engine interface the trainer talks to; it knows nothing of DeepSpeed or Megatron internals."""
+
+from __future__ import annotations
+
+from typing import Any, Dict, Optional
+
+import torch
+
+
+class Engine:
+    """Policy + reference models behind one interface.
+
+    * ``token_logps(batch, model)``: per-token log-probs ``[B, T]`` aligned with ``batch['input_ids']``
+      (``model`` is ``"policy"`` (with grad) or ``"reference"`` (no grad)).
+    * ``backward(loss)``: accumulate gradients of one micro-batch.
+    * ``step()``: gradient clipping + optimizer + LR scheduler at an accumulation boundary; returns
+      ``{"lr": ..., "grad_norm": ...}`` or ``None`` between boundaries.
+    * ``sync_reference()``: copy each rank's shard of every policy parameter into the matching
+      reference shard (shard-local; never gathers).
+    * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints.
+    * ``save_hf(dir)``: a Hugging Face model directory (safetensors + tokenizer).
+    """
+
+    rank: int = 0
+    world_size: int = 1
+    dp_size: int = 1
+    gradient_accumulation_steps: int = 1
+
+    def token_logps(self, batch: Dict[str, torch.Tensor], model: str = "policy") -> torch.Tensor:
+        raise NotImplementedError
+
+    def backward(self, loss: torch.Tensor) -> None:
+        raise NotImplementedError
+
+    def is_accumulation_boundary(self) -> bool:
+        raise NotImplementedError
+
+    def step(self) -> Optional[Dict[str, float]]:
+        raise NotImplementedError
+
+    def sync_reference(self) -> None:
+        raise NotImplementedError
+
+    def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
+        raise NotImplementedError
+
+    def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
+        raise NotImplementedError
+
+    def save_hf(self, directory: str) -> None:
+        raise NotImplementedError
+
+    def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
+        """Sum a float tensor over all ranks (data-parallel metrics)."""
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
+            values = values.clone()
+            torch.distributed.all_reduce(values)
+        return values
+
+    def barrier(self) -> None:
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.barrier()
+
+    def close(self) -> None:
+        """Tear engines and the process group down explicitly (needed under ZeRO-3)."""

@@ -1,0 +1,249 @@
+"""DeepSpeed engine: a trainable policy engine and a frozen reference engine with one sharding layout.
+
+* ZeRO-0/1/2: parameters are whole on every rank; the reference is a stage-0 engine and syncing
+  copies ``param.data``.
+* ZeRO-3: the reference is a stage-3 engine without an optimizer, so its parameters are partitioned
+  exactly like the policy's. Syncing copies each rank's own partition (``param.ds_tensor``) and, for
+  parameters kept whole under the persistence threshold (``param.ds_persist``), also ``param.data``.
+  Nothing is gathered.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import torch
+
+from ..config import batch_layout
+from ..errors import RecipeError
+from ..logprobs import sequence_token_logps
+from ..modeling import build_policy_and_reference
+from .base import Engine
+
+
+def lr_lambda(warmup_steps: int, max_steps: int, schedule: str):
+    """Multiplier on the peak LR at update ``n``: linear warm-up, then constant, linear or cosine decay."""
+
+    def fn(n: int) -> float:
+        if warmup_steps and n < warmup_steps:
+            return (n + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (n - warmup_steps) / max(1, max_steps - warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def _init_distributed(backend: Optional[str]) -> None:
+    import deepspeed
+
+    if torch.distributed.is_initialized():
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" not in os.environ:
+        # Plain `python launchers/run.py ...`: a single process without a launcher.
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    deepspeed.init_distributed(dist_backend=backend, verbose=False)
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class DeepSpeedEngine(Engine):
+    def __init__(self, recipe, tokenizer):
+        import deepspeed
+
+        self.recipe = recipe
+        self.tokenizer = tokenizer
+        _init_distributed(recipe.engine.dist_backend)
+        self.rank = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
+        self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
+        self.zero_stage = recipe.engine.zero_stage
+        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        if self.device.type == "cuda":
+            torch.cuda.set_device(self.device)
+        train = recipe.train
+
+        bf16 = recipe.engine.precision == "bf16"
+        zero = {"stage": self.zero_stage}
+        if self.zero_stage == 3:
+            zero["stage3_param_persistence_threshold"] = recipe.engine.zero3_param_persistence_threshold
+        policy_config = {
+            "train_micro_batch_size_per_gpu": train.micro_batch_size,
+            "gradient_accumulation_steps": self.gradient_accumulation_steps,
+            "zero_optimization": zero,
+            "bf16": {"enabled": bf16},
+            "steps_per_print": 10**9,
+            "wall_clock_breakdown": False,
+        }
+        if train.max_grad_norm is not None:
+            policy_config["gradient_clipping"] = train.max_grad_norm
+        reference_config = {
+            "train_micro_batch_size_per_gpu": train.micro_batch_size,
+            "gradient_accumulation_steps": 1,
+            "zero_optimization": dict(zero) if self.zero_stage == 3 else {"stage": 0},
+            "bf16": {"enabled": bf16},
+            "steps_per_print": 10**9,
+        }
+
+        policy, reference = build_policy_and_reference(
+            recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None
+        )
+        decay, no_decay = [], []
+        for name, param in policy.named_parameters():
+            (no_decay if param.ndim < 2 else decay).append(param)
+        groups = [
+            {"params": decay, "weight_decay": train.weight_decay},
+            {"params": no_decay, "weight_decay": 0.0},
+        ]
+        optimizer = torch.optim.AdamW(
+            groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps,
+            fused=self.device.type == "cuda",
+        )
+        scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
+        )
+        self.policy, self.optimizer, _, self.scheduler = deepspeed.initialize(
+            model=policy, optimizer=optimizer, lr_scheduler=scheduler, config=policy_config
+        )
+        self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
+        self.reference.eval()
+        self._pairs = self._parameter_pairs()
+        self._last_grad_norm = float("nan")
+
+    # -------------------------------------------------------------------------------------------
+    def _parameter_pairs(self):
+        pol = list(self.policy.module.named_parameters())
+        ref = list(self.reference.module.named_parameters())
+        if [n for n, _ in pol] != [n for n, _ in ref]:
+            raise RuntimeError("policy and reference parameters differ in names or order")
+        return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
+
+    def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
+        engine = self.policy if model == "policy" else self.reference
+        input_ids = batch["input_ids"].to(self.device)
+        attention_mask = batch["attention_mask"].to(self.device)
+        chunk = self.recipe.train.logps_chunk_size
+        if model == "policy":
+            return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
+        with torch.no_grad():
+            return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
+
+    def backward(self, loss):
+        self.policy.backward(loss)
+
+    def is_accumulation_boundary(self) -> bool:
+        return self.policy.is_gradient_accumulation_boundary()
+
+    def step(self):
+        boundary = self.policy.is_gradient_accumulation_boundary()
+        lr = self.scheduler.get_last_lr()[0]
+        self.policy.step()
+        if not boundary:
+            return None
+        norm = self.policy.get_global_grad_norm()
+        if norm is None:
+            norm = float("nan")
+        norm = float(norm.item() if torch.is_tensor(norm) else norm)
+        return {"lr": lr, "grad_norm": norm}
+
+    # -------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def sync_reference(self):
+        """Shard-local copy policy -> reference: each rank copies only what it holds."""
+        for _, pol, ref in self._pairs:
+            if hasattr(pol, "ds_tensor"):
+                ref.ds_tensor.data.copy_(pol.ds_tensor.data)
+                if getattr(pol, "ds_persist", False):
+                    ref.data.copy_(pol.data)
+            else:
+                ref.data.copy_(pol.data)
+
+    def _reference_shards(self) -> Dict[str, torch.Tensor]:
+        shards = {}
+        for name, _, ref in self._pairs:
+            if hasattr(ref, "ds_tensor"):
+                shards[name] = ref.ds_tensor.detach().cpu().clone()
+                if getattr(ref, "ds_persist", False):
+                    shards[name + "::full"] = ref.data.detach().cpu().clone()
+            else:
+                shards[name] = ref.data.detach().cpu().clone()
+        return shards
+
+    @torch.no_grad()
+    def _load_reference_shards(self, shards: Dict[str, torch.Tensor]) -> None:
+        for name, _, ref in self._pairs:
+            target = ref.ds_tensor if hasattr(ref, "ds_tensor") else ref
+            if name not in shards or shards[name].shape != target.shape:
+                raise RecipeError(
+                    f"The reference shards in the checkpoint do not match this run's layout (parameter `{name}`). "
+                    "Fix: resume with the same number of processes and `engine.zero_stage` as the saved run."
+                )
+            target.data.copy_(shards[name])
+            if hasattr(ref, "ds_tensor") and getattr(ref, "ds_persist", False):
+                ref.data.copy_(shards[name + "::full"])
+
+    # -------------------------------------------------------------------------------------------
+    def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
+        self.policy.save_checkpoint(directory, tag=tag, client_state=client_state)
+        # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
+        if self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
+            path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
+            torch.save(self._reference_shards(), path)
+        self.barrier()
+
+    def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
+        load_path, client_state = self.policy.load_checkpoint(directory, tag=tag)
+        if load_path is None:
+            raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
+        if self.recipe.humanline.sync_every is not None:
+            rank = self.rank if self.zero_stage == 3 else 0
+            path = Path(load_path) / f"reference_rank{rank:05d}.pt"
+            if not path.exists():
+                raise RecipeError(
+                    f"Checkpoint `{load_path}` has no reference shard `{path.name}`, but this run syncs the reference. "
+                    "Fix: resume from a checkpoint written by a syncing run with the same world size."
+                )
+            self._load_reference_shards(torch.load(path, map_location="cpu", weights_only=True))
+        return client_state or {}
+
+    def save_hf(self, directory: str) -> None:
+        if self.zero_stage == 3:
+            state_dict = self.policy._zero3_consolidated_16bit_state_dict()
+        else:
+            state_dict = {k: v.detach().cpu() for k, v in self.policy.module.state_dict().items()}
+        if self.rank == 0:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            self.policy.module.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)
+            self.tokenizer.save_pretrained(directory)
+        self.barrier()
+
+    def close(self) -> None:
+        for engine in (getattr(self, "policy", None), getattr(self, "reference", None)):
+            if engine is not None and hasattr(engine, "destroy"):
+                try:
+                    engine.destroy()
+                except Exception:  # teardown must never mask the run's own outcome
+                    pass
+        self.policy = self.reference = None
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            torch.distributed.destroy_process_group()

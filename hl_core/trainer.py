@@ -1,0 +1,317 @@
+"""The one training loop. Reads top to bottom: setup, train, evaluate, save.
+
+Per optimizer update ``n`` (``n`` = updates already done):
+
+    for each micro-batch:  policy/reference token log-probs -> humanline transform -> objective -> backward
+    humanline sync (n % k == 0), after the last backward and before the optimizer step
+    optimizer step (gradient clipping inside), metrics, periodic eval and checkpoint
+
+It knows nothing of DeepSpeed or Megatron internals: everything goes through ``hl_core.engines.Engine``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, Iterator, List, Optional
+
+import torch
+
+from .config import Recipe, check_recipe, recipe_to_yaml
+from .engines import build_engine
+from .humanline import ReferenceSyncHook, build_transform
+from .objectives import OBJECTIVES
+from .sinks import Sinks
+
+CHECKPOINT_PREFIX = "step_"
+
+
+def index_stream(num_examples: int, seed: int, shuffle: bool, start: int = 0) -> Iterator[int]:
+    """Endless example indices: epoch ``e`` is a permutation seeded by ``seed + e``; starts at position ``start``."""
+    position = start
+    epoch, perm = -1, None
+    while True:
+        e, offset = divmod(position, num_examples)
+        if e != epoch:
+            epoch = e
+            if shuffle:
+                gen = torch.Generator().manual_seed(seed + e)
+                perm = torch.randperm(num_examples, generator=gen).tolist()
+            else:
+                perm = list(range(num_examples))
+        yield perm[offset]
+        position += 1
+
+
+@dataclass
+class _Accumulator:
+    """Mean of per-micro-batch metrics over one update (and, after ``reduce``, over ranks)."""
+
+    sums: Dict[str, float] = field(default_factory=dict)
+    count: int = 0
+
+    def add(self, metrics: Dict[str, float]) -> None:
+        for key, value in metrics.items():
+            self.sums[key] = self.sums.get(key, 0.0) + float(value)
+        self.count += 1
+
+    def reduce(self, engine) -> Dict[str, float]:
+        keys = sorted(self.sums)
+        local = torch.tensor([self.sums[k] for k in keys] + [float(self.count)], dtype=torch.float64)
+        total = engine.all_reduce_sum(local)
+        count = max(total[-1].item(), 1.0)
+        return {k: total[i].item() / count for i, k in enumerate(keys)}
+
+
+class Trainer:
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.output_dir = Path(recipe.output_dir)
+
+    # ---------------------------------------------------------------------------------------- setup
+    def setup(self) -> None:
+        from .data.build import build_datasets
+        from .modeling import load_tokenizer
+
+        recipe = self.recipe
+        check_recipe(recipe)
+        self.tokenizer = load_tokenizer(recipe.model)
+        self.engine = build_engine(recipe, self.tokenizer)
+        self.is_main = self.engine.rank == 0
+        self.objective = OBJECTIVES[recipe.objective.name]
+        self.transform = build_transform(recipe.humanline)
+        self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
+        self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, self.objective.data_kind, show_progress=self.is_main)
+        self.collate = self.train_data.collate
+
+        self.updates_done = 0
+        self.eval_history: List[Dict[str, float]] = []
+        resume_from = self._resume_target()
+        if resume_from is not None:
+            directory, tag = resume_from
+            state = self.engine.load(str(directory), tag)
+            self.updates_done = int(state.get("updates_done", 0))
+            self.eval_history = list(state.get("eval_history", []))
+            if hasattr(self.transform, "load_state_dict") and "transform_state" in state:
+                self.transform.load_state_dict(state["transform_state"])
+            self._print(f"Resumed from {directory}/{tag} at update {self.updates_done}.")
+        if self.is_main:
+            self.output_dir.mkdir(parents=True, exist_ok=True)
+            (self.output_dir / "recipe.resolved.yaml").write_text(recipe_to_yaml(recipe))
+        self.sinks = Sinks.from_recipe(recipe, self.output_dir, self.updates_done) if self.is_main else None
+        self.engine.barrier()
+
+    def _resume_target(self):
+        resume = self.recipe.checkpoint.resume
+        if resume == "never":
+            return None
+        if resume == "auto":
+            ckpt_dir = self.output_dir / "checkpoints"
+            latest = ckpt_dir / "latest"
+            return (ckpt_dir, latest.read_text().strip()) if latest.exists() else None
+        path = Path(resume)
+        if (path / "latest").exists():
+            return path, (path / "latest").read_text().strip()
+        return path.parent, path.name
+
+    # ---------------------------------------------------------------------------------------- train
+    def train(self) -> Dict[str, float]:
+        recipe, engine = self.recipe, self.engine
+        ga = engine.gradient_accumulation_steps
+        micro = recipe.train.micro_batch_size
+        per_micro_step = micro * engine.dp_size
+        stream = index_stream(len(self.train_data), recipe.train.seed, recipe.data.shuffle,
+                              start=self.updates_done * ga * per_micro_step)
+        if recipe.eval.every is not None and recipe.eval.at_start and self.updates_done == 0:
+            self._evaluate()
+
+        bar = self._progress_bar()
+        step_times, sync_times = [], []
+        run_start = time.perf_counter()
+        while self.updates_done < recipe.train.max_steps:
+            n = self.updates_done
+            step_start = time.perf_counter()
+            acc = _Accumulator()
+            tokens = 0
+            for micro_index in range(ga):
+                indices = [next(stream) for _ in range(per_micro_step)]
+                mine = indices[engine.rank % engine.dp_size * micro:][:micro]
+                batch = self.collate([self.train_data[i] for i in mine])
+                tokens += int(batch["attention_mask"].sum())
+                loss, metrics = self._loss(batch, train=True)
+                engine.backward(loss)
+                acc.add({"loss": float(loss.detach()), **metrics})
+                if micro_index == ga - 1:
+                    # after the last backward (and clipping, inside step), before the optimizer step
+                    sync = self.sync_hook.before_optimizer_step(engine, n)
+                stepped = engine.step()
+            step_time = time.perf_counter() - step_start
+            self.updates_done += 1
+            row = {"step": n, **acc.reduce(engine)}
+            totals = engine.all_reduce_sum(torch.tensor([float(tokens), sync.seconds, step_time], dtype=torch.float64))
+            row.update(
+                lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced,
+                step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
+            )
+            row["tokens_per_s"] = totals[0].item() / max(row["step_time_s"], 1e-9)
+            step_times.append(row["step_time_s"])
+            sync_times.append(row["sync_time_s"])
+            self._log(row, bar)
+            if recipe.eval.every is not None and (
+                self.updates_done % recipe.eval.every == 0 or self.updates_done == recipe.train.max_steps
+            ):
+                self._evaluate(bar)
+            every = recipe.checkpoint.save_every
+            if every is not None and self.updates_done % every == 0:
+                self._save_checkpoint()
+        if bar is not None:
+            bar.close()
+        if recipe.checkpoint.save_final:
+            engine.save_hf(str(self.output_dir / "final"))
+        summary = self._summary(step_times, sync_times, time.perf_counter() - run_start)
+        if self.is_main:
+            self.sinks.close()
+        return summary
+
+    def _loss(self, batch, train: bool):
+        engine = self.engine
+        mask = batch["completion_mask"].to(torch.float32)
+        if train:
+            policy_logps = engine.token_logps(batch, "policy")
+        else:
+            with torch.no_grad():
+                policy_logps = engine.token_logps(batch, "policy")
+        ref_logps = engine.token_logps(batch, "reference")
+        log_ratios, hl_metrics = self.transform(policy_logps, ref_logps, mask.to(policy_logps.device))
+        loss, metrics = self.objective.batch_loss(self.recipe.objective, log_ratios, mask.to(log_ratios.device), batch)
+        return loss, {**metrics, **hl_metrics}
+
+    # ---------------------------------------------------------------------------------------- eval
+    @torch.no_grad()
+    def _evaluate(self, bar=None) -> Dict[str, float]:
+        """Held-out loss and objective metrics over the whole eval split (sharded over ranks)."""
+        engine, recipe = self.engine, self.recipe
+        batch_size = recipe.eval.batch_size or recipe.train.micro_batch_size
+        n = len(self.eval_data)
+        per_round = batch_size * engine.dp_size
+        rounds = math.ceil(n / per_round)
+        if recipe.eval.max_batches is not None:
+            rounds = min(rounds, recipe.eval.max_batches)
+        acc: Dict[str, float] = {}
+        for r in range(rounds):
+            start = r * per_round + (engine.rank % engine.dp_size) * batch_size
+            real = [i for i in range(start, start + batch_size) if i < n]
+            # every rank runs the same number of forwards (ZeRO-3 gathers are collective): a rank with
+            # no rows left runs one dummy example and gives it zero weight
+            batch = self.collate([self.eval_data[i] for i in (real or [0])])
+            loss, metrics = self._loss(batch, train=False)
+            weight = float(len(real))
+            for key, value in {"loss": float(loss), **metrics}.items():
+                acc[key] = acc.get(key, 0.0) + float(value) * weight
+            acc["__weight"] = acc.get("__weight", 0.0) + weight
+        keys = sorted(acc)
+        total = engine.all_reduce_sum(torch.tensor([acc.get(k, 0.0) for k in keys], dtype=torch.float64))
+        weight = max(total[keys.index("__weight")].item(), 1e-9) if "__weight" in keys else 1.0
+        result = {k: total[i].item() / weight for i, k in enumerate(keys) if k != "__weight"}
+        row = {"kind": "eval", "step": self.updates_done, **result}
+        self.eval_history.append({k: v for k, v in row.items() if k != "kind"})
+        if self.is_main:
+            self.sinks.write(row)
+            acc_str = f" reward accuracy {result['rewards/accuracy']:.3f}" if "rewards/accuracy" in result else ""
+            self._print(f"eval @ {self.updates_done}: loss {result.get('loss', float('nan')):.4f}{acc_str}", bar)
+        return result
+
+    # ---------------------------------------------------------------------------------------- save
+    def _save_checkpoint(self) -> None:
+        ckpt_dir = self.output_dir / "checkpoints"
+        tag = f"{CHECKPOINT_PREFIX}{self.updates_done}"
+        state = {"updates_done": self.updates_done, "eval_history": self.eval_history}
+        if hasattr(self.transform, "state_dict"):
+            state["transform_state"] = self.transform.state_dict()
+        self.engine.save(str(ckpt_dir), tag, state)
+        if self.is_main:
+            tags = sorted(
+                (p for p in ckpt_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
+                key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]),
+            )
+            for old in tags[: -self.recipe.checkpoint.keep_last]:
+                shutil.rmtree(old, ignore_errors=True)
+        self.engine.barrier()
+
+    # ---------------------------------------------------------------------------------------- output
+    def _progress_bar(self):
+        if not (self.is_main and self.recipe.logging.progress_bar):
+            return None
+        from tqdm.auto import tqdm
+
+        return tqdm(total=self.recipe.train.max_steps, initial=self.updates_done, desc=self.recipe.name, unit="step", dynamic_ncols=True)
+
+    def _log(self, row: Dict, bar) -> None:
+        if not self.is_main:
+            return
+        self.sinks.write(row)
+        if bar is not None:
+            post = {"loss": f"{row['loss']:.4f}"}
+            if "rewards/accuracy" in row:
+                post["acc"] = f"{row['rewards/accuracy']:.2f}"
+            if "unclamped_frac" in row:
+                post["unclamped"] = f"{row['unclamped_frac']:.2f}"
+            bar.set_postfix(post)
+            bar.update(1)
+        elif row["step"] % self.recipe.logging.log_every == 0:
+            self._print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}))
+
+    def _print(self, text: str, bar=None) -> None:
+        if not getattr(self, "is_main", True):
+            return
+        if bar is not None:
+            bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def _summary(self, step_times, sync_times, wall) -> Dict[str, float]:
+        summary = {"updates": self.updates_done, "wall_s": wall}
+        if step_times:
+            mean_step = sum(step_times) / len(step_times)
+            summary.update(mean_step_s=mean_step, sync_frac=(sum(sync_times) / max(sum(step_times), 1e-12)))
+        if self.eval_history:
+            first, last = self.eval_history[0], self.eval_history[-1]
+            for key in ("rewards/accuracy", "loss", "rewards/margin"):
+                if key in first:
+                    summary[f"eval_start/{key}"] = first[key]
+                    summary[f"eval_end/{key}"] = last[key]
+        if self.is_main:
+            lines = [f"== {self.recipe.name}: {self.updates_done} updates in {wall:.1f}s =="]
+            if step_times:
+                lines.append(f"mean step {summary['mean_step_s']:.3f}s, reference sync {100 * summary['sync_frac']:.2f}% of step time")
+            if "eval_start/rewards/accuracy" in summary:
+                lines.append(
+                    f"held-out preference accuracy: {summary['eval_start/rewards/accuracy']:.3f} (start, update "
+                    f"{self.eval_history[0]['step']}) -> {summary['eval_end/rewards/accuracy']:.3f} (end, update {self.eval_history[-1]['step']})"
+                )
+                lines.append(
+                    f"held-out loss: {summary['eval_start/loss']:.4f} -> {summary['eval_end/loss']:.4f}"
+                )
+            lines.append(f"outputs: {self.output_dir}/metrics.jsonl, checkpoints/, final/")
+            print("\n".join(lines), flush=True)
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def close(self) -> None:
+        engine = getattr(self, "engine", None)
+        if engine is not None:
+            engine.close()
+
+
+def run(recipe: Recipe) -> Dict[str, float]:
+    """Setup, train, save; always tears the engine down."""
+    trainer = Trainer(recipe)
+    try:
+        trainer.setup()
+        return trainer.train()
+    finally:
+        trainer.close()

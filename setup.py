@@ -1,0 +1,38 @@
+"""humanline recipe pack: DPO, KTO and GRPO with humanline syncing, clipping and sampling.
+
+CPU / test install (uses the CPU torch wheel)::
+
+    pip install torch==2.13.0 && pip install -e ".[test]"
+
+GPU clusters: install the CUDA torch build of your choice first, then ``pip install -e .``
+(the Dockerfile does this).
+"""
+
+from setuptools import find_packages, setup
+
+setup(
+    name="humanline-recipes",
+    version="0.1.0",
+    description="Humanline alignment (DPO/KTO/GRPO + reference syncing, clipping, sampling) on DeepSpeed and Megatron-core",
+    python_requires=">=3.10",
+    packages=find_packages(include=["hl_core", "hl_core.*", "launchers", "launchers.*", "eval", "eval.*"]),
+    install_requires=[
+        # torch is deliberately unpinned here: install the build you want first (CPU: torch==2.13.0).
+        "torch>=2.4",
+        "deepspeed>=0.16",
+        "transformers>=4.46",
+        "tokenizers",
+        "datasets",
+        "pyarrow",
+        "safetensors",
+        "pydantic>=2.5",
+        "pyyaml",
+        "tqdm",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "scipy", "tensorboard"],
+        "eval": ["lm-eval>=0.4.5", "math-verify", "alpaca-eval", "matplotlib"],
+        "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
+    },
+    entry_points={"console_scripts": ["hl-run=launchers.run:main"]},
+)

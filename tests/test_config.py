@@ -1,0 +1,151 @@
+"""Recipe loading, inheritance, overrides, and the one-paragraph errors of `run.py --validate` (exit 2)."""
+
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from hl_core.config import apply_overrides, deep_merge, load_recipe
+from hl_core.errors import RecipeError
+from launchers.run import main
+
+REPO = Path(__file__).resolve().parent.parent
+TINY = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def _write(tmp_path, text, name="recipe.yaml"):
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def _tiny_child(tmp_path, body=""):
+    return _write(tmp_path, f"defaults: [{TINY}]\n" + textwrap.dedent(body))
+
+
+def test_tiny_recipes_load_with_inheritance():
+    recipe = load_recipe(TINY)
+    assert recipe.objective.name == "dpo" and recipe.objective.beta == 0.1
+    assert recipe.humanline.transform == "clip" and recipe.humanline.sync_every == 1
+    assert recipe.engine.zero_stage == 0 and recipe.engine.precision == "fp32"
+    assert recipe.name == "humanline_dpo"
+    plain = load_recipe(REPO / "recipes" / "tiny" / "offline_dpo.yaml")
+    assert plain.humanline.transform == "none" and plain.humanline.sync_every is None
+
+
+def test_overrides_parse_yaml_values():
+    recipe = load_recipe(TINY, ["engine.zero_stage=3", "humanline.sync_every=null", "train.lr=5e-4", "objective=dpo"])
+    assert recipe.engine.zero_stage == 3 and recipe.humanline.sync_every is None and recipe.train.lr == 5e-4
+
+
+def test_deep_merge_and_override_helpers():
+    assert deep_merge({"a": {"b": 1, "c": 2}}, {"a": {"c": 3}}) == {"a": {"b": 1, "c": 3}}
+    assert apply_overrides({"a": {"b": 1}}, ["a.c.d=[1, 2]"]) == {"a": {"b": 1, "c": {"d": [1, 2]}}}
+
+
+def test_validate_ok(capsys):
+    assert main([str(TINY), "--validate"]) == 0
+    out = capsys.readouterr().out
+    assert "is valid" in out and "train rows" in out
+
+
+BAD_RECIPES = {
+    "unknown key with suggestion": ("train:\n  max_step: 3\n", ["train.max_step", "max_steps"]),
+    "unknown group with suggestion": ("humanlin:\n  sync_every: 2\n", ["humanlin", "humanline"]),
+    "wrong type": ("train:\n  lr: fast\n", ["train.lr", "number"]),
+    "zero stage out of range": ("engine:\n  zero_stage: 5\n", ["engine.zero_stage"]),
+    "unknown objective": ("objective:\n  name: dpoo\n", ["objective.name", "dpo"]),
+    "unknown transform": ("humanline:\n  transform: clipp\n", ["humanline.transform", "clip"]),
+    "positive lower clip bound": ("humanline:\n  log_eps_P: 0.5\n", ["humanline.log_eps_P"]),
+    "prompt longer than sequence": ("data:\n  max_prompt_length: 64\n", ["max_prompt_length", "max_length"]),
+    "sync with cached reference": ("train:\n  cache_reference_logps: true\n", ["train.cache_reference_logps", "humanline.sync_every"]),
+    "eval without data": ("data:\n  eval: null\neval:\n  every: 5\n", ["eval.every", "data.eval"]),
+    "tensor parallel on deepspeed": ("parallel:\n  tp: 2\n", ["parallel.tp", "megatron"]),
+    "missing data file": ("data:\n  train:\n    path: nope/missing.jsonl\n", ["data.train.path", "nope/missing.jsonl"]),
+    "both path and name": ("data:\n  train:\n    name: some/set\n", ["data.train", "exactly one"]),
+    "global batch not a multiple": ("train:\n  global_batch_size: 12\n", ["global_batch_size", "micro_batch_size"]),
+    "resume path missing": ("checkpoint:\n  resume: /nonexistent/ckpt\n", ["checkpoint.resume"]),
+    "local model missing": ("model:\n  name_or_path: ./no/such/model\n", ["model.name_or_path"]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_RECIPES))
+def test_bad_recipe_exits_2_with_one_paragraph(case, tmp_path, capsys):
+    body, needles = BAD_RECIPES[case]
+    path = _tiny_child(tmp_path, body)
+    assert main([str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "Traceback" not in err
+    assert err.strip().count("\n") == 0, "one paragraph"
+    for needle in needles:
+        assert needle in err, (needle, err)
+    assert "Fix" in err or "Did you mean" in err
+
+
+def test_missing_required_key(tmp_path, capsys):
+    path = _write(tmp_path, f"""
+        defaults: [{REPO / 'recipes/_base/dpo.yaml'}]
+        model: {{name_or_path: tests/fixtures/tiny/model}}
+        data: {{train: {{path: tests/fixtures/tiny/prefs/train.jsonl}}}}
+        train: {{lr: 1.0e-3}}
+    """)
+    assert main([str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert "Missing required recipe key `train.max_steps`" in err
+
+
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("model: [unclosed\n", "not valid YAML"),
+        ("- a\n- b\n", "must be a YAML mapping"),
+        ("defaults: [missing_base.yaml]\n", "missing_base.yaml"),
+    ],
+)
+def test_bad_files(tmp_path, capsys, text, needle):
+    assert main([str(_write(tmp_path, text)), "--validate"]) == 2
+    assert needle in capsys.readouterr().err
+
+
+def test_defaults_loop_and_bad_override(tmp_path, capsys):
+    _write(tmp_path, "defaults: [b.yaml]\n", "a.yaml")
+    _write(tmp_path, "defaults: [a.yaml]\n", "b.yaml")
+    assert main([str(tmp_path / "a.yaml"), "--validate"]) == 2
+    assert "loops" in capsys.readouterr().err
+    assert main([str(TINY), "train.lr"]) == 2
+    assert "has no `=`" in capsys.readouterr().err
+    assert main([str(tmp_path / "none.yaml")]) == 2
+    assert "not found" in capsys.readouterr().err
+
+
+def test_bad_data_row_fails_validate(tmp_path, capsys):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"prompt": "hi", "chosen": "a", "rejected": "b"}\n{"prompt": "hi", "chosen": "a"}\n')
+    path = _tiny_child(tmp_path, f"data:\n  train:\n    path: {data}\n")
+    assert main([str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:2" in err and "rejected" in err
+
+
+def test_cli_exit_code_and_no_traceback(tmp_path):
+    path = _tiny_child(tmp_path, "train:\n  max_step: 3\n")
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "launchers" / "run.py"), str(path), "--validate"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )
+    assert proc.returncode == 2
+    assert "Traceback" not in proc.stderr and "Did you mean `max_steps`?" in proc.stderr
+
+
+def test_every_recipe_validates():
+    recipes = [p for p in (REPO / "recipes").rglob("*.yaml") if "_base" not in p.parts and not p.name.startswith("_")]
+    assert recipes
+    for path in recipes:
+        assert main([str(path), "--validate"]) == 0, path

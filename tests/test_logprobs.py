@@ -1,0 +1,51 @@
+import torch
+
+from hl_core.logprobs import masked_mean, sequence_token_logps, token_logps
+
+
+def test_chunked_token_logps_equals_full_log_softmax():
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(3, 37, 50, generator=gen) * 4
+    labels = torch.randint(0, 50, (3, 37), generator=gen)
+    expected = logits.float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]
+    for chunk in (1, 5, 16, 128):
+        got = token_logps(logits, labels, chunk_size=chunk)
+        assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_bf16_logits_upcast_per_chunk_and_temperature():
+    gen = torch.Generator().manual_seed(1)
+    logits = (torch.randn(2, 9, 30, generator=gen) * 3).to(torch.bfloat16)
+    labels = torch.randint(0, 30, (2, 9), generator=gen)
+    expected = (logits.float() / 0.7).log_softmax(-1).gather(-1, labels[..., None])[..., 0]
+    got = token_logps(logits, labels, chunk_size=4, temperature=0.7)
+    assert got.dtype == torch.float32
+    assert torch.allclose(got, expected, atol=1e-5)
+
+
+def test_invalid_labels_give_zero():
+    logits = torch.randn(1, 3, 10)
+    labels = torch.tensor([[1, -100, 10]])
+    got = token_logps(logits, labels)
+    assert got[0, 1] == 0 and got[0, 2] == 0 and got[0, 0] != 0
+
+
+def test_sequence_token_logps_aligns_with_inputs():
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(LlamaConfig(vocab_size=40, hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                                         num_attention_heads=2, num_key_value_heads=1))
+    ids = torch.randint(0, 40, (2, 6))
+    out = sequence_token_logps(model, ids, torch.ones_like(ids))
+    logits = model(input_ids=ids).logits
+    manual = logits[:, :-1].log_softmax(-1).gather(-1, ids[:, 1:, None])[..., 0]
+    assert out.shape == ids.shape and torch.all(out[:, 0] == 0)
+    assert torch.allclose(out[:, 1:], manual, atol=1e-5)
+
+
+def test_masked_mean():
+    v = torch.tensor([[1.0, 2.0, 3.0]])
+    m = torch.tensor([[1, 0, 1]])
+    assert masked_mean(v, m).item() == 2.0
+    assert masked_mean(v, torch.zeros_like(m)).item() == 0.0

@@ -83,7 +83,7 @@ class Trainer:
         self.engine = build_engine(recipe, self.tokenizer)
         self.is_main = self.engine.rank == 0
         self.objective = OBJECTIVES[recipe.objective.name]
-        self.transform = build_transform(recipe.humanline)
+        self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.rank)
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
         self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, self.objective.data_kind, show_progress=self.is_main)
         self.collate = self.train_data.collate

@@ -66,6 +66,13 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
+def _holds_whole(param) -> bool:
+    """ZeRO-3 parameter currently gathered on this rank (``.data`` is the full tensor)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    return param.ds_status == ZeroParamStatus.AVAILABLE and param.data.numel() == param.ds_numel
+
+
 class DeepSpeedEngine(Engine):
     def __init__(self, recipe, tokenizer):
         import deepspeed
@@ -168,22 +175,30 @@ class DeepSpeedEngine(Engine):
     # -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def sync_reference(self):
-        """Shard-local copy policy -> reference: each rank copies only what it holds."""
+        """Shard-local copy policy -> reference: each rank copies only what it holds, and never gathers.
+
+        ZeRO-3: the partition (``ds_tensor``) is always copied. A reference parameter that is currently
+        held whole (persistent parameters, ``ds_persist``, once DeepSpeed has traced the model) must
+        also be refreshed, or the next forward would use the stale whole copy: it is copied from the
+        policy's whole copy when the policy holds one too, and otherwise released, so the next forward
+        re-gathers it from the fresh partition.
+        """
         for _, pol, ref in self._pairs:
-            if hasattr(pol, "ds_tensor"):
-                ref.ds_tensor.data.copy_(pol.ds_tensor.data)
-                if getattr(pol, "ds_persist", False):
-                    ref.data.copy_(pol.data)
-            else:
+            if not hasattr(pol, "ds_tensor"):
                 ref.data.copy_(pol.data)
+                continue
+            ref.ds_tensor.data.copy_(pol.ds_tensor.data)
+            if _holds_whole(ref):
+                if _holds_whole(pol):
+                    ref.data.copy_(pol.data)
+                else:
+                    ref.partition()
 
     def _reference_shards(self) -> Dict[str, torch.Tensor]:
         shards = {}
         for name, _, ref in self._pairs:
             if hasattr(ref, "ds_tensor"):
                 shards[name] = ref.ds_tensor.detach().cpu().clone()
-                if getattr(ref, "ds_persist", False):
-                    shards[name + "::full"] = ref.data.detach().cpu().clone()
             else:
                 shards[name] = ref.data.detach().cpu().clone()
         return shards
@@ -198,8 +213,8 @@ class DeepSpeedEngine(Engine):
                     "Fix: resume with the same number of processes and `engine.zero_stage` as the saved run."
                 )
             target.data.copy_(shards[name])
-            if hasattr(ref, "ds_tensor") and getattr(ref, "ds_persist", False):
-                ref.data.copy_(shards[name + "::full"])
+            if hasattr(ref, "ds_tensor") and _holds_whole(ref):
+                ref.partition()  # drop the stale whole copy; the next forward gathers the loaded partition
 
     # -------------------------------------------------------------------------------------------
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:

@@ -8,9 +8,11 @@ log-ratios already transformed by ``hl_core.humanline``.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
-from .dpo import dpo_loss
+from .dpo import dpo_batch_loss, dpo_loss
+from .grpo import group_advantages, grpo_loss
+from .kto import kto_loss, kto_reference_point, mismatched_pairs
 
 
 @dataclass(frozen=True)
@@ -18,6 +20,8 @@ class ObjectiveSpec:
     name: str
     loss_fn: Callable
     data_kind: str  # "paired" | "unpaired" | "grouped"
+    # (objective_cfg, log_ratios [N, T], mask [N, T], batch) -> (loss, metrics): what the trainer calls.
+    batch_loss: Optional[Callable] = None
 
 
 OBJECTIVES: Dict[str, ObjectiveSpec] = {}
@@ -27,6 +31,18 @@ def register_objective(spec: ObjectiveSpec) -> None:
     OBJECTIVES[spec.name] = spec
 
 
-register_objective(ObjectiveSpec("dpo", dpo_loss, "paired"))
+register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss))
+register_objective(ObjectiveSpec("kto", kto_loss, "unpaired"))
+register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped"))
 
-__all__ = ["ObjectiveSpec", "OBJECTIVES", "register_objective", "dpo_loss"]
+__all__ = [
+    "ObjectiveSpec",
+    "OBJECTIVES",
+    "register_objective",
+    "dpo_loss",
+    "kto_loss",
+    "kto_reference_point",
+    "mismatched_pairs",
+    "grpo_loss",
+    "group_advantages",
+]

@@ -1,0 +1,122 @@
+"""GRPO over (already humanline-transformed) per-token log-ratios.
+
+* advantages, per prompt group: ``A = (score - mean(group)) / (std(group) + eps)``, population std;
+* ``rho = exp(d_hl)``; ``per_token = -min(rho * A, clamp(rho, 1 - eps_low, 1 + eps_high) * A) + beta_kl * k3``
+  with ``k3 = exp(lp_ref - lp_pol) - (lp_ref - lp_pol) - 1`` on the *unclamped* log-ratio;
+* aggregation ``"token"``: sum over all completion tokens / number of completion tokens;
+  ``"sequence"``: mean over each sequence's tokens, then mean over sequences.
+
+In humanline GRPO the ratio is clipped twice: in log space upstream (``hl_core.humanline``), then by
+the PPO clip here.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, Optional, Tuple
+
+import torch
+
+AGGREGATIONS = ("token", "sequence")
+
+
+def group_advantages(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
+    """``(score - mean(group)) / (std(group) + eps)`` per group, population std (``unbiased=False``).
+
+    ``group_ids`` are arbitrary ints (one per score, not necessarily contiguous or sorted); a group
+    of one gets advantage 0.
+    """
+    scores = torch.as_tensor(scores)
+    if not scores.is_floating_point():
+        scores = scores.to(torch.get_default_dtype())
+    group_ids = torch.as_tensor(group_ids, device=scores.device).reshape(-1)
+    scores_flat = scores.reshape(-1)
+    if group_ids.shape[0] != scores_flat.shape[0]:
+        raise ValueError(f"got {group_ids.shape[0]} group ids for {scores_flat.shape[0]} scores")
+    _, index = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(index.max()) + 1 if index.numel() else 0
+    work = scores_flat.to(torch.float64)
+    counts = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
+        0, index, torch.ones_like(work)
+    )
+    means = torch.zeros_like(counts).index_add_(0, index, work) / counts
+    centred = work - means[index]
+    variances = torch.zeros_like(counts).index_add_(0, index, centred * centred) / counts
+    advantages = centred / (variances.sqrt()[index] + eps)
+    return advantages.to(scores.dtype).reshape(scores.shape)
+
+
+def k3_divergence(ref_logratios: torch.Tensor) -> torch.Tensor:
+    """Per-token k3 estimator ``exp(-x) + x - 1`` of KL(pol || ref), ``x = lp_pol - lp_ref`` (unclamped)."""
+    return torch.exp(-ref_logratios) + ref_logratios - 1.0
+
+
+def grpo_loss(
+    logratios: torch.Tensor,
+    mask: torch.Tensor,
+    advantages: torch.Tensor,
+    eps_low: float = 0.2,
+    eps_high: float = 0.2,
+    ref_logratios: Optional[torch.Tensor] = None,
+    beta_kl: float = 0.0,
+    aggregation: str = "token",
+) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Clipped-surrogate GRPO loss (see the module docstring) over ``[B, T]`` log-ratios.
+
+    ``logratios``: the transformed log-ratios ``d_hl`` (against the synced reference in humanline,
+    the behaviour policy otherwise); ``advantages``: ``[B]``; ``ref_logratios``: the unclamped
+    ``lp_pol - lp_ref`` for the KL penalty, required when ``beta_kl > 0``.
+
+    Returns ``(loss, metrics)``; metrics hold the PPO clip fractions (``clip/low_frac``: ``rho <
+    1 - eps_low`` with ``A < 0``; ``clip/high_frac``: ``rho > 1 + eps_high`` with ``A > 0``; and
+    their sum ``clip/frac``), ``ratio/mean``, ``kl/mean`` (when ``ref_logratios`` is given) and the
+    advantage mean/std/min/max, all over the completion tokens (advantages over sequences).
+    """
+    if aggregation not in AGGREGATIONS:
+        raise ValueError(f"aggregation must be one of {AGGREGATIONS}, got {aggregation!r}")
+    if beta_kl > 0 and ref_logratios is None:
+        raise ValueError("beta_kl > 0 needs ref_logratios (the unclamped lp_pol - lp_ref)")
+    if advantages.shape[0] != logratios.shape[0]:
+        raise ValueError(f"got {advantages.shape[0]} advantages for {logratios.shape[0]} sequences")
+    mask_b = mask.bool()
+    mask_f = mask_b.to(logratios.dtype)
+    zeros = torch.zeros_like(logratios)
+    adv = advantages.to(logratios.dtype).reshape(-1, 1)
+
+    ratio = torch.exp(torch.where(mask_b, logratios, zeros))
+    clipped_ratio = torch.clamp(ratio, 1.0 - eps_low, 1.0 + eps_high)
+    per_token = -torch.min(ratio * adv, clipped_ratio * adv)
+    k3 = None
+    if ref_logratios is not None:
+        k3 = k3_divergence(torch.where(mask_b, ref_logratios.to(logratios.dtype), zeros))
+        if beta_kl > 0:
+            per_token = per_token + beta_kl * k3
+    per_token = per_token * mask_f
+
+    tokens_per_seq = mask_f.sum(dim=-1)
+    if aggregation == "token":
+        loss = per_token.sum() / tokens_per_seq.sum().clamp(min=1.0)
+    else:
+        loss = (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)).mean()
+
+    with torch.no_grad():
+        n_tokens = max(float(mask_f.sum()), 1.0)
+
+        def token_mean(x: torch.Tensor) -> float:
+            return float((x.to(logratios.dtype) * mask_f).sum()) / n_tokens
+
+        low = (ratio < 1.0 - eps_low) & (adv < 0)
+        high = (ratio > 1.0 + eps_high) & (adv > 0)
+        adv_flat = adv.reshape(-1).float()
+        metrics = {
+            "clip/low_frac": token_mean(low),
+            "clip/high_frac": token_mean(high),
+            "clip/frac": token_mean(low | high),
+            "ratio/mean": token_mean(ratio),
+            "advantages/mean": float(adv_flat.mean()),
+            "advantages/std": float(adv_flat.std(unbiased=False)),
+            "advantages/min": float(adv_flat.min()),
+            "advantages/max": float(adv_flat.max()),
+        }
+        if k3 is not None:
+            metrics["kl/mean"] = token_mean(k3)
+    return loss, metrics

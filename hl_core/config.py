@@ -178,6 +178,11 @@ class TrainConfig(_Section):
     adam_betas: Tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     seed: int = Field(42, description="Seed for model init, data order and sampling.")
+    stop_after: Optional[int] = Field(
+        None, ge=1,
+        description="Stop this invocation after N updates with a resumable checkpoint (time-boxed jobs); "
+        "rerun with `checkpoint.resume: auto` to continue.",
+    )
     cache_reference_logps: bool = Field(
         False, description="Precompute reference log-probs once (only valid with a frozen reference)."
     )

@@ -132,7 +132,10 @@ class Trainer:
         bar = self._progress_bar()
         step_times, sync_times = [], []
         run_start = time.perf_counter()
-        while self.updates_done < recipe.train.max_steps:
+        stop_at = recipe.train.max_steps
+        if recipe.train.stop_after is not None:
+            stop_at = min(stop_at, self.updates_done + recipe.train.stop_after)
+        while self.updates_done < stop_at:
             n = self.updates_done
             step_start = time.perf_counter()
             acc = _Accumulator()
@@ -166,11 +169,16 @@ class Trainer:
             ):
                 self._evaluate(bar)
             every = recipe.checkpoint.save_every
-            if every is not None and self.updates_done % every == 0:
+            if (every is not None and self.updates_done % every == 0) or (
+                self.updates_done == stop_at < recipe.train.max_steps
+            ):
                 self._save_checkpoint()
         if bar is not None:
             bar.close()
-        if recipe.checkpoint.save_final:
+        finished = self.updates_done >= recipe.train.max_steps
+        if not finished:
+            self._print(f"Stopped after update {self.updates_done} (train.stop_after); resume with checkpoint.resume=auto.")
+        if recipe.checkpoint.save_final and finished:
             engine.save_hf(str(self.output_dir / "final"))
         summary = self._summary(step_times, sync_times, time.perf_counter() - run_start)
         if self.is_main:
@@ -301,10 +309,10 @@ class Trainer:
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         return summary
 
-    def close(self) -> None:
+    def close(self, destroy_process_group: bool = True) -> None:
         engine = getattr(self, "engine", None)
         if engine is not None:
-            engine.close()
+            engine.close(destroy_process_group)
 
 
 def run(recipe: Recipe) -> Dict[str, float]:

@@ -61,5 +61,5 @@ class Engine:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()
 
-    def close(self) -> None:
-        """Tear engines and the process group down explicitly (needed under ZeRO-3)."""
+    def close(self, destroy_process_group: bool = True) -> None:
+        """Tear engines (and, by default, the process group) down explicitly (needed under ZeRO-3)."""

@@ -251,7 +251,7 @@ class DeepSpeedEngine(Engine):
             self.tokenizer.save_pretrained(directory)
         self.barrier()
 
-    def close(self) -> None:
+    def close(self, destroy_process_group: bool = True) -> None:
         for engine in (getattr(self, "policy", None), getattr(self, "reference", None)):
             if engine is not None and hasattr(engine, "destroy"):
                 try:
@@ -261,4 +261,5 @@ class DeepSpeedEngine(Engine):
         self.policy = self.reference = None
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-            torch.distributed.destroy_process_group()
+            if destroy_process_group:
+                torch.distributed.destroy_process_group()

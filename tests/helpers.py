@@ -1,0 +1,53 @@
+"""Test helpers: run the launcher or a torchrun script in a subprocess, read metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+TINY_HUMANLINE = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
+TINY_OFFLINE = REPO / "recipes" / "tiny" / "offline_dpo.yaml"
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _env():
+    env = dict(os.environ)
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    return env
+
+
+def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``python launchers/run.py`` (nproc 1) or ``torchrun --nproc_per_node N launchers/run.py``."""
+    script = [str(REPO / "launchers" / "run.py"), str(recipe), *overrides, "logging.progress_bar=false"]
+    if nproc == 1:
+        cmd = [sys.executable, *script]
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={free_port()}", *script]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def run_torchrun(script: Path, args=(), nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+           str(script), *map(str, args)]
+    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return proc
+
+
+def read_jsonl(path: Path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]

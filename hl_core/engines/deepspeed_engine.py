@@ -163,10 +163,15 @@ class DeepSpeedEngine(Engine):
     def step(self):
         boundary = self.policy.is_gradient_accumulation_boundary()
         lr = self.scheduler.get_last_lr()[0]
+        own_norm = None
+        if boundary and self.zero_stage == 0 and self.recipe.engine.precision == "fp32":
+            # DeepSpeed's plain fp32 path clips but does not record the norm: measure it (pre-clip)
+            grads = [p.grad for p in self.policy.module.parameters() if p.grad is not None]
+            own_norm = torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
         self.policy.step()
         if not boundary:
             return None
-        norm = self.policy.get_global_grad_norm()
+        norm = own_norm if own_norm is not None else self.policy.get_global_grad_norm()
         if norm is None:
             norm = float("nan")
         norm = float(norm.item() if torch.is_tensor(norm) else norm)
@@ -231,10 +236,12 @@ class DeepSpeedEngine(Engine):
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
         if self.recipe.humanline.sync_every is not None:
             rank = self.rank if self.zero_stage == 3 else 0
-            path = Path(load_path) / f"reference_rank{rank:05d}.pt"
+            if tag is None:
+                tag = (Path(directory) / "latest").read_text().strip()
+            path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
             if not path.exists():
                 raise RecipeError(
-                    f"Checkpoint `{load_path}` has no reference shard `{path.name}`, but this run syncs the reference. "
+                    f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs the reference. "
                     "Fix: resume from a checkpoint written by a syncing run with the same world size."
                 )
             self._load_reference_shards(torch.load(path, map_location="cpu", weights_only=True))

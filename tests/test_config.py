@@ -149,3 +149,22 @@ def test_every_recipe_validates():
     assert recipes
     for path in recipes:
         assert main([str(path), "--validate"]) == 0, path
+
+
+@pytest.mark.parametrize(
+    "lines, line_no, needle",
+    [
+        (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "a"}'], 2, "rejected"),
+        (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "  ", "rejected": "b"}'], 2, "chosen"),
+        (['{"prompt": "p", "chosen": 3, "rejected": "b"}'], 1, "chosen"),
+        (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "a", '], 2, "JSON"),
+    ],
+    ids=["missing field", "empty completion", "wrong type", "malformed JSON"],
+)
+def test_bad_data_rows_exit_2_naming_file_line(tmp_path, capsys, lines, line_no, needle):
+    data = tmp_path / "rows.jsonl"
+    data.write_text("\n".join(lines) + "\n")
+    path = _tiny_child(tmp_path, f"data:\n  train:\n    path: {data}\n")
+    assert main([str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"{data}:{line_no}" in err and needle in err and "Traceback" not in err

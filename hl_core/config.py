@@ -49,6 +49,11 @@ class ModelConfig(_Section):
         "sdpa", description="transformers attention backend: `eager`, `sdpa` or `flash_attention_2`."
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    config_overrides: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values set on the model's config before building it, e.g. `{hidden_size: 256}` with "
+        "`random_init` for a larger benchmark model, or `{attention_dropout: 0.0}`.",
+    )
 
 
 class DataSource(_Section):

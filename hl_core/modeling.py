@@ -43,7 +43,9 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
         kwargs["attn_implementation"] = model_cfg.attn_implementation
     try:
         if model_cfg.random_init:
-            config = AutoConfig.from_pretrained(model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code)
+            config = AutoConfig.from_pretrained(
+                model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **model_cfg.config_overrides
+            )
             with _fork_rng(seed):
                 model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
             model = model.to(dtype)
@@ -53,6 +55,10 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
                 from transformers.integrations import HfDeepSpeedConfig
 
                 keep_alive = HfDeepSpeedConfig(zero3_init_config)  # noqa: F841 (must live during loading)
+            if model_cfg.config_overrides:
+                kwargs["config"] = AutoConfig.from_pretrained(
+                    model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **model_cfg.config_overrides
+                )
             model = AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=dtype, **kwargs)
             del keep_alive
     except OSError as exc:

@@ -120,15 +120,9 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- train
     def train(self) -> Dict[str, float]:
-        recipe, engine = self.recipe, self.engine
-        ga = engine.gradient_accumulation_steps
-        micro = recipe.train.micro_batch_size
-        per_micro_step = micro * engine.dp_size
-        stream = index_stream(len(self.train_data), recipe.train.seed, recipe.data.shuffle,
-                              start=self.updates_done * ga * per_micro_step)
+        recipe = self.recipe
         if recipe.eval.every is not None and recipe.eval.at_start and self.updates_done == 0:
             self._evaluate()
-
         bar = self._progress_bar()
         step_times, sync_times = [], []
         run_start = time.perf_counter()
@@ -136,31 +130,7 @@ class Trainer:
         if recipe.train.stop_after is not None:
             stop_at = min(stop_at, self.updates_done + recipe.train.stop_after)
         while self.updates_done < stop_at:
-            n = self.updates_done
-            step_start = time.perf_counter()
-            acc = _Accumulator()
-            tokens = 0
-            for micro_index in range(ga):
-                indices = [next(stream) for _ in range(per_micro_step)]
-                mine = indices[engine.rank % engine.dp_size * micro:][:micro]
-                batch = self.collate([self.train_data[i] for i in mine])
-                tokens += int(batch["attention_mask"].sum())
-                loss, metrics = self._loss(batch, train=True)
-                engine.backward(loss)
-                acc.add({"loss": float(loss.detach()), **metrics})
-                if micro_index == ga - 1:
-                    # after the last backward (and clipping, inside step), before the optimizer step
-                    sync = self.sync_hook.before_optimizer_step(engine, n)
-                stepped = engine.step()
-            step_time = time.perf_counter() - step_start
-            self.updates_done += 1
-            row = {"step": n, **acc.reduce(engine)}
-            totals = engine.all_reduce_sum(torch.tensor([float(tokens), sync.seconds, step_time], dtype=torch.float64))
-            row.update(
-                lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced,
-                step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
-            )
-            row["tokens_per_s"] = totals[0].item() / max(row["step_time_s"], 1e-9)
+            row = self.train_step()
             step_times.append(row["step_time_s"])
             sync_times.append(row["sync_time_s"])
             self._log(row, bar)
@@ -179,11 +149,51 @@ class Trainer:
         if not finished:
             self._print(f"Stopped after update {self.updates_done} (train.stop_after); resume with checkpoint.resume=auto.")
         if recipe.checkpoint.save_final and finished:
-            engine.save_hf(str(self.output_dir / "final"))
+            self.engine.save_hf(str(self.output_dir / "final"))
         summary = self._summary(step_times, sync_times, time.perf_counter() - run_start)
         if self.is_main:
             self.sinks.close()
         return summary
+
+    def _batches(self) -> Iterator[Dict[str, torch.Tensor]]:
+        """This rank's micro-batches, resuming exactly where ``updates_done`` left off."""
+        engine, micro = self.engine, self.recipe.train.micro_batch_size
+        per_micro_step = micro * engine.dp_size
+        start = self.updates_done * engine.gradient_accumulation_steps * per_micro_step
+        stream = index_stream(len(self.train_data), self.recipe.train.seed, self.recipe.data.shuffle, start=start)
+        offset = (engine.rank % engine.dp_size) * micro
+        while True:
+            indices = [next(stream) for _ in range(per_micro_step)]
+            yield self.collate([self.train_data[i] for i in indices[offset : offset + micro]])
+
+    def train_step(self) -> Dict[str, float]:
+        """One optimizer update: micro-batches -> backward; humanline sync; optimizer step. Returns its metrics row."""
+        engine = self.engine
+        if getattr(self, "_batch_iter", None) is None:
+            self._batch_iter = self._batches()
+        n = self.updates_done
+        step_start = time.perf_counter()
+        acc, tokens = _Accumulator(), 0
+        for micro_index in range(engine.gradient_accumulation_steps):
+            batch = next(self._batch_iter)
+            tokens += int(batch["attention_mask"].sum())
+            loss, metrics = self._loss(batch, train=True)
+            engine.backward(loss)
+            acc.add({"loss": float(loss.detach()), **metrics})
+            if micro_index == engine.gradient_accumulation_steps - 1:
+                # after the last backward (gradient clipping happens inside step), before the optimizer step
+                sync = self.sync_hook.before_optimizer_step(engine, n)
+            stepped = engine.step()
+        step_time = time.perf_counter() - step_start
+        self.updates_done += 1
+        row = {"step": n, **acc.reduce(engine)}
+        totals = engine.all_reduce_sum(torch.tensor([float(tokens), sync.seconds, step_time], dtype=torch.float64))
+        row.update(
+            lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced,
+            step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
+        )
+        row["tokens_per_s"] = totals[0].item() / max(row["step_time_s"], 1e-9)
+        return row
 
     def _loss(self, batch, train: bool):
         engine = self.engine

@@ -30,7 +30,7 @@ setup(
         "tqdm",
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy", "tensorboard"],
+        "test": ["pytest>=8", "scipy", "tensorboard", "wandb"],
         "eval": ["lm-eval>=0.4.5", "math-verify", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
     },

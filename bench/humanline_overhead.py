@@ -53,7 +53,7 @@ def main() -> None:
                 if step >= args.warmup:
                     rows[name].append(row)
         main_rank = runs["plain"].is_main
-        n_params = sum(p.numel() for p in runs["plain"].engine.policy.module.parameters())
+        n_params = sum(getattr(p, "ds_numel", p.numel()) for p in runs["plain"].engine.policy.module.parameters())
         for trainer in runs.values():
             trainer.close(destroy_process_group=False)
 
@@ -64,7 +64,7 @@ def main() -> None:
     sync = statistics.mean(r["sync_time_s"] for r in rows["humanline"])
     med_ratio = statistics.median(h["step_time_s"] / p["step_time_s"] for h, p in zip(rows["humanline"], rows["plain"]))
     assert all(r["synced"] for r in rows["humanline"]) and not any(r["synced"] for r in rows["plain"])
-    print(f"model parameters (as counted on rank 0): {n_params:,}; measured updates per run: {args.steps}")
+    print(f"model parameters: {n_params:,}; measured updates per run: {args.steps}")
     print(f"mean step time   plain DPO      {plain * 1e3:8.2f} ms")
     print(f"mean step time   humanline DPO  {hl * 1e3:8.2f} ms   (k=1 sync + clip [-1.5, 1.5])")
     print(f"ratio humanline / plain (means)          {hl / plain:.3f}   target <= 1.03")

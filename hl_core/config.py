@@ -33,6 +33,8 @@ class _Section(BaseModel):
 
 
 class ModelConfig(_Section):
+    """The policy model (the reference starts as a copy of it) and its tokenizer."""
+
     name_or_path: str = Field(
         description="Hugging Face model name or local directory (config.json [+ weights] + tokenizer)."
     )
@@ -57,6 +59,8 @@ class ModelConfig(_Section):
 
 
 class DataSource(_Section):
+    """One data source: a local file (`path`) or a Hugging Face dataset (`name`)."""
+
     path: Optional[str] = Field(None, description="Local `.jsonl`, `.json` or `.parquet` file.")
     name: Optional[str] = Field(None, description="Hugging Face dataset name (used when `path` is not set).")
     split: str = Field("train", description="Split to read from a Hugging Face dataset.")
@@ -71,6 +75,8 @@ class DataSource(_Section):
 
 
 class DataConfig(_Section):
+    """Training and held-out data, row format, chat template and truncation."""
+
     train: DataSource = Field(description="Training data source.")
     eval: Optional[DataSource] = Field(None, description="Held-out data source for `eval.every`.")
     eval_fraction: float = Field(
@@ -99,6 +105,8 @@ class DataConfig(_Section):
 
 
 class ObjectiveConfig(_Section):
+    """The objective (loss) and its hyperparameters; `objective: dpo` is shorthand for `{name: dpo}`."""
+
     name: str = Field(description="Objective: `dpo` (more land with their issues).")
     beta: float = Field(0.1, gt=0, description="Inverse temperature on the summed log-ratio reward.")
 
@@ -115,6 +123,8 @@ class ObjectiveConfig(_Section):
 
 
 class HumanlineConfig(_Section):
+    """Humanline: per-token log-ratio transform (clip/sample/none) and reference syncing."""
+
     transform: str = Field(
         "none",
         description="Per-token log-ratio transform: `clip` (asymmetric clamp), `sample` (token rejection) "
@@ -148,6 +158,8 @@ class HumanlineConfig(_Section):
 
 
 class EngineConfig(_Section):
+    """The training engine and its precision/sharding settings."""
+
     name: Literal["deepspeed", "megatron"] = Field("deepspeed", description="Training engine.")
     zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (0-3).")
     precision: Literal["fp32", "bf16"] = Field("bf16", description="Parameter/compute precision.")
@@ -160,11 +172,15 @@ class EngineConfig(_Section):
 
 
 class ParallelConfig(_Section):
+    """Model-parallel layout (data-parallel size = world size / (tp x pp))."""
+
     tp: int = Field(1, ge=1, description="Tensor-parallel size (Megatron engine).")
     pp: int = Field(1, ge=1, description="Pipeline-parallel size (Megatron engine).")
 
 
 class TrainConfig(_Section):
+    """Optimisation: steps, learning rate, batch sizes, clipping, seed."""
+
     max_steps: int = Field(ge=1, description="Number of optimizer updates.")
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     micro_batch_size: int = Field(1, ge=1, description="Examples (pairs for DPO) per rank per forward/backward.")
@@ -206,6 +222,8 @@ class TrainConfig(_Section):
 
 
 class CheckpointConfig(_Section):
+    """Resumable checkpoints and the final Hugging Face export."""
+
     save_every: Optional[int] = Field(None, ge=1, description="Save a resumable checkpoint every N updates.")
     keep_last: int = Field(2, ge=1, description="Resumable checkpoints kept on disk.")
     resume: str = Field("auto", description="`auto` (latest checkpoint in output_dir if any), `never`, or a path.")
@@ -213,6 +231,8 @@ class CheckpointConfig(_Section):
 
 
 class EvalConfig(_Section):
+    """Held-out evaluation during training."""
+
     every: Optional[int] = Field(None, ge=1, description="Held-out evaluation every N updates; null = never.")
     at_start: bool = Field(True, description="Also evaluate before the first update (when `every` is set).")
     batch_size: Optional[int] = Field(None, ge=1, description="Eval micro-batch; defaults to train.micro_batch_size.")
@@ -220,6 +240,8 @@ class EvalConfig(_Section):
 
 
 class WandbConfig(_Section):
+    """Weights & Biases sink."""
+
     enabled: bool = Field(False, description="Log to Weights & Biases.")
     project: str = Field("humanline", description="W&B project.")
     entity: Optional[str] = Field(None, description="W&B entity (team).")
@@ -228,6 +250,8 @@ class WandbConfig(_Section):
 
 
 class LoggingConfig(_Section):
+    """Progress bar, console lines and metric sinks (metrics.jsonl always)."""
+
     log_every: int = Field(1, ge=1, description="Print a metrics line every N updates (metrics.jsonl gets all).")
     progress_bar: bool = Field(True, description="tqdm progress bar on rank 0.")
     tensorboard: bool = Field(False, description="Write TensorBoard events to output_dir/tensorboard.")
@@ -235,12 +259,16 @@ class LoggingConfig(_Section):
 
 
 class RolloutConfig(_Section):
+    """Generation inside the training loop (online / sparse); null = offline data only."""
+
     every: Optional[int] = Field(
         None, ge=1, description="Generate fresh completions every N updates (1 = online); null = offline data only."
     )
 
 
 class ClusterConfig(_Section):
+    """SLURM cluster settings used by the launchers."""
+
     nodes: int = Field(1, ge=1, description="SLURM nodes.")
     gpus_per_node: int = Field(8, ge=1, description="GPUs per node.")
     partition: Optional[str] = Field(None, description="SLURM partition.")
@@ -528,3 +556,52 @@ def load_recipe(path: Union[str, Path], overrides: Sequence[str] = ()) -> Recipe
 
 def recipe_to_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+# ------------------------------------------------------------------------------------------------
+# Key reference (docs/recipe-keys.md is generated from the schema: `python -m hl_core.config`)
+# ------------------------------------------------------------------------------------------------
+
+
+def _type_name(annotation) -> str:
+    text = str(annotation) if getattr(annotation, "__origin__", None) is not None else getattr(annotation, "__name__", str(annotation))
+    return text.replace("typing.", "").replace("NoneType", "null").replace("|", "\\|")
+
+
+def recipe_keys_markdown() -> str:
+    """Every recipe key with its type, default and description, as Markdown."""
+    from pydantic_core import PydanticUndefined
+
+    lines = [
+        "# Recipe keys",
+        "",
+        "Generated from `hl_core/config.py` by `python -m hl_core.config > docs/recipe-keys.md`; do not edit by hand.",
+        "",
+    ]
+
+    def walk(model, prefix):
+        rows, nested = [], []
+        for name, field in model.model_fields.items():
+            sub = _unwrap_model(field.annotation)
+            if sub is not None:
+                nested.append((f"{prefix}{name}", sub, field.description))
+                continue
+            default = "**required**" if field.default is PydanticUndefined and field.default_factory is None else (
+                f"`{field.default_factory()}`" if field.default_factory is not None else f"`{field.default}`"
+            )
+            rows.append(f"| `{prefix}{name}` | `{_type_name(field.annotation)}` | {default} | {field.description or ''} |")
+        return rows, nested
+
+    queue = [("", Recipe, "Top level")]
+    while queue:
+        prefix, model, description = queue.pop(0)
+        rows, nested = walk(model, f"{prefix}." if prefix else "")
+        lines += [f"## `{prefix or 'recipe'}`", "", (model.__doc__ or description or "").strip().splitlines()[0] if (model.__doc__ or description) else "", ""]
+        if rows:
+            lines += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
+        queue += nested
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(recipe_keys_markdown())

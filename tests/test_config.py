@@ -168,3 +168,19 @@ def test_bad_data_rows_exit_2_naming_file_line(tmp_path, capsys, lines, line_no,
     assert main([str(path), "--validate"]) == 2
     err = capsys.readouterr().err
     assert f"{data}:{line_no}" in err and needle in err and "Traceback" not in err
+
+
+def test_every_key_documented_and_reference_in_sync():
+    from hl_core.config import Recipe, _unwrap_model, recipe_keys_markdown
+
+    def walk(model, prefix=""):
+        for name, field in model.model_fields.items():
+            sub = _unwrap_model(field.annotation)
+            if sub is None or sub is Recipe:
+                assert field.description, f"{prefix}{name} has no description"
+            if sub is not None:
+                walk(sub, f"{prefix}{name}.")
+
+    walk(Recipe)
+    committed = (REPO / "docs" / "recipe-keys.md").read_text()
+    assert committed.strip() == recipe_keys_markdown().strip(), "regenerate: python -m hl_core.config > docs/recipe-keys.md"

@@ -116,20 +116,21 @@ class DeepSpeedEngine(Engine):
         )
         decay, no_decay = [], []
         for name, param in policy.named_parameters():
-            (no_decay if param.ndim < 2 else decay).append(param)
+            shape = getattr(param, "ds_shape", param.shape)  # loaded under zero.Init: already partitioned
+            (no_decay if len(shape) < 2 else decay).append(param)
         groups = [
-            {"params": decay, "weight_decay": train.weight_decay},
-            {"params": no_decay, "weight_decay": 0.0},
+            {"params": params, "weight_decay": wd}
+            for params, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if params
         ]
         optimizer = torch.optim.AdamW(
             groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps,
             fused=self.device.type == "cuda",
         )
-        scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
-        )
+        schedule = lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
         self.policy, self.optimizer, _, self.scheduler = deepspeed.initialize(
-            model=policy, optimizer=optimizer, lr_scheduler=scheduler, config=policy_config
+            model=policy, optimizer=optimizer, config=policy_config,
+            # built on DeepSpeed's wrapped optimizer, whose param groups are the ones that get stepped
+            lr_scheduler=lambda wrapped: torch.optim.lr_scheduler.LambdaLR(wrapped, schedule),
         )
         self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
         self.reference.eval()

@@ -20,6 +20,7 @@ setup(
         # torch is deliberately unpinned here: install the build you want first (CPU: torch==2.13.0).
         "torch>=2.4",
         "deepspeed>=0.16",
+        "accelerate>=1.1",  # transformers' ZeRO-3 integration (HfDeepSpeedConfig loading) needs it
         "transformers>=4.46",
         "tokenizers",
         "datasets",

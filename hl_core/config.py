@@ -13,7 +13,7 @@ from __future__ import annotations
 import copy
 import os
 from pathlib import Path
-from typing import Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Sequence, Tuple, Union
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -104,22 +104,39 @@ class DataConfig(_Section):
         return self
 
 
-class ObjectiveConfig(_Section):
-    """The objective (loss) and its hyperparameters; `objective: dpo` is shorthand for `{name: dpo}`."""
+class DPOObjective(_Section):
+    """DPO: `-logsigmoid(beta * (sum_t d_chosen - sum_t d_rejected))`; consumes preference pairs."""
 
-    name: str = Field(description="Objective: `dpo` (more land with their issues).")
+    name: Literal["dpo"] = Field(description="`dpo`.")
     beta: float = Field(0.1, gt=0, description="Inverse temperature on the summed log-ratio reward.")
 
-    @field_validator("name")
-    @classmethod
-    def _known(cls, name):
-        from .objectives import OBJECTIVES
 
-        if name not in OBJECTIVES:
-            raise ValueError(
-                f"unknown objective `{name}`.{did_you_mean(name, OBJECTIVES)} Choose one of: {', '.join(sorted(OBJECTIVES))}"
-            )
-        return name
+class KTOObjective(_Section):
+    """KTO: `w_D (1 - sigmoid(beta (r - z0)))` / `w_U (1 - sigmoid(beta (z0 - r)))`; consumes labelled completions
+    (preference pairs are split into one desirable and one undesirable example)."""
+
+    name: Literal["kto"] = Field(description="`kto`.")
+    beta: float = Field(0.1, gt=0, description="Inverse temperature on the summed log-ratio reward.")
+    desirable_weight: float = Field(1.0, gt=0, description="w_D, weight of desirable examples.")
+    undesirable_weight: float = Field(1.0, gt=0, description="w_U, weight of undesirable examples.")
+
+
+class GRPOObjective(_Section):
+    """GRPO: clipped surrogate with group-normalised advantages and an optional k3 KL term; consumes
+    prompt groups with scores (preference pairs become groups of two)."""
+
+    name: Literal["grpo"] = Field(description="`grpo`.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip: ratio floor `1 - eps_low`.")
+    eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio ceiling `1 + eps_high`.")
+    beta_kl: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty against the reference (MATH: 1e-4).")
+    aggregation: Literal["token", "sequence"] = Field(
+        "token", description="`token`: sum over completion tokens / their count; `sequence`: mean of per-sequence means."
+    )
+    advantage_eps: float = Field(1e-4, gt=0, description="`eps` in `(score - mean) / (std + eps)`.")
+
+
+OBJECTIVE_CONFIGS = {"dpo": DPOObjective, "kto": KTOObjective, "grpo": GRPOObjective}
+ObjectiveConfig = Annotated[Union[DPOObjective, KTOObjective, GRPOObjective], Field(discriminator="name")]
 
 
 class HumanlineConfig(_Section):
@@ -298,7 +315,17 @@ class Recipe(_Section):
     @field_validator("objective", mode="before")
     @classmethod
     def _objective_shorthand(cls, value):
-        return {"name": value} if isinstance(value, str) else value
+        value = {"name": value} if isinstance(value, str) else value
+        if isinstance(value, dict):
+            name = value.get("name")
+            if name is None:
+                raise ValueError(f"`objective.name` is required: one of {', '.join(OBJECTIVE_CONFIGS)}")
+            if name not in OBJECTIVE_CONFIGS:
+                raise ValueError(
+                    f"`objective.name: {name}` is not a known objective.{did_you_mean(str(name), OBJECTIVE_CONFIGS)} "
+                    f"Choose one of: {', '.join(OBJECTIVE_CONFIGS)}"
+                )
+        return value
 
 
 # ------------------------------------------------------------------------------------------------
@@ -309,14 +336,6 @@ class Recipe(_Section):
 def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks."""
     hl = recipe.humanline
-    from .objectives import OBJECTIVES
-
-    if OBJECTIVES[recipe.objective.name].batch_loss is None:
-        trainable = sorted(n for n, spec in OBJECTIVES.items() if spec.batch_loss is not None)
-        raise RecipeError(
-            f"`objective.name: {recipe.objective.name}` has a loss but no training path in this version of the pack yet. "
-            f"Fix: use one of: {', '.join(trainable)}."
-        )
     if hl.sync_every is not None and recipe.train.cache_reference_logps:
         raise RecipeError(
             "`train.cache_reference_logps: true` cannot be combined with `humanline.sync_every` "
@@ -483,8 +502,12 @@ def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str,
     return data
 
 
-def _model_for_loc(loc: Sequence[Any]):
-    model = Recipe
+def _model_for_loc(loc: Sequence[Any], objective: Optional[str] = None):
+    """The schema class at ``loc`` (``objective`` picks the objective's own class)."""
+    if list(loc[:1]) == ["objective"]:
+        model, loc = OBJECTIVE_CONFIGS.get(objective, DPOObjective), loc[1:]
+    else:
+        model = Recipe
     for part in loc:
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
@@ -507,18 +530,21 @@ def _unwrap_model(annotation):
 
 
 def _describe_error(err: Dict[str, Any]) -> str:
-    loc = [p for p in err["loc"] if not isinstance(p, int) or True]
+    loc, objective = list(err["loc"]), None
+    if len(loc) >= 2 and loc[0] == "objective" and loc[1] in OBJECTIVE_CONFIGS:
+        objective, loc = loc[1], ["objective", *loc[2:]]  # drop the union tag pydantic adds
     key = ".".join(str(p) for p in loc) or "(recipe)"
     kind = err["type"]
     given = err.get("input")
     if kind == "extra_forbidden":
-        parent = _model_for_loc(loc[:-1])
+        parent = _model_for_loc(loc[:-1], objective)
         choices = list(parent.model_fields) if parent else []
         hint = did_you_mean(str(loc[-1]), choices)
         known = f" Known keys here: {', '.join(choices)}." if choices else ""
-        return f"Unknown recipe key `{key}`.{hint}{known} Fix: remove it or correct the spelling."
+        scope = f" for objective `{objective}`" if objective else ""
+        return f"Unknown recipe key `{key}`{scope}.{hint}{known} Fix: remove it or correct the spelling."
     if kind == "missing":
-        field = _model_for_loc(loc[:-1])
+        field = _model_for_loc(loc[:-1], objective)
         desc = ""
         if field is not None and loc[-1] in field.model_fields:
             desc = field.model_fields[loc[-1]].description or ""
@@ -578,28 +604,28 @@ def recipe_keys_markdown() -> str:
         "Generated from `hl_core/config.py` by `python -m hl_core.config > docs/recipe-keys.md`; do not edit by hand.",
         "",
     ]
-
-    def walk(model, prefix):
-        rows, nested = [], []
+    # (key prefix, schema class, section title)
+    queue = [("", Recipe, "recipe")]
+    while queue:
+        prefix, model, title = queue.pop(0)
+        rows = []
         for name, field in model.model_fields.items():
+            key = f"{prefix}.{name}" if prefix else name
+            if model is Recipe and name == "objective":
+                queue += [("objective", cls, f"objective (name: {tag})") for tag, cls in OBJECTIVE_CONFIGS.items()]
+                continue
             sub = _unwrap_model(field.annotation)
             if sub is not None:
-                nested.append((f"{prefix}{name}", sub, field.description))
+                queue.append((key, sub, key))
                 continue
-            default = "**required**" if field.default is PydanticUndefined and field.default_factory is None else (
-                f"`{field.default_factory()}`" if field.default_factory is not None else f"`{field.default}`"
-            )
-            rows.append(f"| `{prefix}{name}` | `{_type_name(field.annotation)}` | {default} | {field.description or ''} |")
-        return rows, nested
-
-    queue = [("", Recipe, "Top level")]
-    while queue:
-        prefix, model, description = queue.pop(0)
-        rows, nested = walk(model, f"{prefix}." if prefix else "")
-        lines += [f"## `{prefix or 'recipe'}`", "", (model.__doc__ or description or "").strip().splitlines()[0] if (model.__doc__ or description) else "", ""]
+            if field.default is PydanticUndefined and field.default_factory is None:
+                default = "**required**"
+            else:
+                default = f"`{field.default_factory() if field.default_factory is not None else field.default}`"
+            rows.append(f"| `{key}` | `{_type_name(field.annotation)}` | {default} | {field.description or ''} |")
+        lines += [f"## {title}", "", " ".join((model.__doc__ or "").split()), ""]
         if rows:
             lines += ["| key | type | default | meaning |", "|---|---|---|---|", *rows, ""]
-        queue += nested
     return "\n".join(lines)
 
 

@@ -24,7 +24,7 @@ import torch
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .engines import build_engine
 from .humanline import ReferenceSyncHook, build_transform
-from .objectives import OBJECTIVES
+from .objectives import OBJECTIVES, ObjectiveInputs
 from .sinks import Sinks
 
 CHECKPOINT_PREFIX = "step_"
@@ -49,22 +49,24 @@ def index_stream(num_examples: int, seed: int, shuffle: bool, start: int = 0) ->
 
 @dataclass
 class _Accumulator:
-    """Mean of per-micro-batch metrics over one update (and, after ``reduce``, over ranks)."""
+    """Weighted mean of metrics over micro-batches and ranks, per key: a key that only some
+    micro-batches report (e.g. KTO's reward of a kind absent from a batch) averages over those."""
 
     sums: Dict[str, float] = field(default_factory=dict)
-    count: int = 0
+    weights: Dict[str, float] = field(default_factory=dict)
 
-    def add(self, metrics: Dict[str, float]) -> None:
+    def add(self, metrics: Dict[str, float], weight: float = 1.0) -> None:
         for key, value in metrics.items():
-            self.sums[key] = self.sums.get(key, 0.0) + float(value)
-        self.count += 1
+            self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
+            self.weights[key] = self.weights.get(key, 0.0) + weight
 
     def reduce(self, engine) -> Dict[str, float]:
-        keys = sorted(self.sums)
-        local = torch.tensor([self.sums[k] for k in keys] + [float(self.count)], dtype=torch.float64)
+        keys = engine.all_keys(self.sums)
+        local = torch.tensor([self.sums.get(k, 0.0) for k in keys] + [self.weights.get(k, 0.0) for k in keys],
+                             dtype=torch.float64)
         total = engine.all_reduce_sum(local)
-        count = max(total[-1].item(), 1.0)
-        return {k: total[i].item() / count for i, k in enumerate(keys)}
+        n = len(keys)
+        return {k: total[i].item() / total[n + i].item() for i, k in enumerate(keys) if total[n + i].item() > 0}
 
 
 class Trainer:
@@ -85,7 +87,7 @@ class Trainer:
         self.objective = OBJECTIVES[recipe.objective.name]
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.rank)
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
-        self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, self.objective.data_kind, show_progress=self.is_main)
+        self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, show_progress=self.is_main)
         self.collate = self.train_data.collate
 
         self.updates_done = 0
@@ -196,16 +198,18 @@ class Trainer:
         return row
 
     def _loss(self, batch, train: bool):
+        """Token log-probs of both models -> humanline transform -> the objective's loss and metrics."""
         engine = self.engine
-        mask = batch["completion_mask"].to(torch.float32)
-        if train:
+        with torch.set_grad_enabled(train):
             policy_logps = engine.token_logps(batch, "policy")
-        else:
-            with torch.no_grad():
-                policy_logps = engine.token_logps(batch, "policy")
         ref_logps = engine.token_logps(batch, "reference")
-        log_ratios, hl_metrics = self.transform(policy_logps, ref_logps, mask.to(policy_logps.device))
-        loss, metrics = self.objective.batch_loss(self.recipe.objective, log_ratios, mask.to(log_ratios.device), batch)
+        mask = batch["completion_mask"].to(device=policy_logps.device, dtype=policy_logps.dtype)
+        log_ratios, hl_metrics = self.transform(policy_logps, ref_logps, mask)
+        inputs = ObjectiveInputs(
+            batch=batch, policy_logps=policy_logps, ref_logps=ref_logps, mask=mask, log_ratios=log_ratios,
+            transform=self.transform, token_logps=engine.token_logps, humanline_active=self.recipe.humanline.enabled,
+        )
+        loss, metrics = self.objective.batch_loss(self.recipe.objective, inputs)
         return loss, {**metrics, **hl_metrics}
 
     # ---------------------------------------------------------------------------------------- eval
@@ -219,7 +223,7 @@ class Trainer:
         rounds = math.ceil(n / per_round)
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
-        acc: Dict[str, float] = {}
+        acc = _Accumulator()
         for r in range(rounds):
             start = r * per_round + (engine.rank % engine.dp_size) * batch_size
             real = [i for i in range(start, start + batch_size) if i < n]
@@ -227,14 +231,8 @@ class Trainer:
             # no rows left runs one dummy example and gives it zero weight
             batch = self.collate([self.eval_data[i] for i in (real or [0])])
             loss, metrics = self._loss(batch, train=False)
-            weight = float(len(real))
-            for key, value in {"loss": float(loss), **metrics}.items():
-                acc[key] = acc.get(key, 0.0) + float(value) * weight
-            acc["__weight"] = acc.get("__weight", 0.0) + weight
-        keys = sorted(acc)
-        total = engine.all_reduce_sum(torch.tensor([acc.get(k, 0.0) for k in keys], dtype=torch.float64))
-        weight = max(total[keys.index("__weight")].item(), 1e-9) if "__weight" in keys else 1.0
-        result = {k: total[i].item() / weight for i, k in enumerate(keys) if k != "__weight"}
+            acc.add({"loss": float(loss), **metrics}, weight=float(len(real)))
+        result = acc.reduce(engine)
         row = {"kind": "eval", "step": self.updates_done, **result}
         self.eval_history.append({k: v for k, v in row.items() if k != "kind"})
         if self.is_main:

@@ -182,5 +182,9 @@ def test_every_key_documented_and_reference_in_sync():
                 walk(sub, f"{prefix}{name}.")
 
     walk(Recipe)
+    from hl_core.config import OBJECTIVE_CONFIGS
+
+    for cls in OBJECTIVE_CONFIGS.values():
+        walk(cls, "objective.")
     committed = (REPO / "docs" / "recipe-keys.md").read_text()
     assert committed.strip() == recipe_keys_markdown().strip(), "regenerate: python -m hl_core.config > docs/recipe-keys.md"

@@ -7,7 +7,7 @@ from helpers import REPO, run_torchrun
 
 def test_zero3_sync_copies_pre_update_policy_without_gathering(tmp_path):
     report = tmp_path / "report.json"
-    run_torchrun(REPO / "tests/dist/sync_zero3.py", [report, tmp_path / "run", 2], nproc=2)
+    run_torchrun(REPO / "tests/distributed/sync_zero3.py", [report, tmp_path / "run", 2], nproc=2)
     import json
 
     data = json.loads(report.read_text())

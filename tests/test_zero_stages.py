@@ -13,7 +13,7 @@ from helpers import REPO, run_torchrun
 def matrix(tmp_path_factory):
     root = tmp_path_factory.mktemp("zero_matrix")
     report = root / "report.json"
-    run_torchrun(REPO / "tests/dist/zero_matrix.py", [report, root], nproc=2)
+    run_torchrun(REPO / "tests/distributed/zero_matrix.py", [report, root], nproc=2)
     return json.loads(report.read_text())
 
 

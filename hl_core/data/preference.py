@@ -16,20 +16,39 @@ and the fix. Rows are never silently dropped.
 
 from __future__ import annotations
 
-import json
-import os
 import random
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hl_core.errors import DataError, RecipeError, did_you_mean
+from hl_core.errors import DataError, RecipeError
+from hl_core.data.rows import (  # noqa: F401  (re-exported: the constants and helpers used to live here)
+    CHAT_TEMPLATE_MODES,
+    FORMATS,
+    JSON_EXTENSIONS,
+    JSONL_EXTENSIONS,
+    PARQUET_EXTENSIONS,
+    SUPPORTED_EXTENSIONS,
+    adds_bos as _adds_bos,
+    check_conversation,
+    check_load_args,
+    check_messages as _check_messages,
+    encode_completion as _encode_completion,
+    encode_prompt as _encode_prompt,
+    hf_label as _hf_label,
+    iter_file_rows as _iter_file_rows,
+    iter_hf_rows as _iter_hf_rows,
+    iter_source_rows,
+    missing_prompt_error,
+    pad_right,
+    parse_prompt,
+    prompt_text,
+    require_completion as _require_completion,
+    tokenize_prompt_and_completions,
+    truncate_completions,
+    type_name as _type_name,
+)
 
-FORMATS = ("auto", "plain", "messages")
-CHAT_TEMPLATE_MODES = ("auto", "none")
-JSONL_EXTENSIONS = (".jsonl",)
-JSON_EXTENSIONS = (".json",)
-PARQUET_EXTENSIONS = (".parquet", ".pq")
-SUPPORTED_EXTENSIONS = JSONL_EXTENSIONS + JSON_EXTENSIONS + PARQUET_EXTENSIONS
+PLAIN_NEEDS = "plain form needs `prompt`, `chosen` and `rejected` strings"
 
 
 @dataclass
@@ -64,20 +83,8 @@ def load_preference_records(
     ``format``: ``"auto"`` (per row), ``"plain"`` or ``"messages"``. ``limit``: keep (and validate) only
     the first ``limit`` rows.
     """
-    if format not in FORMATS:
-        raise RecipeError(
-            f"data format `{format}` is not known; use one of {', '.join(FORMATS)}.{did_you_mean(str(format), FORMATS)}"
-        )
-    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-        raise RecipeError(f"data limit must be a positive integer or unset, got {limit!r}; fix the `limit` value.")
-    if (path is None) == (name is None):
-        both = "both" if path is not None else "neither"
-        raise DataError(
-            f"preference data needs exactly one of `path` (a local .jsonl/.json/.parquet file) or `name` "
-            f"(a Hugging Face dataset name), but {both} was given. Fix: set one of them and remove the other."
-        )
-    rows = _iter_file_rows(str(path), limit) if path is not None else _iter_hf_rows(name, config, split, limit, data_files)
-    where = str(path) if path is not None else _hf_label(name, config, split)
+    check_load_args(format, limit, path, name, "preference data")
+    rows, where = iter_source_rows(path, name, split, config, limit, data_files)
 
     records: List[PreferenceRecord] = []
     for source, row in rows:
@@ -90,114 +97,6 @@ def load_preference_records(
             f"with `prompt`, `chosen` and `rejected` fields."
         )
     return records
-
-
-def _hf_label(name: str, config: Optional[str], split: str) -> str:
-    return f"hf:{name}" + (f"/{config}" if config else "") + f"[{split}]"
-
-
-def _iter_file_rows(path: str, limit: Optional[int]) -> Iterator[Tuple[str, Any]]:
-    if os.path.isdir(path) or not os.path.exists(path):
-        what = "is a directory" if os.path.isdir(path) else "does not exist"
-        raise DataError(
-            f"{path}: preference data file {what} (working directory {os.getcwd()}). Fix: give the path of an "
-            f"existing {'/'.join(SUPPORTED_EXTENSIONS)} file, or use `name` for a Hugging Face dataset."
-        )
-    ext = os.path.splitext(path)[1].lower()
-    if ext in JSONL_EXTENSIONS:
-        yield from _iter_jsonl(path)
-    elif ext in JSON_EXTENSIONS:
-        yield from _iter_json(path)
-    elif ext in PARQUET_EXTENSIONS:
-        yield from _iter_parquet(path, limit)
-    else:
-        raise DataError(
-            f"{path}: unknown data file extension `{ext or '(none)'}`. Fix: use a .jsonl file (one JSON object a "
-            f"line), a .json file (a list of objects) or a .parquet file, or rename the file to its real type."
-        )
-
-
-def _read_text(path: str) -> str:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: is not UTF-8 text ({e}). Fix: re-save the file as UTF-8 JSON.") from None
-
-
-def _iter_jsonl(path: str, text: Optional[str] = None) -> Iterator[Tuple[str, Any]]:
-    text = _read_text(path) if text is None else text
-    for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        source = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"{source}: line is not valid JSON ({e.msg} at column {e.colno}). Fix: make every non-blank line "
-                f"of the .jsonl file one complete JSON object, e.g. "
-                f'{{"prompt": "...", "chosen": "...", "rejected": "..."}}.'
-            ) from None
-        yield source, row
-
-
-def _iter_json(path: str) -> Iterator[Tuple[str, Any]]:
-    text = _read_text(path)
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.msg == "Extra data":  # JSON lines saved with a .json extension
-            yield from _iter_jsonl(path, text)
-            return
-        if not text.strip():
-            return  # empty file: reported by the caller as "no rows"
-        raise DataError(
-            f"{path}:{e.lineno}: file is not valid JSON ({e.msg} at column {e.colno}). Fix: a .json data file must "
-            f"hold one JSON list of objects (or use .jsonl with one object a line)."
-        ) from None
-    if not isinstance(data, list):
-        raise DataError(
-            f"{path}: top-level JSON value is a {type(data).__name__}, not a list of rows. Fix: store the rows as "
-            f'a JSON list [{{"prompt": ..., "chosen": ..., "rejected": ...}}, ...] or as .jsonl.'
-        )
-    for i, row in enumerate(data):
-        yield f"{path}:row {i}", row
-
-
-def _iter_parquet(path: str, limit: Optional[int]) -> Iterator[Tuple[str, Any]]:
-    import pyarrow.parquet as pq
-
-    try:
-        table = pq.read_table(path)
-    except Exception as e:  # pyarrow raises several types for corrupt/non-parquet files
-        raise DataError(f"{path}: could not be read as Parquet ({e}). Fix: re-export the file as Parquet.") from None
-    if limit is not None:
-        table = table.slice(0, limit)
-    for i, row in enumerate(table.to_pylist()):
-        yield f"{path}:row {i}", row
-
-
-def _iter_hf_rows(
-    name: str, config: Optional[str], split: str, limit: Optional[int], data_files: Any
-) -> Iterator[Tuple[str, Any]]:
-    import datasets
-
-    label = _hf_label(name, config, split)
-    kwargs: Dict[str, Any] = {"split": split}
-    if data_files is not None:
-        kwargs["data_files"] = data_files
-    try:
-        ds = datasets.load_dataset(name, config, **kwargs)
-    except Exception as e:
-        raise DataError(
-            f"{label}: could not load the Hugging Face dataset ({type(e).__name__}: {e}). Fix: check the dataset "
-            f"name, config and split, and network access (or set HF_HUB_OFFLINE=1 with the set already cached)."
-        ) from None
-    if limit is not None:
-        ds = ds.select(range(min(limit, len(ds))))
-    for i, row in enumerate(ds):
-        yield f"{label}:row {i}", row
 
 
 # --------------------------------------------------------------------------------------------- rows
@@ -235,83 +134,17 @@ def parse_preference_row(row: Any, source: str, format: str = "auto") -> Prefere
     return _parse_messages(row, source)
 
 
-def _type_name(value: Any) -> str:
-    return "null" if value is None else type(value).__name__
-
-
-def _require_completion(value: Any, field: str, source: str, form: str) -> str:
-    if not isinstance(value, str):
-        raise DataError(
-            f"{source}: field `{field}` is a {_type_name(value)}, expected a string ({form}). Fix: store the "
-            f"{field} completion as text" + (" or use format `messages`/`auto`." if form == "plain form" else ".")
-        )
-    if not value.strip():
-        raise DataError(
-            f"{source}: field `{field}` is an empty completion. Fix: give a non-empty {field} text or remove the "
-            f"row from the file (rows are never dropped silently)."
-        )
-    return value
-
-
 def _parse_plain(row: Dict[str, Any], source: str) -> PreferenceRecord:
-    if "prompt" not in row or row["prompt"] is None:
-        raise DataError(
-            f"{source}: row has no `prompt` field. Fix: add the prompt text as `prompt` (plain form needs "
-            f"`prompt`, `chosen` and `rejected` strings)."
-        )
+    if row.get("prompt") is None:
+        raise missing_prompt_error(source, PLAIN_NEEDS)
     chosen = _require_completion(row["chosen"], "chosen", source, "plain form")
     rejected = _require_completion(row["rejected"], "rejected", source, "plain form")
-    prompt = row["prompt"]
-    if isinstance(prompt, str):
-        messages = [{"role": "user", "content": prompt}]
-    elif isinstance(prompt, (list, tuple)):
-        messages = _check_messages(prompt, "prompt", source)
-        if not messages:
-            raise DataError(f"{source}: field `prompt` is an empty list of messages. Fix: give the prompt text.")
-    else:
-        raise DataError(
-            f"{source}: field `prompt` is a {_type_name(prompt)}, expected a string or a list of "
-            f"{{role, content}} messages. Fix: store the prompt as text."
-        )
+    messages = parse_prompt(row["prompt"], source, PLAIN_NEEDS)
     return PreferenceRecord(prompt=messages, chosen=chosen, rejected=rejected, source=source)
 
 
-def _check_messages(value: Any, field: str, source: str) -> List[Dict[str, str]]:
-    if not isinstance(value, (list, tuple)):
-        raise DataError(
-            f"{source}: field `{field}` is a {_type_name(value)}, expected a list of {{role, content}} messages "
-            f"(messages form). Fix: store the conversation as a list, or use plain form with string completions."
-        )
-    out = []
-    for i, msg in enumerate(value):
-        where = f"{field}[{i}]"
-        if not isinstance(msg, dict):
-            raise DataError(
-                f"{source}: `{where}` is a {_type_name(msg)}, expected a message object "
-                f'{{"role": ..., "content": ...}}. Fix: write each message as an object with `role` and `content`.'
-            )
-        for key in ("role", "content"):
-            if not isinstance(msg.get(key), str):
-                got = "missing" if msg.get(key) is None else f"a {_type_name(msg.get(key))}"
-                raise DataError(
-                    f"{source}: `{where}.{key}` is {got}, expected a string. Fix: give every message a string "
-                    f"`role` (user/assistant/system) and a string `content`."
-                )
-        out.append({"role": msg["role"], "content": msg["content"]})
-    return out
-
-
 def _parse_messages(row: Dict[str, Any], source: str) -> PreferenceRecord:
-    convs = {}
-    for field in ("chosen", "rejected"):
-        conv = _check_messages(row[field], field, source)
-        if not conv or conv[-1]["role"] != "assistant":
-            last = "is empty" if not conv else f"ends with a `{conv[-1]['role']}` message"
-            raise DataError(
-                f"{source}: field `{field}` {last}; in messages form its last message must be the assistant "
-                f"completion. Fix: end the `{field}` conversation with {{\"role\": \"assistant\", \"content\": ...}}."
-            )
-        convs[field] = conv
+    convs = {field: check_conversation(row[field], field, source) for field in ("chosen", "rejected")}
     chosen_prefix, rejected_prefix = convs["chosen"][:-1], convs["rejected"][:-1]
     if chosen_prefix != rejected_prefix:
         raise DataError(
@@ -365,63 +198,6 @@ def split_eval(records: Sequence[PreferenceRecord], eval_fraction: float, seed: 
 # --------------------------------------------------------------------------------------------- tokenizing
 
 
-def _adds_bos(tokenizer) -> bool:
-    """Whether ``tokenizer(text)`` normally starts with BOS (e.g. Llama-style tokenizers)."""
-    cached = getattr(tokenizer, "_hl_adds_bos", None)
-    if cached is not None:
-        return cached
-    bos = getattr(tokenizer, "bos_token_id", None)
-    result = False
-    if bos is not None:
-        with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
-        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-        result = bool(with_special) and with_special[0] == bos and (not plain or plain[0] != bos)
-    try:
-        tokenizer._hl_adds_bos = result
-    except Exception:
-        pass
-    return result
-
-
-def prompt_text(messages: List[Dict[str, str]], tokenizer, chat_template: str = "auto") -> str:
-    """Render the prompt messages: the chat template with the generation prompt, or plain text.
-
-    ``chat_template``: ``"auto"`` (the tokenizer's template; ``"none"`` when it has none), ``"none"``
-    (contents joined by blank lines, then a blank line), or a Jinja template string.
-    """
-    template = None
-    if chat_template == "auto":
-        if getattr(tokenizer, "chat_template", None):
-            template = "tokenizer"
-    elif chat_template == "none":
-        pass
-    elif isinstance(chat_template, str) and ("{{" in chat_template or "{%" in chat_template):
-        template = chat_template
-    else:
-        raise RecipeError(
-            f"chat_template `{chat_template}` is not known; use `auto`, `none` or a Jinja template string."
-            f"{did_you_mean(str(chat_template), CHAT_TEMPLATE_MODES)}"
-        )
-    if template is None:
-        return "\n\n".join(m["content"] for m in messages) + "\n\n"
-    kwargs = {} if template == "tokenizer" else {"chat_template": template}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-
-
-def _encode_prompt(text: str, tokenizer) -> List[int]:
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    bos = tokenizer.bos_token_id
-    if _adds_bos(tokenizer) and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    return ids
-
-
-def _encode_completion(text: str, tokenizer) -> List[int]:
-    if tokenizer.eos_token_id is None:
-        raise RecipeError("the tokenizer has no eos_token; set one (e.g. tokenizer.eos_token) before training.")
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
 def truncate_pair(
     prompt_ids: List[int],
     chosen_ids: List[int],
@@ -440,20 +216,10 @@ def truncate_pair(
     2. then each completion longer than ``max_length - len(prompt) - 1`` is cut to that many tokens (its
        start is kept), so every sequence, EOS included, fits in ``max_length``.
     """
-    if max_prompt_length < 1 or max_length <= max_prompt_length:
-        raise RecipeError(
-            f"need 1 <= max_prompt_length < max_length, got max_prompt_length={max_prompt_length}, "
-            f"max_length={max_length}; fix the length settings."
-        )
-    longest = max(len(chosen_ids), len(rejected_ids))
-    if len(prompt_ids) + longest + 1 > max_length and len(prompt_ids) > max_prompt_length:
-        if bos_token_id is not None and prompt_ids and prompt_ids[0] == bos_token_id:
-            tail = prompt_ids[len(prompt_ids) - (max_prompt_length - 1):] if max_prompt_length > 1 else []
-            prompt_ids = [bos_token_id] + tail
-        else:
-            prompt_ids = prompt_ids[-max_prompt_length:]
-    budget = max_length - len(prompt_ids) - 1
-    return prompt_ids, chosen_ids[:budget], rejected_ids[:budget]
+    prompt_ids, (chosen_ids, rejected_ids) = truncate_completions(
+        prompt_ids, [chosen_ids, rejected_ids], max_length, max_prompt_length, bos_token_id
+    )
+    return prompt_ids, chosen_ids, rejected_ids
 
 
 def tokenize_preference(
@@ -488,17 +254,11 @@ def tokenize_preference(
     inside the chat template, keeping the START of the conversation, and always cap the prompt at
     ``max_prompt_length``; that is not what is implemented here.)
     """
-    text = prompt_text(record.prompt, tokenizer, chat_template)
-    prompt_ids = _encode_prompt(text, tokenizer)
-    chosen_ids = _encode_completion(record.chosen, tokenizer)
-    rejected_ids = _encode_completion(record.rejected, tokenizer)
-    prompt_ids, chosen_ids, rejected_ids = truncate_pair(
-        prompt_ids, chosen_ids, rejected_ids, max_length, max_prompt_length, bos_token_id=tokenizer.bos_token_id
+    prompt_ids, (chosen_ids, rejected_ids) = tokenize_prompt_and_completions(
+        record.prompt, [record.chosen, record.rejected], tokenizer, max_length, max_prompt_length, chat_template
     )
-    eos = tokenizer.eos_token_id
     out: Dict[str, List[int]] = {}
     for key, comp in (("chosen", chosen_ids), ("rejected", rejected_ids)):
-        comp = comp + [eos]
         out[f"{key}_input_ids"] = prompt_ids + comp
         out[f"{key}_completion_mask"] = [0] * len(prompt_ids) + [1] * len(comp)
     return out
@@ -513,26 +273,11 @@ def collate_preference(features: List[Dict[str, List[int]]], pad_token_id: int) 
     Returns ``input_ids`` (long, padded with ``pad_token_id``), ``attention_mask`` (long, 1 on real tokens)
     and ``completion_mask`` (long 0/1); T is the longest sequence in the batch.
     """
-    import torch
-
     if not features:
         raise ValueError("collate_preference needs at least one feature")
-    if pad_token_id is None:
-        raise RecipeError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token).")
     seqs = [f["chosen_input_ids"] for f in features] + [f["rejected_input_ids"] for f in features]
     masks = [f["chosen_completion_mask"] for f in features] + [f["rejected_completion_mask"] for f in features]
-    T = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), T), int(pad_token_id), dtype=torch.long)
-    attention_mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    completion_mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        if len(s) != len(m):
-            raise ValueError(f"feature row {i}: input_ids and completion_mask lengths differ ({len(s)} vs {len(m)})")
-        n = len(s)
-        input_ids[i, :n] = torch.as_tensor(s, dtype=torch.long)
-        attention_mask[i, :n] = 1
-        completion_mask[i, :n] = torch.as_tensor(m, dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}
+    return pad_right(seqs, masks, pad_token_id)
 
 
 __all__ = [

@@ -57,6 +57,15 @@ class Engine:
             torch.distributed.all_reduce(values)
         return values
 
+    def all_keys(self, local: Dict[str, Any]) -> list:
+        """Sorted union of metric names over all ranks (ranks may report different keys)."""
+        keys = set(local)
+        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
+            gathered = [None] * self.world_size
+            torch.distributed.all_gather_object(gathered, sorted(keys))
+            keys = set().union(*map(set, gathered))
+        return sorted(keys)
+
     def barrier(self) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()

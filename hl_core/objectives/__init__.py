@@ -11,8 +11,9 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional
 
 from .dpo import dpo_batch_loss, dpo_loss
-from .grpo import group_advantages, grpo_loss
-from .kto import kto_loss, kto_reference_point, mismatched_pairs
+from .base import ObjectiveInputs
+from .grpo import group_advantages, grpo_batch_loss, grpo_loss
+from .kto import kto_batch_loss, kto_loss, kto_reference_point, mismatched_pairs
 
 
 @dataclass(frozen=True)
@@ -20,7 +21,7 @@ class ObjectiveSpec:
     name: str
     loss_fn: Callable
     data_kind: str  # "paired" | "unpaired" | "grouped"
-    # (objective_cfg, log_ratios [N, T], mask [N, T], batch) -> (loss, metrics): what the trainer calls.
+    # (objective_cfg, ObjectiveInputs) -> (loss, metrics): what the trainer calls.
     batch_loss: Optional[Callable] = None
 
 
@@ -32,10 +33,11 @@ def register_objective(spec: ObjectiveSpec) -> None:
 
 
 register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss))
-register_objective(ObjectiveSpec("kto", kto_loss, "unpaired"))
-register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped"))
+register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss))
+register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss))
 
 __all__ = [
+    "ObjectiveInputs",
     "ObjectiveSpec",
     "OBJECTIVES",
     "register_objective",

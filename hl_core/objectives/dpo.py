@@ -46,7 +46,8 @@ def dpo_loss(
     return loss, metrics
 
 
-def dpo_batch_loss(objective_cfg, log_ratios: torch.Tensor, mask: torch.Tensor, batch) -> Tuple[torch.Tensor, Dict[str, float]]:
+def dpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Trainer entry point: rows ``[:B]`` of a collated pair batch are chosen, rows ``[B:]`` rejected."""
+    log_ratios, mask = inputs.log_ratios, inputs.mask
     half = log_ratios.shape[0] // 2
     return dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta)

@@ -120,3 +120,26 @@ def grpo_loss(
         if k3 is not None:
             metrics["kl/mean"] = token_mean(k3)
     return loss, metrics
+
+
+def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Trainer entry point for a batch of whole prompt groups (``scores``, ``group_ids``).
+
+    The ratio is built from ``inputs.log_ratios`` (humanline-transformed ``lp_pol - lp_ref``), as the
+    authors' offline GRPO does; when the batch carries behaviour-policy log-probs (``old_logps``, from
+    rollouts) and humanline is off, standard GRPO's ``lp_pol - lp_old`` is used instead. The k3 KL
+    term always uses the unclamped ``lp_pol - lp_ref``.
+    """
+    batch, mask = inputs.batch, inputs.mask
+    advantages = group_advantages(
+        batch["scores"].to(inputs.policy_logps.device), batch["group_ids"], eps=objective_cfg.advantage_eps
+    )
+    if "old_logps" in batch and not inputs.humanline_active:
+        logratios = (inputs.policy_logps - batch["old_logps"].to(inputs.policy_logps.device)) * mask
+    else:
+        logratios = inputs.log_ratios
+    ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask
+    return grpo_loss(
+        logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
+        ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,
+    )

@@ -94,3 +94,21 @@ def kto_loss(
         if n_undesirable:
             metrics["rewards/undesirable"] = float(beta * rewards[~desirable].mean())
     return loss, metrics
+
+
+def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Trainer entry point: z0 from the batch's mismatched pairs (``kl_*`` keys; both models, no grad,
+    the same humanline transform), summed over all ranks; then ``kto_loss``."""
+    batch = inputs.batch
+    kl_batch = {"input_ids": batch["kl_input_ids"], "attention_mask": batch["kl_attention_mask"]}
+    with torch.no_grad():
+        kl_policy = inputs.token_logps(kl_batch, "policy")
+        kl_reference = inputs.token_logps(kl_batch, "reference")
+        kl_mask = batch["kl_completion_mask"].to(device=kl_policy.device, dtype=kl_policy.dtype)
+        kl_logratios, _ = inputs.transform(kl_policy, kl_reference, kl_mask)
+    z0 = kto_reference_point(kl_logratios, kl_mask)
+    loss, metrics = kto_loss(
+        inputs.log_ratios, inputs.mask, batch["desirable"], z0, beta=objective_cfg.beta,
+        desirable_weight=objective_cfg.desirable_weight, undesirable_weight=objective_cfg.undesirable_weight,
+    )
+    return loss, metrics

@@ -1,0 +1,257 @@
+"""Unpaired (KTO) data: labelled completions, loading, tokenization and collation with the KL batch.
+
+Rows (``format="auto"`` detects the form per row):
+
+* native: ``{"prompt": str | messages, "completion": str | messages, "label": bool}`` (TRL's KTO
+  layout). ``label`` may also be the int 0 or 1; anything else is an error. A ``completion`` message list
+  must end with the assistant message; messages before it, when there are any, are the prompt (the
+  ``prompt`` column is then not needed), as for preference conversations.
+* paired: anything :func:`hl_core.data.preference.load_preference_records` accepts (``chosen`` /
+  ``rejected``, plain or messages form). Each pair becomes TWO records, chosen (desirable) then rejected
+  (undesirable), with the pair's source.
+
+``format``: ``"auto"``; ``"plain"`` (string completions only) or ``"messages"`` (message-list completions
+only) -- for paired rows it has the meaning of the preference loader. A row with neither
+``completion``/``label`` nor ``chosen``/``rejected`` is an error (KTO needs labelled completions or
+preference pairs), as is a row with both. Bad rows raise :class:`hl_core.errors.DataError` naming
+``file:line`` (or ``file:row N``); rows are never dropped.
+
+Batches: :func:`collate_unpaired` also builds KTO's reference-point batch of mismatched pairs,
+``(prompt_i, completion_{(i+1) mod B})`` (:func:`hl_core.objectives.kto.mismatched_pairs`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from hl_core.data.preference import parse_preference_row
+from hl_core.data.rows import (
+    check_conversation,
+    check_load_args,
+    fields_present,
+    has,
+    iter_source_rows,
+    missing_prompt_error,
+    pad_right,
+    parse_prompt,
+    require_completion,
+    tokenize_prompt_and_completions,
+    type_name,
+)
+from hl_core.errors import DataError
+
+UNPAIRED_EXAMPLE = '{"prompt": "...", "completion": "...", "label": true}'
+NATIVE_NEEDS = "KTO rows need `prompt`, `completion` and `label`"
+
+
+@dataclass
+class UnpairedRecord:
+    """One labelled completion. ``prompt`` is the conversation before the completion (chat messages)."""
+
+    prompt: List[Dict[str, str]]
+    completion: str
+    desirable: bool
+    source: str  # "file.jsonl:12" / "file.parquet:row 3" / "hf:name[split]:row 3"
+
+
+# --------------------------------------------------------------------------------------------- loading
+
+
+def load_unpaired_records(
+    path: Optional[str] = None,
+    name: Optional[str] = None,
+    split: str = "train",
+    config: Optional[str] = None,
+    format: str = "auto",
+    limit: Optional[int] = None,
+    *,
+    data_files: Any = None,
+) -> List[UnpairedRecord]:
+    """Load and validate KTO examples from a local file (``path``) or a Hugging Face set (``name``).
+
+    Sources and arguments as for :func:`hl_core.data.preference.load_preference_records`. ``limit``
+    counts SOURCE rows: ``limit=3`` over pairs gives 6 records.
+    """
+    check_load_args(format, limit, path, name, "KTO data")
+    rows, where = iter_source_rows(path, name, split, config, limit, data_files, "KTO data", UNPAIRED_EXAMPLE)
+    records: List[UnpairedRecord] = []
+    n_rows = 0
+    for source, row in rows:
+        records.extend(parse_unpaired_row(row, source, format))
+        n_rows += 1
+        if limit is not None and n_rows >= limit:
+            break
+    if not records:
+        raise DataError(
+            f"{where}: contains no KTO rows. Fix: point the data path/name at a non-empty file or split with "
+            f"`prompt`, `completion` and `label` fields (or preference pairs with `chosen` and `rejected`)."
+        )
+    return records
+
+
+def parse_unpaired_row(row: Any, source: str, format: str = "auto") -> List[UnpairedRecord]:
+    """Validate one row; a native row gives one record, a preference pair two (chosen, then rejected)."""
+    if not isinstance(row, dict):
+        raise DataError(
+            f"{source}: row is a {type(row).__name__}, not an object. Fix: each row must be an object with "
+            f"`prompt`, `completion` and `label` fields (or `prompt`, `chosen` and `rejected`)."
+        )
+    native = has(row, "completion") or has(row, "label")
+    paired = has(row, "chosen") or has(row, "rejected")
+    if native and paired:
+        raise DataError(
+            f"{source}: row has both labelled-completion fields (`completion`/`label`) and preference-pair fields "
+            f"(`chosen`/`rejected`), so its meaning is ambiguous. Fix: keep one form per row."
+        )
+    if paired:
+        pair = parse_preference_row(row, source, format)
+        return [
+            UnpairedRecord(prompt=pair.prompt, completion=pair.chosen, desirable=True, source=source),
+            UnpairedRecord(prompt=[dict(m) for m in pair.prompt], completion=pair.rejected, desirable=False,
+                           source=source),
+        ]
+    if not native:
+        raise DataError(
+            f"{source}: row has no labels: KTO needs labelled completions (`prompt`, `completion`, `label` "
+            f"true/false) or preference pairs (`prompt`, `chosen`, `rejected`), but the row has only "
+            f"{fields_present(row)}. Fix: give every row a `completion` and a boolean `label`, or make the rows "
+            f"preference pairs (`chosen`/`rejected`: each becomes one desirable and one undesirable example)."
+        )
+    return [_parse_native(row, source, format)]
+
+
+def _parse_label(value: Any, source: str) -> bool:
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, int) and value in (0, 1):
+        return bool(value)
+    raise DataError(
+        f"{source}: field `label` is {'missing' if value is None else f'a {type_name(value)} ({value!r})'}; "
+        f"expected true/false (or 1/0): true for a desirable completion, false for an undesirable one. "
+        f"Fix: store `label` as a boolean."
+    )
+
+
+def _parse_native(row: Dict[str, Any], source: str, format: str) -> UnpairedRecord:
+    if not has(row, "completion"):
+        raise DataError(
+            f"{source}: row has a `label` but no `completion` field (fields present: {fields_present(row)}). "
+            f"Fix: give every KTO row `prompt`, `completion` and `label`."
+        )
+    desirable = _parse_label(row.get("label"), source)
+    value = row["completion"]
+    if isinstance(value, str) and format != "messages":
+        if not has(row, "prompt"):
+            raise missing_prompt_error(source, NATIVE_NEEDS)
+        completion = require_completion(value, "completion", source, "plain form")
+        prompt = parse_prompt(row["prompt"], source, NATIVE_NEEDS)
+    elif isinstance(value, (list, tuple)) and format != "plain":
+        conv = check_conversation(value, "completion", source)
+        prompt = conv[:-1]
+        if not prompt:
+            if not has(row, "prompt"):
+                raise DataError(
+                    f"{source}: row has no prompt: `completion` holds only the assistant message and there is "
+                    f"no `prompt` field. Fix: add a `prompt` (a string or a list of messages)."
+                )
+            prompt = parse_prompt(row["prompt"], source, NATIVE_NEEDS)
+        completion = require_completion(conv[-1]["content"], "completion", source, "messages form")
+    else:
+        form = {"plain": "a string (format `plain`)", "messages": "a list of messages (format `messages`)"}.get(
+            format, "a string or a list of {role, content} messages"
+        )
+        raise DataError(
+            f"{source}: field `completion` is a {type_name(value)}, expected {form}. Fix: store the completion "
+            f"text as a string" + (" or use format `auto`." if format != "auto" else ".")
+        )
+    return UnpairedRecord(prompt=prompt, completion=completion, desirable=desirable, source=source)
+
+
+# --------------------------------------------------------------------------------------------- tokenizing
+
+
+def tokenize_unpaired(
+    record: UnpairedRecord,
+    tokenizer,
+    max_length: int,
+    max_prompt_length: int,
+    chat_template: str = "auto",
+) -> Dict[str, Any]:
+    """Tokenize one example into ``{"prompt_ids", "completion_ids", "desirable", "max_length"}``.
+
+    Rendering, BOS/EOS handling and truncation are those of
+    :func:`hl_core.data.preference.tokenize_preference` with a single completion: ``completion_ids``
+    end with EOS and ``len(prompt_ids) + len(completion_ids) <= max_length``. ``max_length`` is stored in
+    the feature so that :func:`collate_unpaired` can cap the mismatched (KL) rows the same way.
+    """
+    prompt_ids, (completion_ids,) = tokenize_prompt_and_completions(
+        record.prompt, [record.completion], tokenizer, max_length, max_prompt_length, chat_template
+    )
+    return {
+        "prompt_ids": prompt_ids,
+        "completion_ids": completion_ids,
+        "desirable": bool(record.desirable),
+        "max_length": int(max_length),
+    }
+
+
+# --------------------------------------------------------------------------------------------- collating
+
+
+def _cap_completion(prompt: List[int], completion: List[int], max_length: Optional[int]) -> List[int]:
+    """Cut a completion (whose last token is its EOS) so ``prompt + completion`` fits in ``max_length``;
+    the EOS is kept (the rule of the matched rows: cut the text, then append EOS)."""
+    if max_length is None or len(prompt) + len(completion) <= max_length:
+        return completion
+    budget = max(0, max_length - len(prompt) - 1)
+    return completion[:-1][:budget] + completion[-1:]
+
+
+def collate_unpaired(
+    features: List[Dict[str, Any]], pad_token_id: int, max_length: Optional[int] = None
+) -> Dict[str, "torch.Tensor"]:
+    """Right-pad B tokenized examples; also build the KTO reference-point (KL) batch.
+
+    Returns long ``[B, T]`` ``input_ids`` / ``attention_mask`` / ``completion_mask`` (row i = prompt_i +
+    completion_i), bool ``[B]`` ``desirable``, and long ``[B, T_kl]`` ``kl_input_ids`` /
+    ``kl_attention_mask`` / ``kl_completion_mask`` where KL row i = prompt_i + completion_{(i+1) mod B}
+    (with B == 1 that is the matched pair). Length cap of the KL rows: ``max_length`` when given, else the
+    smallest ``"max_length"`` stored in the features by :func:`tokenize_unpaired` (none: no cap); a KL
+    completion that does not fit is cut after the prompt, keeping its final EOS.
+    """
+    import torch
+
+    from hl_core.objectives.kto import mismatched_pairs
+
+    if not features:
+        raise ValueError("collate_unpaired needs at least one feature")
+    if max_length is None:
+        stored = [f["max_length"] for f in features if f.get("max_length") is not None]
+        max_length = min(stored) if stored else None
+    prompts = [list(f["prompt_ids"]) for f in features]
+    completions = [list(f["completion_ids"]) for f in features]
+    out = pad_right(
+        [p + c for p, c in zip(prompts, completions)],
+        [[0] * len(p) + [1] * len(c) for p, c in zip(prompts, completions)],
+        pad_token_id,
+    )
+    out["desirable"] = torch.tensor([bool(f["desirable"]) for f in features], dtype=torch.bool)
+    kl_prompts, kl_completions = mismatched_pairs(prompts, completions)
+    kl_completions = [_cap_completion(p, c, max_length) for p, c in zip(kl_prompts, kl_completions)]
+    kl = pad_right(
+        [p + c for p, c in zip(kl_prompts, kl_completions)],
+        [[0] * len(p) + [1] * len(c) for p, c in zip(kl_prompts, kl_completions)],
+        pad_token_id,
+    )
+    out.update({f"kl_{k}": v for k, v in kl.items()})
+    return out
+
+
+__all__ = [
+    "UnpairedRecord",
+    "load_unpaired_records",
+    "parse_unpaired_row",
+    "tokenize_unpaired",
+    "collate_unpaired",
+]

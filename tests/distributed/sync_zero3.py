@@ -1,0 +1,128 @@
+"""Run under torchrun (2 processes): humanline syncing under ZeRO-3, checked against gathered weights.
+
+Writes a JSON report (rank 0) to argv[1]. Gathering happens only here, in the test harness.
+"""
+
+import json
+import sys
+from pathlib import Path
+
+import deepspeed
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+from hl_core.config import load_recipe  # noqa: E402
+from hl_core.trainer import Trainer  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[2]
+report_path, out_dir, sync_every = sys.argv[1], sys.argv[2], int(sys.argv[3])
+
+recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [
+    "engine.zero_stage=3",
+    # small threshold: norms (64 elements) stay whole on every rank (ds_persist), matrices are partitioned
+    "engine.zero3_param_persistence_threshold=100",
+    f"humanline.sync_every={sync_every}", f"output_dir={out_dir}", "eval.every=null",
+    "checkpoint.save_every=null", "checkpoint.save_final=false", "logging.progress_bar=false",
+    "train.max_steps=5", "train.lr=5e-3",
+])
+trainer = Trainer(recipe)
+trainer.setup()
+engine = trainer.engine
+
+
+def gather(module):
+    """Full weights as the next forward would see them, without disturbing ZeRO-3's state: a parameter
+    held whole (persistent) is read as is; only partitioned ones are gathered (and released again)."""
+    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
+
+    held = {id(p) for p in module.parameters() if p.ds_status == ZeroParamStatus.AVAILABLE}
+    partitioned = [p for p in module.parameters() if id(p) not in held]
+    with deepspeed.zero.GatheredParameters(partitioned):
+        return {name: p.detach().clone().float() for name, p in module.named_parameters()}
+
+
+COLLECTIVES = ["all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_object", "broadcast",
+               "all_reduce", "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter"]
+
+
+class CountCollectives:
+    """Patch torch.distributed and deepspeed.comm collectives to count calls while active."""
+
+    def __init__(self):
+        self.count = 0
+        self.saved = []
+
+    def __enter__(self):
+        for module in (dist, deepspeed.comm):
+            for name in COLLECTIVES:
+                fn = getattr(module, name, None)
+                if fn is None:
+                    continue
+                self.saved.append((module, name, fn))
+
+                def wrapper(*a, __fn=fn, **k):
+                    self.count += 1
+                    return __fn(*a, **k)
+
+                setattr(module, name, wrapper)
+        return self
+
+    def __exit__(self, *exc):
+        for module, name, fn in self.saved:
+            setattr(module, name, fn)
+
+
+records, persistent = [], []
+for _, pol, ref in engine._pairs:
+    if getattr(pol, "ds_persist", False) and pol.ds_numel <= 100:
+        persistent.append(True)
+
+# The counter must be able to see a gather: count one deliberately.
+with CountCollectives() as probe:
+    gather(engine.reference.module)
+gather_calls_seen_by_probe = probe.count
+
+original_hook = trainer.sync_hook.before_optimizer_step
+original_step = engine.step
+pending = {}
+
+
+def hook(eng, updates_done):
+    pending["pre_policy"] = gather(engine.policy.module)
+    pending["pre_ref"] = gather(engine.reference.module)
+    with CountCollectives() as counter:
+        result = original_hook(eng, updates_done)
+    pending.update(n=updates_done, synced=result.synced, sync_collectives=counter.count)
+    return result
+
+
+def step():
+    boundary = engine.is_accumulation_boundary()
+    out = original_step()
+    if boundary:
+        post_ref = gather(engine.reference.module)
+        post_policy = gather(engine.policy.module)
+        pre_policy, pre_ref = pending["pre_policy"], pending["pre_ref"]
+        records.append({
+            "n": pending["n"],
+            "synced": pending["synced"],
+            "sync_collectives": pending["sync_collectives"],
+            "ref_vs_pre_policy": max((post_ref[k] - pre_policy[k]).abs().max().item() for k in post_ref),
+            "ref_vs_pre_ref": max((post_ref[k] - pre_ref[k]).abs().max().item() for k in post_ref),
+            "policy_moved": max((post_policy[k] - pre_policy[k]).abs().max().item() for k in post_ref),
+        })
+    return out
+
+
+trainer.sync_hook.before_optimizer_step = hook
+engine.step = step
+trainer.train()
+rank = dist.get_rank()
+if rank == 0:
+    Path(report_path).write_text(json.dumps({
+        "records": records, "probe_gather_calls": gather_calls_seen_by_probe,
+        "num_persistent": sum(persistent), "num_params": len(engine._pairs),
+        "metrics": [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()],
+    }))
+trainer.close()

@@ -493,6 +493,8 @@ def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str,
             child = node.get(part)
             if child is None:
                 child = node[part] = {}
+            if i == 0 and part == "objective" and isinstance(child, str):
+                child = node[part] = {"name": child}  # `objective: kto` shorthand, then `objective.beta=...`
             if not isinstance(child, dict):
                 raise RecipeError(
                     f"Override `{text}`: `{'.'.join(parts[: i + 1])}` is a value, not a group, so it has no `{parts[i + 1]}`."

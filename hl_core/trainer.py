@@ -29,6 +29,15 @@ from .sinks import Sinks
 
 CHECKPOINT_PREFIX = "step_"
 
+# held-out metrics the end-of-run summary prints (start -> end), when the objective reports them
+SUMMARY_EVAL_KEYS = {
+    "policy/accuracy": "preference accuracy (policy log-prob of chosen > rejected)",
+    "policy/margin": "per-token log-prob margin, preferred minus dispreferred",
+    "policy/adv_logp": "advantage-weighted per-token log-prob",
+    "rewards/accuracy": "reward accuracy against the current reference",
+    "loss": "loss against the current reference",
+}
+
 
 def index_stream(num_examples: int, seed: int, shuffle: bool, start: int = 0) -> Iterator[int]:
     """Endless example indices: epoch ``e`` is a permutation seeded by ``seed + e``; starts at position ``start``."""
@@ -296,22 +305,19 @@ class Trainer:
             summary.update(mean_step_s=mean_step, sync_frac=(sum(sync_times) / max(sum(step_times), 1e-12)))
         if self.eval_history:
             first, last = self.eval_history[0], self.eval_history[-1]
-            for key in ("rewards/accuracy", "loss", "rewards/margin"):
-                if key in first:
+            for key in SUMMARY_EVAL_KEYS:
+                if key in first and key in last:
                     summary[f"eval_start/{key}"] = first[key]
                     summary[f"eval_end/{key}"] = last[key]
         if self.is_main:
             lines = [f"== {self.recipe.name}: {self.updates_done} updates in {wall:.1f}s =="]
             if step_times:
                 lines.append(f"mean step {summary['mean_step_s']:.3f}s, reference sync {100 * summary['sync_frac']:.2f}% of step time")
-            if "eval_start/rewards/accuracy" in summary:
-                lines.append(
-                    f"held-out preference accuracy: {summary['eval_start/rewards/accuracy']:.3f} (start, update "
-                    f"{self.eval_history[0]['step']}) -> {summary['eval_end/rewards/accuracy']:.3f} (end, update {self.eval_history[-1]['step']})"
-                )
-                lines.append(
-                    f"held-out loss: {summary['eval_start/loss']:.4f} -> {summary['eval_end/loss']:.4f}"
-                )
+            if self.eval_history:
+                lines.append(f"held-out, start (update {self.eval_history[0]['step']}) -> end (update {self.eval_history[-1]['step']}):")
+            for key, label in SUMMARY_EVAL_KEYS.items():
+                if f"eval_start/{key}" in summary:
+                    lines.append(f"  {label}: {summary[f'eval_start/{key}']:.3f} -> {summary[f'eval_end/{key}']:.3f}")
             lines.append(f"outputs: {self.output_dir}/metrics.jsonl, checkpoints/, final/")
             print("\n".join(lines), flush=True)
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))

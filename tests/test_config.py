@@ -188,3 +188,33 @@ def test_every_key_documented_and_reference_in_sync():
         walk(cls, "objective.")
     committed = (REPO / "docs" / "recipe-keys.md").read_text()
     assert committed.strip() == recipe_keys_markdown().strip(), "regenerate: python -m hl_core.config > docs/recipe-keys.md"
+
+
+def test_objective_data_mismatches_fail_validate(tmp_path, capsys):
+    unlabeled = tmp_path / "unlabeled.jsonl"
+    unlabeled.write_text('{"prompt": "p", "completion": "a"}\n')
+    path = _tiny_child(tmp_path, f"objective: kto\ndata:\n  train:\n    path: {unlabeled}\n")
+    assert main([str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"{unlabeled}:1" in err and "label" in err
+
+    singleton = tmp_path / "single.jsonl"
+    singleton.write_text('{"prompt": "p", "completions": ["a"], "scores": [1.0]}\n')
+    path = _tiny_child(tmp_path, f"objective: grpo\ndata:\n  train:\n    path: {singleton}\n")
+    assert main([str(path), "--validate"]) == 2
+    err = capsys.readouterr().err
+    assert f"{singleton}:1" in err and "group" in err.lower()
+
+    path = _tiny_child(tmp_path, "humanline:\n  transform: sampling\n")
+    assert main([str(path), "--validate"]) == 2
+    assert "Did you mean `sample`?" in capsys.readouterr().err
+
+
+def test_objective_switch_and_objective_specific_keys(tmp_path, capsys):
+    assert main([str(TINY), "objective=grpo", "--validate"]) == 0  # shorthand replaces the whole block
+    capsys.readouterr()
+    assert main([str(TINY), "objective.name=grpo", "--validate"]) == 2  # keeps DPO's beta
+    err = capsys.readouterr().err
+    assert "`objective.beta` for objective `grpo`" in err
+    assert main([str(TINY), "objective=kto", "objective.eps_low=0.1", "--validate"]) == 2
+    assert "for objective `kto`" in capsys.readouterr().err

@@ -30,11 +30,12 @@ def test_demo_metrics_and_learning(demo):
     assert abs(rows[0]["loss"] - math.log(2)) < 1e-6  # policy == reference at step 0
     evals = read_jsonl(out / "eval.jsonl")
     assert [e["step"] for e in evals] == [0, 10, 20, 30, 40]
-    assert evals[0]["rewards/accuracy"] == 0.5  # all ties at the start
-    assert evals[-1]["rewards/accuracy"] > 0.7, "the demo visibly learns"
-    assert "held-out preference accuracy: 0.500" in proc.stdout
+    assert evals[0]["rewards/accuracy"] == 0.5  # all ties at the start: policy == reference
+    # reference-free held-out accuracy (the humanline reference moves): the demo visibly learns
+    assert evals[0]["policy/accuracy"] < 0.7 and evals[-1]["policy/accuracy"] > 0.9
+    assert "preference accuracy (policy log-prob of chosen > rejected)" in proc.stdout
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["updates"] == 40 and summary["eval_end/rewards/accuracy"] == evals[-1]["rewards/accuracy"]
+    assert summary["updates"] == 40 and summary["eval_end/policy/accuracy"] == evals[-1]["policy/accuracy"]
 
 
 def test_demo_checkpoints_rotate_and_final_loads(demo):

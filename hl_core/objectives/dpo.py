@@ -50,4 +50,19 @@ def dpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
     """Trainer entry point: rows ``[:B]`` of a collated pair batch are chosen, rows ``[B:]`` rejected."""
     log_ratios, mask = inputs.log_ratios, inputs.mask
     half = log_ratios.shape[0] // 2
-    return dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta)
+    loss, metrics = dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta)
+    metrics.update(policy_preference_metrics(inputs.policy_logps[:half], mask[:half], inputs.policy_logps[half:], mask[half:]))
+    return loss, metrics
+
+
+@torch.no_grad()
+def policy_preference_metrics(chosen_logps, chosen_mask, rejected_logps, rejected_mask) -> Dict[str, float]:
+    """Reference-free diagnostics, comparable across plain and humanline runs (whose reference moves):
+    ``policy/accuracy`` = fraction of pairs with ``sum log pi(chosen) > sum log pi(rejected)`` (ties: half),
+    ``policy/margin`` = mean per-token log-prob of chosen minus rejected."""
+    chosen_sum = sequence_logratio(chosen_logps, chosen_mask)
+    rejected_sum = sequence_logratio(rejected_logps, rejected_mask)
+    chosen_mean = chosen_sum / chosen_mask.sum(-1).clamp(min=1)
+    rejected_mean = rejected_sum / rejected_mask.sum(-1).clamp(min=1)
+    wins = (chosen_sum > rejected_sum).float() + 0.5 * (chosen_sum == rejected_sum).float()
+    return {"policy/accuracy": float(wins.mean()), "policy/margin": float((chosen_mean - rejected_mean).mean())}

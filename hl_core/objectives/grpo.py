@@ -139,7 +139,12 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     else:
         logratios = inputs.log_ratios
     ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask
-    return grpo_loss(
+    loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
         ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,
     )
+    with torch.no_grad():
+        # reference-free: advantage-weighted mean per-token log-prob (rises as better completions gain mass)
+        per_token = (inputs.policy_logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        metrics["policy/adv_logp"] = float((advantages.to(per_token.dtype) * per_token).mean())
+    return loss, metrics

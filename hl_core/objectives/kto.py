@@ -111,4 +111,10 @@ def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
         inputs.log_ratios, inputs.mask, batch["desirable"], z0, beta=objective_cfg.beta,
         desirable_weight=objective_cfg.desirable_weight, undesirable_weight=objective_cfg.undesirable_weight,
     )
+    with torch.no_grad():
+        desirable = batch["desirable"].to(inputs.mask.device).bool()
+        per_token = sequence_logratio(inputs.policy_logps, inputs.mask) / inputs.mask.sum(-1).clamp(min=1)
+        if desirable.any() and (~desirable).any():
+            # reference-free: mean per-token log-prob of desirable minus undesirable completions
+            metrics["policy/margin"] = float(per_token[desirable].mean() - per_token[~desirable].mean())
     return loss, metrics

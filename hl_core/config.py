@@ -343,10 +343,13 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "Fix: set `train.cache_reference_logps=false`, or `humanline.sync_every=null` for a frozen reference."
         )
     if recipe.engine.name == "megatron":
-        raise RecipeError(
-            "`engine.name: megatron` is not available in this version of the pack yet. "
-            "Fix: use `engine.name=deepspeed` (with `engine.zero_stage` 0-3)."
-        )
+        import importlib.util
+
+        if importlib.util.find_spec("megatron.core") is None:
+            raise RecipeError(
+                "`engine.name: megatron` needs the `megatron-core` package. "
+                "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
+            )
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "

@@ -28,6 +28,7 @@ from .objectives import OBJECTIVES, ObjectiveInputs
 from .sinks import Sinks
 
 CHECKPOINT_PREFIX = "step_"
+STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): checkpoint and exit cleanly
 
 # held-out metrics the end-of-run summary prints (start -> end), when the objective reports them
 SUMMARY_EVAL_KEYS = {
@@ -141,6 +142,10 @@ class Trainer:
         if recipe.train.stop_after is not None:
             stop_at = min(stop_at, self.updates_done + recipe.train.stop_after)
         while self.updates_done < stop_at:
+            if self._stop_requested():
+                stop_at = self.updates_done  # checkpoint below, then exit cleanly (SLURM time limit, preemption)
+                self._print(f"{STOP_FILE} found in {self.output_dir}: checkpointing at update {self.updates_done} and stopping.")
+                break
             row = self.train_step()
             step_times.append(row["step_time_s"])
             sync_times.append(row["sync_time_s"])
@@ -150,15 +155,17 @@ class Trainer:
             ):
                 self._evaluate(bar)
             every = recipe.checkpoint.save_every
-            if (every is not None and self.updates_done % every == 0) or (
-                self.updates_done == stop_at < recipe.train.max_steps
-            ):
+            if every is not None and self.updates_done % every == 0:
                 self._save_checkpoint()
+        if stop_at == self.updates_done < recipe.train.max_steps and not self._checkpoint_exists(self.updates_done):
+            self._save_checkpoint()
+        if self.is_main and (self.output_dir / STOP_FILE).exists():
+            (self.output_dir / STOP_FILE).unlink()
         if bar is not None:
             bar.close()
         finished = self.updates_done >= recipe.train.max_steps
         if not finished:
-            self._print(f"Stopped after update {self.updates_done} (train.stop_after); resume with checkpoint.resume=auto.")
+            self._print(f"Stopped after update {self.updates_done}; resume with checkpoint.resume=auto.")
         if recipe.checkpoint.save_final and finished:
             self.engine.save_hf(str(self.output_dir / "final"))
         summary = self._summary(step_times, sync_times, time.perf_counter() - run_start)
@@ -251,6 +258,14 @@ class Trainer:
         return result
 
     # ---------------------------------------------------------------------------------------- save
+    def _stop_requested(self) -> bool:
+        """True on every rank when ``<output_dir>/STOP`` exists on rank 0 (a launcher's request to stop)."""
+        flag = float(self.is_main and (self.output_dir / STOP_FILE).exists())
+        return self.engine.all_reduce_sum(torch.tensor([flag], dtype=torch.float64)).item() > 0
+
+    def _checkpoint_exists(self, updates_done: int) -> bool:
+        return (self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}").is_dir()
+
     def _save_checkpoint(self) -> None:
         ckpt_dir = self.output_dir / "checkpoints"
         tag = f"{CHECKPOINT_PREFIX}{self.updates_done}"

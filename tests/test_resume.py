@@ -39,3 +39,18 @@ def test_resume_matches_uninterrupted(tmp_path, stage, nproc, extra):
         assert abs(row_a["lr"] - row_b["lr"]) <= 1e-12
     # the later steps really differ from step 0 (so the comparison is not vacuous)
     assert abs(a[5]["loss"] - a[0]["loss"]) > 1e-4
+
+
+def test_stop_file_checkpoints_and_exits_cleanly(tmp_path):
+    """A launcher (the SLURM time-limit trap) creates <output_dir>/STOP: the run checkpoints and exits 0."""
+    out = tmp_path / "run"
+    out.mkdir()
+    (out / "STOP").write_text("")
+    common = [f"output_dir={out}", "train.max_steps=2", "eval.every=null", "checkpoint.save_every=null"]
+    first = run_recipe(TINY_HUMANLINE, common)
+    assert "STOP found" in first.stdout and "Stopped after update 0" in first.stdout
+    assert (out / "checkpoints" / "step_0").is_dir() and not (out / "STOP").exists()
+    assert not (out / "final").exists()
+    second = run_recipe(TINY_HUMANLINE, common)
+    assert "Resumed from" in second.stdout and (out / "final").is_dir()
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1]

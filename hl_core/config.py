@@ -275,12 +275,51 @@ class LoggingConfig(_Section):
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases sink.")
 
 
+class RewardConfig(_Section):
+    """How rollouts are scored."""
+
+    kind: Literal["math", "reward_model", "callable"] = Field(
+        "math", description="`math` (math-verify against the reference answer), `reward_model` (a sequence "
+        "classifier such as ArmoRM) or `callable` (`function`)."
+    )
+    accuracy_weight: float = Field(1.0, description="math: weight of a correct final answer (the MATH runs used 8).")
+    format_weight: float = Field(0.0, description="math: weight of the `<think>...</think><answer>...</answer>` format.")
+    model: Optional[str] = Field(None, description="reward_model: model name or directory.")
+    trust_remote_code: bool = Field(False, description="reward_model: allow its custom code (ArmoRM needs it).")
+    batch_size: int = Field(16, ge=1, description="reward_model: sequences per scoring batch.")
+    score_index: int = Field(0, ge=0, description="reward_model: logit used as the score (when no `.score` output).")
+    function: Optional[str] = Field(
+        None, description="callable: `package.module:function(prompts, completions, references) -> list[float]`."
+    )
+
+
 class RolloutConfig(_Section):
     """Generation inside the training loop (online / sparse); null = offline data only."""
 
     every: Optional[int] = Field(
-        None, ge=1, description="Generate fresh completions every N updates (1 = online); null = offline data only."
+        None, ge=1,
+        description="Generate completions every N updates for the next N updates (1 = online, 64 = the paper's "
+        "sparse setting); null = offline data only. With rollouts, `data.train` holds prompts and "
+        "`train.micro_batch_size` counts prompts.",
     )
+    backend: Literal["auto", "hf", "vllm"] = Field(
+        "auto", description="`hf` (transformers generate), `vllm` (GPU, when installed), `auto` (vllm when usable, else hf)."
+    )
+    num_generations: int = Field(8, ge=2, description="Completions per prompt (a GRPO group / the best-vs-worst pool).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature (GRPO log-probs use it too).")
+    top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")
+    max_new_tokens: int = Field(256, ge=1, description="Generation length cap.")
+    stop: List[str] = Field(default_factory=list, description="Stop strings (in addition to EOS).")
+    threshold: float = Field(
+        0.01, ge=0, description="Online DPO/KTO: keep a prompt's best-vs-worst pair only when their scores differ by more."
+    )
+    system_prompt: Optional[str] = Field(None, description="System message put before every prompt.")
+    seed: Optional[int] = Field(None, description="Sampling seed; defaults to `train.seed`.")
+    log_samples: bool = Field(
+        False, description="Append every generated group (prompt, completions, scores) to "
+        "`output_dir/rollouts/rank<R>.jsonl`.",
+    )
+    reward: RewardConfig = Field(default_factory=RewardConfig, description="How completions are scored.")
 
 
 class ClusterConfig(_Section):
@@ -355,11 +394,22 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "
             "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
         )
+    reward = recipe.rollout.reward
     if recipe.rollout.every is not None:
-        raise RecipeError(
-            f"`rollout.every: {recipe.rollout.every}` (online/sparse sampling) is not available in this version "
-            "of the pack yet. Fix: set `rollout.every=null` to train on the offline data set."
-        )
+        if reward.kind == "reward_model" and not reward.model:
+            raise RecipeError(
+                "`rollout.reward.kind: reward_model` needs `rollout.reward.model` (a sequence-classification model "
+                "name or directory). Fix: set it, or use `rollout.reward.kind=math`."
+            )
+        if reward.kind == "callable" and not reward.function:
+            raise RecipeError(
+                "`rollout.reward.kind: callable` needs `rollout.reward.function` (`package.module:function`)."
+            )
+        if recipe.train.cache_reference_logps:
+            raise RecipeError(
+                "`train.cache_reference_logps` cannot be used with rollouts (`rollout.every`): completions are new "
+                "every rollout. Fix: set `train.cache_reference_logps=false`."
+            )
     if recipe.eval.every is not None and recipe.data.eval is None and recipe.data.eval_fraction == 0.0:
         raise RecipeError(
             f"`eval.every: {recipe.eval.every}` needs held-out data. Fix: set `data.eval.path` (or `data.eval.name`), "

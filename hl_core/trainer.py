@@ -35,26 +35,50 @@ SUMMARY_EVAL_KEYS = {
     "policy/accuracy": "preference accuracy (policy log-prob of chosen > rejected)",
     "policy/margin": "per-token log-prob margin, preferred minus dispreferred",
     "policy/adv_logp": "advantage-weighted per-token log-prob",
+    "reward": "mean reward of one sampled completion per prompt",
     "rewards/accuracy": "reward accuracy against the current reference",
     "loss": "loss against the current reference",
 }
 
 
-def index_stream(num_examples: int, seed: int, shuffle: bool, start: int = 0) -> Iterator[int]:
-    """Endless example indices: epoch ``e`` is a permutation seeded by ``seed + e``; starts at position ``start``."""
-    position = start
-    epoch, perm = -1, None
-    while True:
-        e, offset = divmod(position, num_examples)
-        if e != epoch:
-            epoch = e
-            if shuffle:
-                gen = torch.Generator().manual_seed(seed + e)
-                perm = torch.randperm(num_examples, generator=gen).tolist()
+class DataOrder:
+    """Position in the endless data stream -> example index: epoch ``e`` is a permutation seeded by
+    ``seed + e`` (or the identity without shuffling). Positions are global over ranks and updates, so a
+    resumed run continues exactly where it stopped."""
+
+    def __init__(self, num_examples: int, seed: int, shuffle: bool):
+        self.num_examples, self.seed, self.shuffle = num_examples, seed, shuffle
+        self._epoch, self._perm = -1, None
+
+    def __call__(self, position: int) -> int:
+        epoch, offset = divmod(position, self.num_examples)
+        if epoch != self._epoch:
+            self._epoch = epoch
+            if self.shuffle:
+                gen = torch.Generator().manual_seed(self.seed + epoch)
+                self._perm = torch.randperm(self.num_examples, generator=gen).tolist()
             else:
-                perm = list(range(num_examples))
-        yield perm[offset]
-        position += 1
+                self._perm = list(range(self.num_examples))
+        return self._perm[offset]
+
+
+class OfflineSource:
+    """Micro-batches from the (tokenized) offline data set, in the seeded data order."""
+
+    def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder):
+        self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order
+
+    def before_step(self, step: int) -> Dict[str, float]:
+        return {}
+
+    def batches(self, step: int) -> List[dict]:
+        engine, micro = self.engine, self.micro
+        out = []
+        for micro_index in range(engine.gradient_accumulation_steps):
+            first = ((step * engine.gradient_accumulation_steps + micro_index) * engine.dp_size
+                     + engine.rank % engine.dp_size) * micro
+            out.append(self.dataset.collate([self.dataset[self.order(p)] for p in range(first, first + micro)]))
+        return out
 
 
 @dataclass
@@ -99,6 +123,20 @@ class Trainer:
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
         self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, show_progress=self.is_main)
         self.collate = self.train_data.collate
+        order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)
+        self.logps_temperature = 1.0
+        if recipe.rollout.every is not None:
+            from .data.build import data_kind_of_objective, example_collate
+            from .rollout import RolloutSource, needs_old_logps
+
+            if self.objective.logps_at_sampling_temperature:
+                self.logps_temperature = recipe.rollout.temperature
+            self.source = RolloutSource(
+                recipe, self.engine, self.tokenizer, self.train_data, example_collate(recipe, self.tokenizer),
+                data_kind_of_objective(recipe), order, needs_old_logps(recipe), self.logps_temperature,
+            )
+        else:
+            self.source = OfflineSource(self.engine, recipe.train.micro_batch_size, self.train_data, order)
 
         self.updates_done = 0
         self.eval_history: List[Dict[str, float]] = []
@@ -110,6 +148,9 @@ class Trainer:
             self.eval_history = list(state.get("eval_history", []))
             if hasattr(self.transform, "load_state_dict") and "transform_state" in state:
                 self.transform.load_state_dict(state["transform_state"])
+            source_state = Path(directory) / tag / f"source_rank{self.engine.rank:05d}.pt"
+            if hasattr(self.source, "load_state_dict") and source_state.exists():
+                self.source.load_state_dict(torch.load(source_state, map_location="cpu", weights_only=True))
             self._print(f"Resumed from {directory}/{tag} at update {self.updates_done}.")
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -136,7 +177,7 @@ class Trainer:
         if recipe.eval.every is not None and recipe.eval.at_start and self.updates_done == 0:
             self._evaluate()
         bar = self._progress_bar()
-        step_times, sync_times = [], []
+        step_times, sync_times, rollout_times = [], [], []
         run_start = time.perf_counter()
         stop_at = recipe.train.max_steps
         if recipe.train.stop_after is not None:
@@ -149,6 +190,7 @@ class Trainer:
             row = self.train_step()
             step_times.append(row["step_time_s"])
             sync_times.append(row["sync_time_s"])
+            rollout_times.append(row.get("rollout_time_s", 0.0))
             self._log(row, bar)
             if recipe.eval.every is not None and (
                 self.updates_done % recipe.eval.every == 0 or self.updates_done == recipe.train.max_steps
@@ -168,42 +210,32 @@ class Trainer:
             self._print(f"Stopped after update {self.updates_done}; resume with checkpoint.resume=auto.")
         if recipe.checkpoint.save_final and finished:
             self.engine.save_hf(str(self.output_dir / "final"))
-        summary = self._summary(step_times, sync_times, time.perf_counter() - run_start)
+        summary = self._summary(step_times, sync_times, rollout_times, time.perf_counter() - run_start)
         if self.is_main:
             self.sinks.close()
         return summary
 
-    def _batches(self) -> Iterator[Dict[str, torch.Tensor]]:
-        """This rank's micro-batches, resuming exactly where ``updates_done`` left off."""
-        engine, micro = self.engine, self.recipe.train.micro_batch_size
-        per_micro_step = micro * engine.dp_size
-        start = self.updates_done * engine.gradient_accumulation_steps * per_micro_step
-        stream = index_stream(len(self.train_data), self.recipe.train.seed, self.recipe.data.shuffle, start=start)
-        offset = (engine.rank % engine.dp_size) * micro
-        while True:
-            indices = [next(stream) for _ in range(per_micro_step)]
-            yield self.collate([self.train_data[i] for i in indices[offset : offset + micro]])
-
     def train_step(self) -> Dict[str, float]:
-        """One optimizer update: micro-batches -> backward; humanline sync; optimizer step. Returns its metrics row."""
+        """One optimizer update: [rollout] -> micro-batches -> backward; humanline sync; optimizer step.
+        Returns its metrics row."""
         engine = self.engine
-        if getattr(self, "_batch_iter", None) is None:
-            self._batch_iter = self._batches()
         n = self.updates_done
         step_start = time.perf_counter()
+        rollout_metrics = self.source.before_step(n)
         acc, tokens = _Accumulator(), 0
-        for micro_index in range(engine.gradient_accumulation_steps):
-            batch = next(self._batch_iter)
+        batches = self.source.batches(n)
+        for micro_index, batch in enumerate(batches):
             tokens += int(batch["attention_mask"].sum())
             loss, metrics = self._loss(batch, train=True)
             engine.backward(loss)
             acc.add({"loss": float(loss.detach()), **metrics})
-            if micro_index == engine.gradient_accumulation_steps - 1:
+            if micro_index == len(batches) - 1:
                 # after the last backward (gradient clipping happens inside step), before the optimizer step
                 sync = self.sync_hook.before_optimizer_step(engine, n)
             stepped = engine.step()
         step_time = time.perf_counter() - step_start
         self.updates_done += 1
+        acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})
         row = {"step": n, **acc.reduce(engine)}
         totals = engine.all_reduce_sum(torch.tensor([float(tokens), sync.seconds, step_time], dtype=torch.float64))
         row.update(
@@ -211,14 +243,18 @@ class Trainer:
             step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
         )
         row["tokens_per_s"] = totals[0].item() / max(row["step_time_s"], 1e-9)
+        if "rollout" in rollout_metrics:
+            row["rollout"] = bool(rollout_metrics["rollout"])
+            row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
         return row
 
     def _loss(self, batch, train: bool):
         """Token log-probs of both models -> humanline transform -> the objective's loss and metrics."""
         engine = self.engine
+        temperature = self.logps_temperature
         with torch.set_grad_enabled(train):
-            policy_logps = engine.token_logps(batch, "policy")
-        ref_logps = engine.token_logps(batch, "reference")
+            policy_logps = engine.token_logps(batch, "policy", temperature)
+        ref_logps = engine.token_logps(batch, "reference", temperature)
         mask = batch["completion_mask"].to(device=policy_logps.device, dtype=policy_logps.dtype)
         log_ratios, hl_metrics = self.transform(policy_logps, ref_logps, mask)
         inputs = ObjectiveInputs(
@@ -240,6 +276,10 @@ class Trainer:
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
         acc = _Accumulator()
+        if hasattr(self.source, "evaluate"):
+            rounds = 0  # rollout runs: held-out reward of fresh samples instead of an offline loss
+            metrics, weight = self.source.evaluate(self.eval_data)
+            acc.add(metrics, weight=weight)
         for r in range(rounds):
             start = r * per_round + (engine.rank % engine.dp_size) * batch_size
             real = [i for i in range(start, start + batch_size) if i < n]
@@ -253,8 +293,8 @@ class Trainer:
         self.eval_history.append({k: v for k, v in row.items() if k != "kind"})
         if self.is_main:
             self.sinks.write(row)
-            acc_str = f" reward accuracy {result['rewards/accuracy']:.3f}" if "rewards/accuracy" in result else ""
-            self._print(f"eval @ {self.updates_done}: loss {result.get('loss', float('nan')):.4f}{acc_str}", bar)
+            shown = {k: result[k] for k in ("loss", "rewards/accuracy", "policy/accuracy", "reward") if k in result}
+            self._print(f"eval @ {self.updates_done}: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), bar)
         return result
 
     # ---------------------------------------------------------------------------------------- save
@@ -273,6 +313,10 @@ class Trainer:
         if hasattr(self.transform, "state_dict"):
             state["transform_state"] = self.transform.state_dict()
         self.engine.save(str(ckpt_dir), tag, state)
+        if hasattr(self.source, "state_dict"):
+            # per rank: e.g. the sparse-rollout buffer of samples for the coming updates
+            torch.save(self.source.state_dict(), ckpt_dir / tag / f"source_rank{self.engine.rank:05d}.pt")
+            self.engine.barrier()
         if self.is_main:
             tags = sorted(
                 (p for p in ckpt_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
@@ -313,11 +357,13 @@ class Trainer:
         else:
             print(text, flush=True)
 
-    def _summary(self, step_times, sync_times, wall) -> Dict[str, float]:
+    def _summary(self, step_times, sync_times, rollout_times, wall) -> Dict[str, float]:
         summary = {"updates": self.updates_done, "wall_s": wall}
         if step_times:
             mean_step = sum(step_times) / len(step_times)
-            summary.update(mean_step_s=mean_step, sync_frac=(sum(sync_times) / max(sum(step_times), 1e-12)))
+            total = max(sum(step_times), 1e-12)
+            summary.update(mean_step_s=mean_step, sync_frac=sum(sync_times) / total,
+                           rollout_s=sum(rollout_times), rollout_frac=sum(rollout_times) / total)
         if self.eval_history:
             first, last = self.eval_history[0], self.eval_history[-1]
             for key in SUMMARY_EVAL_KEYS:
@@ -328,6 +374,11 @@ class Trainer:
             lines = [f"== {self.recipe.name}: {self.updates_done} updates in {wall:.1f}s =="]
             if step_times:
                 lines.append(f"mean step {summary['mean_step_s']:.3f}s, reference sync {100 * summary['sync_frac']:.2f}% of step time")
+                if self.recipe.rollout.every is not None:
+                    lines.append(
+                        f"wall-clock split: generation + scoring {summary['rollout_s']:.1f}s "
+                        f"({100 * summary['rollout_frac']:.1f}%), training {sum(step_times) - summary['rollout_s']:.1f}s"
+                    )
             if self.eval_history:
                 lines.append(f"held-out, start (update {self.eval_history[0]['step']}) -> end (update {self.eval_history[-1]['step']}):")
             for key, label in SUMMARY_EVAL_KEYS.items():

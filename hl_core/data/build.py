@@ -28,34 +28,50 @@ class DataKind:
     module: str
     load: str
     tokenize: str
-    collate: str
+    collate: Optional[str]
     example: str  # what one example (and so `train.micro_batch_size`) counts
 
     def functions(self):
         import importlib
 
         mod = importlib.import_module(f"hl_core.data.{self.module}")
-        return getattr(mod, self.load), getattr(mod, self.tokenize), getattr(mod, self.collate)
+        collate = getattr(mod, self.collate) if self.collate else None
+        return getattr(mod, self.load), getattr(mod, self.tokenize), collate
 
 
 DATA_KINDS = {
     "paired": DataKind("preference", "load_preference_records", "tokenize_preference", "collate_preference", "pair"),
     "unpaired": DataKind("unpaired", "load_unpaired_records", "tokenize_unpaired", "collate_unpaired", "completion"),
     "grouped": DataKind("grouped", "load_group_records", "tokenize_group", "collate_groups", "prompt group"),
+    # rollouts: the data set holds prompts; the policy writes the completions (hl_core.rollout)
+    "prompts": DataKind("prompts", "load_prompt_records", "tokenize_prompt", None, "prompt"),
 }
 
 
-def data_kind(recipe) -> str:
+def data_kind_of_objective(recipe) -> str:
+    """What the objective trains on: ``paired``, ``unpaired`` or ``grouped`` examples."""
     from ..objectives import OBJECTIVES
 
     return OBJECTIVES[recipe.objective.name].data_kind
 
 
-def _load(source, data_cfg, kind: str):
+def data_kind(recipe) -> str:
+    """What the data set holds: prompts when rollouts write the completions, else the objective's examples."""
+    return "prompts" if recipe.rollout.every is not None else data_kind_of_objective(recipe)
+
+
+def example_collate(recipe, tokenizer):
+    """The collate function of the objective's examples (used for generated examples too)."""
+    _, _, collate = DATA_KINDS[data_kind_of_objective(recipe)].functions()
+    return functools.partial(collate, pad_token_id=tokenizer.pad_token_id)
+
+
+def _load(source, recipe, kind: str):
     load, _, _ = DATA_KINDS[kind].functions()
+    extra = {"system_prompt": recipe.rollout.system_prompt} if kind == "prompts" else {}
     return load(
         path=source.path, name=source.name, split=source.split, config=source.config,
-        format=data_cfg.format, limit=source.limit,
+        format=recipe.data.format, limit=source.limit, **extra,
     )
 
 
@@ -65,10 +81,10 @@ def load_split_records(recipe) -> Tuple[list, Optional[list]]:
     from .preference import split_eval
 
     data_cfg, kind = recipe.data, data_kind(recipe)
-    train = _load(data_cfg.train, data_cfg, kind)
+    train = _load(data_cfg.train, recipe, kind)
     evaluation = None
     if data_cfg.eval is not None:
-        evaluation = _load(data_cfg.eval, data_cfg, kind)
+        evaluation = _load(data_cfg.eval, recipe, kind)
     elif data_cfg.eval_fraction > 0:
         train, evaluation = split_eval(train, data_cfg.eval_fraction, recipe.train.seed)
     return train, evaluation
@@ -76,14 +92,14 @@ def load_split_records(recipe) -> Tuple[list, Optional[list]]:
 
 def build_datasets(recipe, tokenizer, show_progress: bool = True):
     """Tokenize the recipe's data for its objective; returns ``(train, eval_or_None)`` datasets."""
-    _, tokenize_fn, collate_fn = DATA_KINDS[data_kind(recipe)].functions()
+    _, tokenize_fn, _ = DATA_KINDS[data_kind(recipe)].functions()
+    collate = example_collate(recipe, tokenizer)
     train_records, eval_records = load_split_records(recipe)
     data_cfg = recipe.data
     tokenize = functools.partial(
         tokenize_fn, tokenizer=tokenizer, max_length=data_cfg.max_length,
         max_prompt_length=data_cfg.max_prompt_length, chat_template=data_cfg.chat_template,
     )
-    collate = functools.partial(collate_fn, pad_token_id=tokenizer.pad_token_id)
 
     def run(records, desc):
         if records is None:

@@ -155,6 +155,27 @@ class DeepSpeedEngine(Engine):
         with torch.no_grad():
             return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
 
+    @torch.no_grad()
+    def generate(self, input_ids, attention_mask, **generate_kwargs):
+        """Sample from the policy (transformers ``generate``); under ZeRO-3 with several ranks,
+        ``synced_gpus`` keeps ranks whose sequences finished early stepping with the others."""
+        module = self.policy.module
+        was_training = module.training
+        module.eval()
+        try:
+            return module.generate(
+                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=True,
+                synced_gpus=self.zero_stage == 3 and self.world_size > 1, **generate_kwargs,
+            ).cpu()
+        finally:
+            module.train(was_training)
+
+    def full_state_dict(self):
+        """The policy's full weights (gathered under ZeRO-3; rank 0 gets them, others None)."""
+        if self.zero_stage == 3:
+            return self.policy._zero3_consolidated_16bit_state_dict()
+        return {k: v.detach().cpu() for k, v in self.policy.module.state_dict().items()}
+
     def backward(self, loss):
         self.policy.backward(loss)
 
@@ -249,10 +270,7 @@ class DeepSpeedEngine(Engine):
         return client_state or {}
 
     def save_hf(self, directory: str) -> None:
-        if self.zero_stage == 3:
-            state_dict = self.policy._zero3_consolidated_16bit_state_dict()
-        else:
-            state_dict = {k: v.detach().cpu() for k, v in self.policy.module.state_dict().items()}
+        state_dict = self.full_state_dict()
         if self.rank == 0:
             Path(directory).mkdir(parents=True, exist_ok=True)
             self.policy.module.save_pretrained(directory, state_dict=state_dict, safe_serialization=True)

@@ -23,6 +23,10 @@ class ObjectiveSpec:
     data_kind: str  # "paired" | "unpaired" | "grouped"
     # (objective_cfg, ObjectiveInputs) -> (loss, metrics): what the trainer calls.
     batch_loss: Optional[Callable] = None
+    # rollouts: standard (non-humanline) variant takes the ratio against the behaviour policy's log-probs
+    uses_behaviour_logps: bool = False
+    # rollouts: log-probs at the sampling temperature (logits / T, policy and reference alike)
+    logps_at_sampling_temperature: bool = False
 
 
 OBJECTIVES: Dict[str, ObjectiveSpec] = {}
@@ -34,7 +38,7 @@ def register_objective(spec: ObjectiveSpec) -> None:
 
 register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss))
 register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss))
-register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss))
+register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, True, True))
 
 __all__ = [
     "ObjectiveInputs",

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict
+from typing import Callable, Dict, Optional
 
 import torch
 
@@ -29,3 +29,15 @@ class ObjectiveInputs:
     transform: Callable
     token_logps: Callable[[Dict[str, torch.Tensor], str], torch.Tensor]
     humanline_active: bool
+
+
+def weighted_mean(losses: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """``mean(losses)``, or ``sum(w * l) / sum(w)`` with per-example ``weights`` (an all-zero weight
+    vector gives a zero loss that still carries the graph, so every rank runs the same backward)."""
+    if weights is None:
+        return losses.mean()
+    weights = weights.to(device=losses.device, dtype=losses.dtype)
+    total = weights.sum()
+    if float(total) == 0.0:
+        return (losses * 0.0).sum()
+    return (losses * weights).sum() / total

@@ -5,10 +5,12 @@
 
 from __future__ import annotations
 
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
+
+from .base import weighted_mean
 
 
 def sequence_logratio(logratios: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -22,8 +24,10 @@ def dpo_loss(
     rejected_logratios: torch.Tensor,
     rejected_mask: torch.Tensor,
     beta: float = 0.1,
+    weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """Batch mean of ``-logsigmoid(beta * (sum chosen - sum rejected))``.
+    """Batch mean of ``-logsigmoid(beta * (sum chosen - sum rejected))`` (weighted by per-pair
+    ``weights`` when given, e.g. online pairs whose score gap is under the threshold get 0).
 
     Returns ``(loss, metrics)``; metrics hold the mean chosen/rejected rewards (``beta * sum``),
     the mean margin and the reward accuracy (fraction of pairs with chosen reward > rejected, ties
@@ -34,7 +38,7 @@ def dpo_loss(
     chosen_rewards = beta * sequence_logratio(chosen_logratios, chosen_mask)
     rejected_rewards = beta * sequence_logratio(rejected_logratios, rejected_mask)
     margins = chosen_rewards - rejected_rewards
-    loss = -F.logsigmoid(margins).mean()
+    loss = weighted_mean(-F.logsigmoid(margins), weights)
     with torch.no_grad():
         metrics = {
             "rewards/chosen": float(chosen_rewards.mean()),
@@ -50,7 +54,8 @@ def dpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
     """Trainer entry point: rows ``[:B]`` of a collated pair batch are chosen, rows ``[B:]`` rejected."""
     log_ratios, mask = inputs.log_ratios, inputs.mask
     half = log_ratios.shape[0] // 2
-    loss, metrics = dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta)
+    loss, metrics = dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta,
+                             weights=inputs.batch.get("weights"))
     metrics.update(policy_preference_metrics(inputs.policy_logps[:half], mask[:half], inputs.policy_logps[half:], mask[half:]))
     return loss, metrics
 

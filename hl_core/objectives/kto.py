@@ -15,6 +15,7 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 
+from .base import weighted_mean
 from .dpo import sequence_logratio
 
 
@@ -65,6 +66,7 @@ def kto_loss(
     beta: float = 0.1,
     desirable_weight: float = 1.0,
     undesirable_weight: float = 1.0,
+    weights: Optional[torch.Tensor] = None,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Batch mean of the KTO losses (see the module docstring); ``desirable`` is a bool ``[B]``.
 
@@ -80,7 +82,7 @@ def kto_loss(
     desirable_losses = desirable_weight * (1.0 - torch.sigmoid(beta * (rewards - z0_t)))
     undesirable_losses = undesirable_weight * (1.0 - torch.sigmoid(beta * (z0_t - rewards)))
     losses = torch.where(desirable, desirable_losses, undesirable_losses)
-    loss = losses.mean()
+    loss = weighted_mean(losses, weights)
     with torch.no_grad():
         n_desirable = int(desirable.sum())
         n_undesirable = int(desirable.numel()) - n_desirable
@@ -110,6 +112,7 @@ def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
     loss, metrics = kto_loss(
         inputs.log_ratios, inputs.mask, batch["desirable"], z0, beta=objective_cfg.beta,
         desirable_weight=objective_cfg.desirable_weight, undesirable_weight=objective_cfg.undesirable_weight,
+        weights=batch.get("weights"),
     )
     with torch.no_grad():
         desirable = batch["desirable"].to(inputs.mask.device).bool()

@@ -1,0 +1,215 @@
+"""Rollouts inside the training loop: online (every update), sparse (every N updates), never (offline).
+
+At a rollout update ``n`` (``n % every == 0``) the current policy writes the completions for updates
+``n .. n + every - 1``: for each prompt ``num_generations`` samples, scored by the reward. Each later
+update consumes its share, so with ``every = N`` the samples of update ``n + k`` are ``k`` updates
+stale (the paper's "64x sparser" shape). What a prompt's samples become depends on the objective's
+data kind:
+
+* grouped (GRPO): one group = the prompt's generations with their scores;
+* paired (DPO): best vs worst generation, kept (weight 1) when their scores differ by more than
+  ``rollout.threshold``, else carried with weight 0;
+* unpaired (KTO): the same best (desirable) and worst (undesirable) pair as two examples.
+
+Standard GRPO (humanline off) keeps the behaviour policy's log-probs from rollout time as ``old_logps``
+(so the online ratio is exactly 1); humanline GRPO uses the synced reference instead.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from .generation import build_sampler, prompt_seed
+from .rewards import best_and_worst, build_reward, reward_needs_reference
+
+
+def is_rollout_step(updates_done: int, every: Optional[int]) -> bool:
+    """Rollout before update ``n`` when ``n % every == 0``; never when ``every`` is None."""
+    return every is not None and updates_done % every == 0
+
+
+class RolloutSource:
+    """Produces the training micro-batches of each update from fresh (or buffered) generations."""
+
+    def __init__(self, recipe, engine, tokenizer, prompts, collate, data_kind: str, positions, needs_old_logps: bool,
+                 logps_temperature: float):
+        self.recipe, self.engine, self.tokenizer = recipe, engine, tokenizer
+        self.cfg = recipe.rollout
+        self.prompts = prompts  # TokenizedDataset of {"prompt_ids", "reference", "messages"}
+        self.collate = collate
+        self.data_kind = data_kind
+        self.positions = positions  # position -> dataset index (the shared, seeded data order)
+        self.needs_old_logps = needs_old_logps
+        self.logps_temperature = logps_temperature
+        self.reward = build_reward(self.cfg.reward)
+        self.sampler = build_sampler(engine, tokenizer, recipe)
+        self.seed = self.cfg.seed if self.cfg.seed is not None else recipe.train.seed
+        self.buffer: Dict[int, List[dict]] = {}
+        self.sample_log = None
+        if self.cfg.log_samples:
+            from pathlib import Path
+
+            self.sample_log = Path(recipe.output_dir) / "rollouts" / f"rank{engine.rank:05d}.jsonl"
+            self.sample_log.parent.mkdir(parents=True, exist_ok=True)
+        if reward_needs_reference(self.cfg.reward.kind):
+            missing = [f for f in prompts.features if f["reference"] is None]
+            if missing:
+                from ..errors import DataError
+
+                raise DataError(
+                    f"`rollout.reward.kind: {self.cfg.reward.kind}` needs a reference answer for every prompt, but "
+                    f"{len(missing)} prompt(s) have none (first: {missing[0].get('source', 'a row')}). Fix: add "
+                    "`answer` (or a `solution` with \\boxed{...}) to each row, or use another reward."
+                )
+
+    # ------------------------------------------------------------------------------------- layout
+    def _prompt_positions(self, step: int, micro_index: int) -> List[int]:
+        """Positions (in the data stream) of this rank's prompts for one micro-batch."""
+        engine, micro = self.engine, self.recipe.train.micro_batch_size
+        ga = engine.gradient_accumulation_steps
+        first = ((step * ga + micro_index) * engine.dp_size + engine.rank % engine.dp_size) * micro
+        return list(range(first, first + micro))
+
+    # ------------------------------------------------------------------------------------- training
+    def before_step(self, step: int) -> Dict[str, float]:
+        """Generate for ``step .. step + every - 1`` when ``step`` is a rollout step; returns metrics."""
+        metrics: Dict[str, float] = {"rollout": False, "rollout_time_s": 0.0}
+        if not is_rollout_step(step, self.cfg.every) and step in self.buffer:
+            return metrics
+        start = time.perf_counter()
+        self.sampler.push_weights()
+        last = min(step + self.cfg.every, self.recipe.train.max_steps)
+        scores_all, lengths, kept = [], [], []
+        for future in range(step, last):
+            batches = []
+            for micro_index in range(self.engine.gradient_accumulation_steps):
+                features, info = self._examples(self._prompt_positions(future, micro_index), step, future)
+                scores_all += info["scores"]
+                lengths += info["lengths"]
+                kept += info["kept"]
+                batch = self.collate(features)
+                if self.data_kind in ("paired", "unpaired"):
+                    batch["weights"] = torch.tensor([f["weight"] for f in features], dtype=torch.float32)
+                if self.needs_old_logps:
+                    with torch.no_grad():
+                        batch["old_logps"] = self.engine.token_logps(batch, "policy", self.logps_temperature).detach()
+                batches.append(batch)
+            self.buffer[future] = batches
+        metrics.update(
+            rollout=True, rollout_time_s=time.perf_counter() - start,
+            reward_mean=statistics.fmean(scores_all), reward_std=statistics.pstdev(scores_all),
+            gen_len_mean=statistics.fmean(lengths), gen_len_max=float(max(lengths)),
+        )
+        if kept:
+            metrics["pairs_kept_frac"] = statistics.fmean(kept)
+        return metrics
+
+    def batches(self, step: int) -> List[dict]:
+        """The micro-batches of ``step`` (removed from the buffer)."""
+        return self.buffer.pop(step)
+
+    def _examples(self, positions: List[int], rollout_step: int, train_step: int):
+        """Generate, score and turn one micro-batch of prompts into objective examples."""
+        groups, scored_prompts, scored_completions, references = [], [], [], []
+        for pos in positions:
+            feature = self.prompts[self.positions(pos)]
+            completions = self.sampler.sample_group(feature["prompt_ids"], self.cfg.num_generations,
+                                                    prompt_seed(self.seed, pos))
+            groups.append((feature, completions))
+            texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
+            scored_prompts += [feature["messages"]] * len(texts)
+            scored_completions += texts
+            references += [feature["reference"]] * len(texts)
+        scores = self.reward(scored_prompts, scored_completions, references)
+        if self.sample_log is not None:
+            import json
+
+            n = self.cfg.num_generations
+            with self.sample_log.open("a") as fh:
+                for g, (pos, (feature, completions)) in enumerate(zip(positions, groups)):
+                    fh.write(json.dumps({
+                        "rollout_step": rollout_step, "train_step": train_step, "position": pos,
+                        "prompt": feature["messages"], "reference": feature["reference"],
+                        "completion_ids": completions,
+                        "completions": scored_completions[g * n : (g + 1) * n], "scores": scores[g * n : (g + 1) * n],
+                    }) + "\n")
+        features, kept, lengths = [], [], []
+        n = self.cfg.num_generations
+        build = EXAMPLE_BUILDERS[self.data_kind]
+        for g, (feature, completions) in enumerate(groups):
+            lengths += [len(c) for c in completions]
+            kept += build(features, feature["prompt_ids"], completions, scores[g * n : (g + 1) * n], self.cfg.threshold)
+        return features, {"scores": list(scores), "lengths": lengths, "kept": kept}
+
+    # ------------------------------------------------------------------------------------- eval
+    @torch.no_grad()
+    def evaluate(self, eval_prompts) -> Dict[str, float]:
+        """One sampled completion per held-out prompt (the same seed every time, so curves compare across
+        updates). Returns ``(means over this rank's prompts, number of prompts)``."""
+        engine = self.engine
+        n = len(eval_prompts)
+        per_rank = -(-n // engine.dp_size)
+        mine = [engine.rank % engine.dp_size * per_rank + i for i in range(per_rank)]
+        real = [i for i in mine if i < n]
+        prompts = [eval_prompts[i if i < n else 0]["prompt_ids"] for i in mine]
+        completions = self.sampler.sample_batch(prompts, prompt_seed(self.seed + 7919, 0))
+        texts = self.tokenizer.batch_decode(completions[: len(real)], skip_special_tokens=True)
+        if not real:
+            return {"reward": 0.0, "gen_len": 0.0}, 0.0
+        scores = self.reward([eval_prompts[i]["messages"] for i in real], texts,
+                             [eval_prompts[i]["reference"] for i in real])
+        lengths = [len(c) for c in completions[: len(real)]]
+        return {"reward": statistics.fmean(scores), "gen_len": statistics.fmean(lengths)}, float(len(real))
+
+    # ------------------------------------------------------------------------------------- state
+    def state_dict(self) -> Dict[str, object]:
+        return {"buffer": {int(k): v for k, v in self.buffer.items()}}
+
+    def load_state_dict(self, state) -> None:
+        self.buffer = {int(k): v for k, v in state.get("buffer", {}).items()}
+
+
+def _group_examples(out: list, prompt_ids, completions, scores, threshold) -> list:
+    """GRPO: the prompt's generations are one group."""
+    out.append({
+        "input_ids": [prompt_ids + c for c in completions],
+        "completion_mask": [[0] * len(prompt_ids) + [1] * len(c) for c in completions],
+        "scores": list(scores),
+    })
+    return []
+
+
+def _pair_examples(out: list, prompt_ids, completions, scores, threshold) -> list:
+    """DPO: best vs worst generation; weight 0 unless their scores differ by more than ``threshold``."""
+    best, worst, keep = best_and_worst(scores, threshold)
+    out.append({
+        "chosen_input_ids": prompt_ids + completions[best],
+        "chosen_completion_mask": [0] * len(prompt_ids) + [1] * len(completions[best]),
+        "rejected_input_ids": prompt_ids + completions[worst],
+        "rejected_completion_mask": [0] * len(prompt_ids) + [1] * len(completions[worst]),
+        "weight": float(keep),
+    })
+    return [float(keep)]
+
+
+def _unpaired_examples(out: list, prompt_ids, completions, scores, threshold) -> list:
+    """KTO: the same best (desirable) and worst (undesirable) generations, as two examples."""
+    best, worst, keep = best_and_worst(scores, threshold)
+    for index, desirable in ((best, True), (worst, False)):
+        out.append({"prompt_ids": prompt_ids, "completion_ids": completions[index], "desirable": desirable,
+                    "max_length": None, "weight": float(keep)})
+    return [float(keep)]
+
+
+EXAMPLE_BUILDERS = {"grouped": _group_examples, "paired": _pair_examples, "unpaired": _unpaired_examples}
+
+
+def needs_old_logps(recipe) -> bool:
+    """Standard GRPO keeps behaviour log-probs; humanline GRPO takes the ratio against the synced reference."""
+    from ..objectives import OBJECTIVES
+
+    return OBJECTIVES[recipe.objective.name].uses_behaviour_logps and not recipe.humanline.enabled

@@ -1,0 +1,183 @@
+"""Rewards for rollouts: verifiable math answers, a sequence-classification reward model, or a user callable.
+
+Every reward maps ``(prompts, completions, references) -> list[float]`` (one score per completion);
+``prompts`` are chat-message lists, ``references`` the data set's reference answers (or None).
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from typing import Callable, Dict, List, Optional, Sequence
+
+from ..errors import RecipeError
+
+_ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
+_FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DOTALL | re.IGNORECASE)
+
+
+def extract_answer(completion: str) -> Optional[str]:
+    """The final answer's text: the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else the
+    whole completion (math-verify then finds an expression in it, or nothing). ``None`` for empty output."""
+    from ..data.prompts import last_boxed
+
+    if not isinstance(completion, str) or not completion.strip():
+        return None
+    tagged = _ANSWER_TAG.findall(completion)
+    if tagged:
+        inner = tagged[-1].strip()
+        boxed = last_boxed(inner)
+        return boxed if boxed is not None else inner
+    boxed = last_boxed(completion)
+    return boxed if boxed is not None else completion
+
+
+def _parse(text: str):
+    from math_verify import parse
+
+    for candidate in (text if text.strip().startswith("$") else f"${text}$", text):
+        try:
+            parsed = parse(candidate, parsing_timeout=5)
+        except Exception:  # math-verify must never take training down on model garbage
+            parsed = []
+        if parsed:
+            return parsed
+    return []
+
+
+def math_correct(completion: str, reference: Optional[str]) -> bool:
+    """True when the completion's final answer is mathematically equal to ``reference`` (math-verify)."""
+    from math_verify import verify
+
+    if reference is None:
+        raise ValueError("math reward needs a reference answer")
+    answer = extract_answer(completion)
+    if answer is None:
+        return False
+    gold, pred = _parse(str(reference)), _parse(answer)
+    if not gold or not pred:
+        return False
+    try:
+        return bool(verify(gold, pred, timeout_seconds=5))
+    except Exception:
+        return False
+
+
+def format_ok(completion: str) -> bool:
+    """``<think>...</think><answer>...</answer>`` and nothing else (the MATH runs' format term)."""
+    return bool(isinstance(completion, str) and _FORMAT.match(completion))
+
+
+class MathReward:
+    """``accuracy_weight * [answer == reference] + format_weight * [<think>/<answer> format]``."""
+
+    needs_reference = True
+
+    def __init__(self, cfg):
+        self.accuracy_weight = cfg.accuracy_weight
+        self.format_weight = cfg.format_weight
+
+    def __call__(self, prompts, completions, references) -> List[float]:
+        scores = []
+        for completion, reference in zip(completions, references):
+            score = self.accuracy_weight * float(math_correct(completion, reference))
+            if self.format_weight:
+                score += self.format_weight * float(format_ok(completion))
+            scores.append(score)
+        return scores
+
+
+class RewardModelReward:
+    """A Hugging Face sequence-classification model (e.g. ArmoRM) scoring prompt + completion in batches."""
+
+    needs_reference = False
+
+    def __init__(self, cfg):
+        import torch
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        if not cfg.model:
+            raise RecipeError("`rollout.reward.kind: reward_model` needs `rollout.reward.model` (a model name or directory).")
+        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+        dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
+        self.tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
+        self.model = AutoModelForSequenceClassification.from_pretrained(
+            cfg.model, trust_remote_code=cfg.trust_remote_code, dtype=dtype
+        ).to(self.device).eval()
+        if self.tokenizer.pad_token_id is None:
+            self.tokenizer.pad_token = self.tokenizer.eos_token
+        self.model.config.pad_token_id = self.tokenizer.pad_token_id
+        self.batch_size = cfg.batch_size
+        self.score_index = cfg.score_index
+
+    def _text(self, prompt, completion) -> str:
+        messages = list(prompt) + [{"role": "assistant", "content": completion}]
+        if getattr(self.tokenizer, "chat_template", None):
+            return self.tokenizer.apply_chat_template(messages, tokenize=False)
+        return "\n\n".join(m["content"] for m in messages)
+
+    def __call__(self, prompts, completions, references) -> List[float]:
+        import torch
+
+        texts = [self._text(p, c) for p, c in zip(prompts, completions)]
+        scores: List[float] = []
+        for start in range(0, len(texts), self.batch_size):
+            enc = self.tokenizer(texts[start : start + self.batch_size], return_tensors="pt", padding=True,
+                                 truncation=True, add_special_tokens=False).to(self.device)
+            with torch.no_grad():
+                out = self.model(**enc)
+            values = out.score if getattr(out, "score", None) is not None else out.logits[:, self.score_index]
+            scores.extend(float(v) for v in values.float().reshape(-1))
+        return scores
+
+
+class CallableReward:
+    """``rollout.reward.function: "package.module:function"``, called as ``fn(prompts, completions, references)``."""
+
+    needs_reference = False
+
+    def __init__(self, cfg):
+        self.fn = load_callable(cfg.function, "rollout.reward.function")
+
+    def __call__(self, prompts, completions, references) -> List[float]:
+        scores = [float(s) for s in self.fn(prompts, completions, references)]
+        if len(scores) != len(completions):
+            raise RecipeError(
+                f"`rollout.reward.function` returned {len(scores)} scores for {len(completions)} completions. "
+                "Fix: return one float per completion."
+            )
+        return scores
+
+
+def load_callable(spec: Optional[str], key: str) -> Callable:
+    if not spec or ":" not in spec:
+        raise RecipeError(f"`{key}` must look like `package.module:function`, got {spec!r}.")
+    module_name, _, attr = spec.partition(":")
+    try:
+        fn = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as exc:
+        raise RecipeError(f"`{key}: {spec}` could not be imported ({exc}). Fix: check the module path and name.")
+    if not callable(fn):
+        raise RecipeError(f"`{key}: {spec}` is not callable.")
+    return fn
+
+
+REWARDS: Dict[str, Callable] = {"math": MathReward, "reward_model": RewardModelReward, "callable": CallableReward}
+
+
+def build_reward(reward_cfg):
+    return REWARDS[reward_cfg.kind](reward_cfg)
+
+
+def reward_needs_reference(kind: str) -> bool:
+    return REWARDS[kind].needs_reference
+
+
+def best_and_worst(scores: Sequence[float], threshold: float):
+    """Indices ``(best, worst)`` of a prompt's generations and whether ``max - min > threshold``.
+
+    Ties go to the earliest generation, so the choice is deterministic.
+    """
+    best = max(range(len(scores)), key=lambda i: (scores[i], -i))
+    worst = min(range(len(scores)), key=lambda i: (scores[i], i))
+    return best, worst, (scores[best] - scores[worst]) > threshold

@@ -35,5 +35,6 @@ setup(
         "eval": ["lm-eval>=0.4.5", "math-verify", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
     },
+    package_data={"eval.math500": ["tasks/*.yaml"]},
     entry_points={"console_scripts": ["hl-run=launchers.run:main"]},
 )

@@ -247,13 +247,90 @@ class CheckpointConfig(_Section):
     save_final: bool = Field(True, description="Write `final/`, a Hugging Face model directory, at the end.")
 
 
+class _GenerationEval(_Section):
+    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="auto = vllm when installed with a GPU, else hf.")
+    chat_template: Union[Literal["auto"], bool] = Field("auto", description="Use the model's chat template (auto: when it has one).")
+    batch_size: int = Field(8, ge=1, description="Generation batch size (hf backend).")
+    limit: Optional[int] = Field(None, ge=1, description="Evaluate only the first N items.")
+    seed: int = Field(0, description="Sampling seed.")
+    dtype: str = Field("auto", description="Model dtype for generation: auto | float32 | bfloat16 | float16.")
+
+
+class Math500EvalConfig(_GenerationEval):
+    """MATH-500 pass@1 through lm-eval (task `hl_math500`), scored with math-verify."""
+
+    enabled: bool = Field(False, description="Run MATH-500 after training.")
+    data: Optional[str] = Field(
+        None, description="Local .jsonl/.json/.parquet in the MATH-500 schema, or a HF dataset name; null = `HuggingFaceH4/MATH-500`."
+    )
+    split: str = Field("test", description="Split of a HF dataset.")
+    n_samples: int = Field(1, ge=1, description="Samples per problem; pass@1 is their mean, pass@1_std their std.")
+    temperature: float = Field(0.6, ge=0, description="Sampling temperature (0 = greedy).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+    max_new_tokens: int = Field(2048, ge=1, description="Generation budget per sample.")
+    prompt: Literal["r1", "boxed", "minerva"] = Field(
+        "r1", description="r1: the paper's <think>/<answer> system prompt; boxed: 'put your final answer within "
+        "\\boxed{}'; minerva: 'Problem:/Solution:' for base models."
+    )
+
+
+class AlpacaEvalConfig(_GenerationEval):
+    """AlpacaEval: generate, judge with the alpaca_eval package, win rate (+ length-controlled when possible)."""
+
+    enabled: bool = Field(False, description="Run AlpacaEval after training.")
+    data: Optional[str] = Field(
+        None, description="Local JSON/JSONL (instruction, output = reference output, generator, dataset); null = hub `tatsu-lab/alpaca_eval`."
+    )
+    hub_config: str = Field("alpaca_eval_gpt4_baseline", description="Hub file/config with the instructions + reference outputs.")
+    reference_outputs: Optional[str] = Field(None, description="Separate file of reference outputs (by instruction).")
+    judge: str = Field(
+        "api:weighted_alpaca_eval_gpt-4.1",
+        description="api:NAME (alpaca_eval annotator config; needs OPENAI_API_KEY), rm:MODEL (a reward model such as "
+        "ArmoRM) or py:MODULE:FUNCTION (a callable).",
+    )
+    rm_mode: Literal["hard", "soft"] = Field("hard", description="Reward-model preference: higher reward wins, or 1 + sigmoid(dr).")
+    rm_batch_size: int = Field(8, ge=1, description="Reward-model scoring batch size.")
+    trust_remote_code: bool = Field(False, description="Allow the judge model's custom code (ArmoRM needs it).")
+    length_controlled: Literal["auto", "off"] = Field("auto", description="Compute the LC win rate when its GLM inputs exist.")
+    lc_data: Optional[str] = Field(None, description="Local copy of alpaca_eval's df_gamed.csv (else hub/cache).")
+    max_new_tokens: int = Field(2048, ge=1, description="Generation budget.")
+    temperature: float = Field(0.7, ge=0, description="Sampling temperature (the authors' HALOs sampler default).")
+    top_p: float = Field(0.95, gt=0, le=1, description="Nucleus sampling.")
+
+
+class DataQualityEvalConfig(_Section):
+    """The paper's data-quality proxy: mean per-token log-prob of the offline completions under the reference."""
+
+    enabled: bool = Field(False, description="Compute the data-quality proxy after training.")
+    data: Optional[str] = Field(None, description="Local file or HF name; null = the recipe's `data.train` source.")
+    model: Optional[str] = Field(
+        None, description="Reference model directory; null = the recipe's `model:` (the initial policy, rebuilt with "
+        "`train.seed` when `model.random_init`)."
+    )
+    split: str = Field("train", description="Split of a HF dataset (when `data` is set).")
+    limit: Optional[int] = Field(None, ge=1, description="Score only the first N rows.")
+    batch_size: int = Field(8, ge=1, description="Scoring batch size.")
+
+
 class EvalConfig(_Section):
-    """Held-out evaluation during training."""
+    """Held-out evaluation during training, and the post-training evaluations (MATH-500, AlpacaEval, data quality)."""
 
     every: Optional[int] = Field(None, ge=1, description="Held-out evaluation every N updates; null = never.")
     at_start: bool = Field(True, description="Also evaluate before the first update (when `every` is set).")
     batch_size: Optional[int] = Field(None, ge=1, description="Eval micro-batch; defaults to train.micro_batch_size.")
     max_batches: Optional[int] = Field(None, ge=1, description="Cap on eval batches per evaluation.")
+    after_training: bool = Field(
+        True, description="Run the enabled post-training evals (math500 / alpaca_eval / data_quality) on `final/` "
+        "when training finishes (rank 0)."
+    )
+    output_subdir: str = Field("eval", description="Post-training results go to `output_dir/<output_subdir>/*.json`.")
+    offline: bool = Field(False, description="Never touch the Hugging Face hub in the post-training evals.")
+    math500: Math500EvalConfig = Field(default_factory=Math500EvalConfig, description="MATH-500 pass@1.")
+    alpaca_eval: AlpacaEvalConfig = Field(default_factory=AlpacaEvalConfig, description="AlpacaEval win rates.")
+    data_quality: DataQualityEvalConfig = Field(default_factory=DataQualityEvalConfig, description="Data-quality proxy.")
+
+
+POST_TRAINING_EVALS = ("math500", "alpaca_eval", "data_quality")
 
 
 class WandbConfig(_Section):

@@ -396,10 +396,34 @@ class Trainer:
 
 
 def run(recipe: Recipe) -> Dict[str, float]:
-    """Setup, train, save; always tears the engine down."""
+    """Setup, train, save; always tears the engine down; then the post-training evals (rank 0)."""
     trainer = Trainer(recipe)
     try:
         trainer.setup()
-        return trainer.train()
+        summary = trainer.train()
     finally:
+        is_main = getattr(trainer, "is_main", False)
         trainer.close()
+    final = Path(recipe.output_dir) / "final"
+    if is_main and recipe.eval.after_training and summary.get("updates", 0) >= recipe.train.max_steps and final.exists():
+        summary["post_training_eval"] = post_training_eval(recipe, final)
+    return summary
+
+
+def post_training_eval(recipe: Recipe, model_dir: Path) -> Dict[str, object]:
+    """The enabled ``eval.math500`` / ``eval.alpaca_eval`` / ``eval.data_quality`` blocks on ``final/``;
+    results in ``output_dir/eval/*.json``. A failing block is reported, not raised: training succeeded."""
+    from .config import POST_TRAINING_EVALS
+
+    enabled = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
+    if not enabled:
+        return {}
+    from eval.run_from_recipe import run_post_training_eval
+
+    print(f"post-training evals: {', '.join(enabled)} on {model_dir}", flush=True)
+    results = run_post_training_eval(recipe, model_dir=model_dir, output_dir=recipe.output_dir, raise_on_error=False)
+    failed = [b for b in enabled if isinstance(results.get(b), dict) and "error" in results[b]]
+    for block in failed:
+        print(f"post-training eval `{block}` failed: {results[block]['error']}", flush=True)
+    print(f"post-training eval results in {results.get('eval_dir')}", flush=True)
+    return {b: ("failed" if b in failed else "ok") for b in enabled}

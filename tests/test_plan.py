@@ -1,0 +1,277 @@
+"""`--plan` and the offline layout checks: model dimensions, memory formulas, agreement with DeepSpeed's
+own ZeRO estimators, layout errors, and the plan on every recipe in the pack."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import re
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO, TINY_HUMANLINE
+
+from hl_core.config import load_recipe
+from hl_core.errors import RecipeError
+from hl_core.model_specs import MODEL_SPECS, check_layout, resolve_spec, spec_from_config
+from hl_core.plan import memory_plan, plan_report
+
+RECIPE_MODELS = [  # the models our recipes name, plus the ones the issue lists
+    "meta-llama/Meta-Llama-3-8B-Instruct",
+    "meta-llama/Llama-3.1-8B-Instruct",
+    "Qwen/Qwen2.5-1.5B-Instruct",
+    "Qwen/Qwen2.5-7B-Instruct",
+    "google/gemma-2-9b-it",
+    "google/gemma-2-27b-it",
+]
+# Public parameter counts (model cards / safetensors index totals).
+PUBLISHED_PARAMS = {
+    "meta-llama/Meta-Llama-3-8B-Instruct": 8_030_261_248,
+    "meta-llama/Llama-3.1-8B-Instruct": 8_030_261_248,
+    "Qwen/Qwen2.5-1.5B-Instruct": 1_543_714_304,
+    "Qwen/Qwen2.5-7B-Instruct": 7_615_616_512,
+    "google/gemma-2-9b-it": 9_241_705_984,
+    "google/gemma-2-27b-it": 27_227_128_320,
+}
+
+
+def _recipe(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
+    return load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
+                                        "model.attn_implementation=sdpa", "engine.precision=bf16",
+                                        "train.micro_batch_size=1", *overrides])
+
+
+def _meta_model(spec):
+    """The real transformers module tree for ``spec``, on the meta device (no memory, no download)."""
+    import transformers
+
+    cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config, "gemma2": transformers.Gemma2Config}
+    kwargs = dict(hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers, num_attention_heads=spec.num_heads,
+                  num_key_value_heads=spec.num_kv_heads, vocab_size=spec.vocab_size,
+                  intermediate_size=spec.intermediate_size, tie_word_embeddings=spec.tie_word_embeddings)
+    if spec.head_dim is not None:
+        kwargs["head_dim"] = spec.head_dim
+    with torch.device("meta"):
+        return transformers.AutoModelForCausalLM.from_config(cls[spec.model_type](**kwargs))
+
+
+def _module_counts(model):
+    """DeepSpeed's ``model_to_params`` (shared parameters once; the largest single module), by identity
+    instead of ``data_ptr`` (all meta tensors share data_ptr 0)."""
+    total = sum({id(p): p.numel() for p in model.parameters()}.values())
+    largest = max(sum(p.numel() for p in m.parameters(recurse=False)) for m in model.modules())
+    return total, largest
+
+
+# ---------------------------------------------------------------------------------------------- dims
+
+
+@pytest.mark.parametrize("name", RECIPE_MODELS)
+def test_spec_matches_the_transformers_module_tree(name):
+    spec = MODEL_SPECS[name]
+    total, largest = _module_counts(_meta_model(spec))
+    assert spec.num_params() == total == PUBLISHED_PARAMS[name]
+    assert spec.largest_layer_params() == largest
+
+
+def test_local_model_dir_is_read_from_its_config_json():
+    import transformers
+
+    recipe = load_recipe(TINY_HUMANLINE)
+    spec = resolve_spec(recipe.model)
+    cfg = json.loads((REPO / "tests/fixtures/tiny/model/config.json").read_text())
+    assert (spec.hidden_size, spec.num_layers, spec.num_heads, spec.num_kv_heads, spec.vocab_size) == (
+        cfg["hidden_size"], cfg["num_hidden_layers"], cfg["num_attention_heads"], cfg["num_key_value_heads"],
+        cfg["vocab_size"])
+    model = transformers.AutoModelForCausalLM.from_config(transformers.AutoConfig.from_pretrained(
+        REPO / "tests/fixtures/tiny/model"))
+    assert spec.num_params() == sum(p.numel() for p in model.parameters())
+    # config_overrides apply on top (the benchmark's `{hidden_size: 256}` style)
+    bigger = resolve_spec(load_recipe(TINY_HUMANLINE, ["model.config_overrides={hidden_size: 256, num_hidden_layers: 4}"]).model)
+    assert (bigger.hidden_size, bigger.num_layers) == (256, 4)
+
+
+def test_spec_from_config_handles_qwen_bias_gemma_norms_and_defaults():
+    qwen = spec_from_config({"model_type": "qwen2", "hidden_size": 64, "num_hidden_layers": 2, "num_attention_heads": 4,
+                             "num_key_value_heads": 2, "vocab_size": 100, "intermediate_size": 128})
+    assert qwen.qkv_bias and not qwen.tie_word_embeddings
+    gemma = spec_from_config({"model_type": "gemma2", "hidden_size": 64, "num_hidden_layers": 2,
+                              "num_attention_heads": 4, "vocab_size": 100, "intermediate_size": 128, "head_dim": 32})
+    assert gemma.norms_per_layer == 4 and gemma.tie_word_embeddings and gemma.num_kv_heads == 4
+    assert gemma.kv_channels == 32
+    with pytest.raises(RecipeError, match="intermediate_size"):
+        spec_from_config({"model_type": "llama", "hidden_size": 64, "num_hidden_layers": 2,
+                          "num_attention_heads": 4, "vocab_size": 100})
+
+
+# ------------------------------------------------------------------------------ DeepSpeed estimators
+
+
+def _deepspeed_gpu_gib(stage: int, total_params: int, largest: int, nodes: int, gpus: int) -> float:
+    """Per-GPU GB that DeepSpeed's ``*_all_cold`` estimator prints for no offload (it prints 2 decimals)."""
+    from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
+    from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        if stage == 3:
+            estimate_zero3_model_states_mem_needs_all_cold(total_params, largest, num_gpus_per_node=gpus, num_nodes=nodes)
+        else:
+            estimate_zero2_model_states_mem_needs_all_cold(total_params, num_gpus_per_node=gpus, num_nodes=nodes)
+    text = out.getvalue()
+    wanted = ("offload_param=none, offload_optimizer=none, zero_init=1" if stage == 3 else "offload_optimizer=none")
+    for line in text.splitlines():
+        if line.rstrip().endswith(wanted):
+            return float(re.findall(r"([\d.]+)GB", line)[1])
+    raise AssertionError(f"no `{wanted}` row in DeepSpeed's output:\n{text}")
+
+
+@pytest.mark.parametrize("name", RECIPE_MODELS)
+@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize("nodes,gpus", [(1, 8), (2, 8), (4, 8)])
+def test_model_states_agree_with_deepspeed_estimators(name, stage, nodes, gpus):
+    spec = MODEL_SPECS[name]
+    total, largest = _module_counts(_meta_model(spec))  # the same model, measured, for DeepSpeed
+    recipe = _recipe(name, f"engine.zero_stage={stage}", f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}")
+    plan = memory_plan(recipe)
+    ours = plan["gib"]["model_states"]
+    theirs = _deepspeed_gpu_gib(stage, total, largest, nodes, gpus)
+    assert abs(ours - theirs) <= 0.05 * theirs, (name, stage, nodes * gpus, ours, theirs)
+    assert abs(ours - theirs) <= 0.006  # in fact equal up to DeepSpeed's 2-decimal print
+
+
+def test_zero1_keeps_whole_bf16_gradients_above_the_stage12_estimator():
+    name, world = "meta-llama/Meta-Llama-3-8B-Instruct", 8
+    p1 = memory_plan(_recipe(name, "engine.zero_stage=1"), world)
+    p2 = memory_plan(_recipe(name, "engine.zero_stage=2"), world)
+    P = p1["params"]
+    assert p1["bytes"]["model_states"] - p2["bytes"]["model_states"] == pytest.approx(2 * P * (1 - 1 / world))
+    assert p1["bytes"]["optimizer"] == p2["bytes"]["optimizer"] == pytest.approx(12 * P / world)
+
+
+def test_component_formulas():
+    recipe = _recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "data.max_length=1024",
+                     "data.max_prompt_length=512", "train.micro_batch_size=2")
+    spec = MODEL_SPECS["Qwen/Qwen2.5-7B-Instruct"]
+    P, world = spec.num_params(), 8
+    plan = memory_plan(recipe, world)
+    b, s, h, a, L, V = 4, 1024, spec.hidden_size, spec.num_heads, spec.num_layers, spec.vocab_size
+    assert plan["sequences_per_micro_batch"] == b  # DPO: chosen + rejected
+    by = plan["bytes"]
+    assert by["weights"] == 2 * P and by["gradients"] == 6 * P and by["optimizer"] == 12 * P  # bf16 ZeRO-0
+    assert by["reference"] == 2 * P
+    assert by["activations_full"] == pytest.approx(s * b * h * 34 * L)  # sdpa: no stored scores
+    eager = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "data.max_length=1024",
+                                "data.max_prompt_length=512", "train.micro_batch_size=2",
+                                "model.attn_implementation=eager"), world)
+    assert eager["bytes"]["activations_full"] == pytest.approx(s * b * h * (34 + 5 * a * s / h) * L)
+    assert by["activations_checkpointed"] == pytest.approx(2 * s * b * h * L + s * b * h * 34)
+    assert by["logits"] == pytest.approx(8 * b * s * V)
+    # ZeRO-3: the reference is partitioned like the policy
+    z3 = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=3"), world)
+    assert z3["bytes"]["reference"] == pytest.approx(2 * P / world)
+    # fp32: no master copy, 4-byte weights and gradients, two fp32 moments
+    fp32 = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "engine.precision=fp32"), world)
+    assert (fp32["bytes"]["weights"], fp32["bytes"]["gradients"], fp32["bytes"]["optimizer"]) == (4 * P, 4 * P, 8 * P)
+
+
+def test_megatron_shards_weights_and_distributes_the_optimizer():
+    name = "meta-llama/Meta-Llama-3-8B-Instruct"
+    base = ["engine.name=megatron", "engine.zero_stage=0"]
+    flat = memory_plan(_recipe(name, *base), 8)
+    tp2pp2 = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8)
+    spec = MODEL_SPECS[name]
+    assert (tp2pp2["dp"], tp2pp2["tp"], tp2pp2["pp"]) == (2, 2, 2)
+    # worst stage: 16 layers (matrices / 2, norms whole) + one of embedding / lm_head (each V*h / 2)
+    layer_matrices = spec.layer_params() - 2 * spec.hidden_size
+    expected = 16 * layer_matrices // 2 + 16 * 2 * spec.hidden_size + spec.vocab_size * spec.hidden_size // 2 + spec.hidden_size
+    assert tp2pp2["params_per_rank"] == expected
+    assert tp2pp2["bytes"]["weights"] == 2 * expected and tp2pp2["bytes"]["reference"] == 2 * expected
+    assert tp2pp2["bytes"]["optimizer"] == pytest.approx(12 * expected / 2)
+    assert flat["bytes"]["optimizer"] == pytest.approx(12 * spec.num_params() / 8)
+    assert tp2pp2["gib"]["total"] < flat["gib"]["total"] * 0.75
+
+
+def test_plan_report_warns_when_over_gpu_memory_and_not_otherwise():
+    big = plan_report(_recipe("google/gemma-2-27b-it", "engine.zero_stage=2", "data.max_length=2048",
+                              "data.max_prompt_length=1024"))
+    assert "WARNING" in big and "cluster.gpu_memory_gb" in big and "engine.zero_stage" in big
+    fits = plan_report(_recipe("Qwen/Qwen2.5-1.5B-Instruct", "engine.zero_stage=3", "model.gradient_checkpointing=true"))
+    assert "WARNING" not in fits
+    # the same recipe on a small GPU warns
+    small = plan_report(_recipe("Qwen/Qwen2.5-1.5B-Instruct", "engine.zero_stage=3", "cluster.gpu_memory_gb=4"))
+    assert "WARNING" in small
+    for key in ("weights", "gradients", "optimizer states", "reference model", "without gradient checkpointing",
+                "with gradient checkpointing", "logits", "total", "dp=8 tp=1 pp=1", "grad-accum"):
+        assert key in big
+
+
+# ------------------------------------------------------------------------------------- layout errors
+
+
+@pytest.mark.parametrize(
+    "model,overrides,world,needles",
+    [
+        ("Qwen/Qwen2.5-1.5B-Instruct", ["parallel.tp=8"], 8, ["parallel.tp", "12 attention heads", "1, 2"]),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", ["parallel.tp=16"], 16, ["parallel.tp", "8 key/value heads"]),
+        ("Qwen/Qwen2.5-7B-Instruct", ["parallel.pp=3"], 3, ["parallel.pp", "28 layers", "1, 2, 4, 7, 14, 28"]),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", ["parallel.tp=4"], 6, ["world size 6", "parallel.tp", "Fix"]),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", ["train.global_batch_size=12"], 8, ["train.global_batch_size", "Fix"]),
+        ("meta-llama/Meta-Llama-3-8B-Instruct", ["engine.zero_stage=3"], 8, ["engine.zero_stage", "megatron", "ignore"]),
+        ("acme/unknown-70b", [], 8, ["acme/unknown-70b", "config.json", "model_specs"]),
+    ],
+)
+def test_check_layout_errors_name_the_key_and_the_fix(model, overrides, world, needles):
+    recipe = _recipe(model, "engine.name=megatron", "engine.zero_stage=0", *overrides)
+    with pytest.raises(RecipeError) as err:
+        check_layout(recipe, world)
+    message = str(err.value)
+    for needle in needles:
+        assert needle in message, message
+    assert "Fix" in message or "fix" in message
+
+
+def test_check_layout_accepts_valid_layouts():
+    check_layout(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.name=megatron", "engine.zero_stage=0",
+                         "parallel.tp=8", "parallel.pp=4", "train.global_batch_size=64"), 64)
+    check_layout(_recipe("google/gemma-2-27b-it", "engine.zero_stage=3", "train.global_batch_size=128"), 32)
+    check_layout(load_recipe(TINY_HUMANLINE), 2)
+
+
+# ---------------------------------------------------------------------------------- every recipe
+
+
+def _all_recipes():
+    return sorted(p for p in (REPO / "recipes").rglob("*.yaml") if not p.name.startswith("_") and "_base" not in p.parts)
+
+
+@pytest.mark.parametrize("path", _all_recipes(), ids=lambda p: str(p.relative_to(REPO / "recipes")))
+def test_plan_runs_on_every_recipe(path, monkeypatch):
+    monkeypatch.chdir(REPO)
+    recipe = load_recipe(path)
+    report = plan_report(recipe)
+    assert "per-GPU memory estimate" in report and "total" in report
+    plan = memory_plan(recipe)
+    assert plan["world_size"] == recipe.cluster.nodes * recipe.cluster.gpus_per_node
+    assert plan["gib"]["total"] > 0 and all(v >= 0 for v in plan["gib"].values())
+    assert plan["exceeds"] == ("WARNING" in report)
+
+
+def test_run_py_plan_flag(monkeypatch, capsys):
+    """`launchers/run.py RECIPE --plan` prints the plan (wired in run.py from hl_core.plan)."""
+    monkeypatch.chdir(REPO)
+    monkeypatch.delenv("WORLD_SIZE", raising=False)
+    sys.path.insert(0, str(REPO / "launchers"))
+    try:
+        import run
+    finally:
+        sys.path.pop(0)
+    assert run.main([str(TINY_HUMANLINE), "--plan"]) == 0
+    out = capsys.readouterr().out
+    assert "per-GPU memory estimate" in out and "dp=8 tp=1 pp=1" in out
+    assert run.main([str(TINY_HUMANLINE), "--plan", "model.name_or_path=acme/unknown-70b",
+                     "model.random_init=false"]) == 2
+    assert "model_specs" in capsys.readouterr().err

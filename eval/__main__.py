@@ -201,11 +201,18 @@ def _headline(block: str, res: Dict[str, Any]) -> Dict[str, Any]:
     return {k: res.get(k) for k in keys if k in res} or res
 
 
-if __name__ == "__main__":
-    from hl_core.errors import UserError
+def single_block_main(flag: str, argv) -> int:
+    """``python -m eval.<block> MODEL [--data FILE] [flags]`` == ``python -m eval MODEL <flag> [FILE] [flags]``."""
+    argv = list(argv)
+    data = None
+    if "--data" in argv:
+        i = argv.index("--data")
+        data = argv[i + 1] if i + 1 < len(argv) else None
+        del argv[i : i + 2]
+    return main(argv[:1] + ([flag, data] if data else [flag]) + argv[1:])
 
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+
+if __name__ == "__main__":
+    from hl_core.errors import exit_on_user_error
+
+    exit_on_user_error(main)

@@ -386,10 +386,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    from hl_core.errors import UserError
+    from hl_core.errors import exit_on_user_error
 
-    try:
-        sys.exit(main())
-    except UserError as exc:
-        print(f"error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    exit_on_user_error(main)

@@ -39,3 +39,14 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 def suggestion(word: str, choices: Iterable[str]) -> Optional[str]:
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)
     return match[0] if match else None
+
+
+def exit_on_user_error(main, *args) -> None:
+    """``sys.exit(main(*args))``, turning a ``UserError`` into its one paragraph on stderr and exit code 2."""
+    import sys
+
+    try:
+        sys.exit(main(*args))
+    except UserError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -24,6 +24,7 @@ from typing import Any, Dict, List, Optional
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
+    load_rows,
     check_load_args,
     check_score,
     fields_present,
@@ -72,19 +73,10 @@ def load_group_records(
     Sources and arguments as for :func:`hl_core.data.preference.load_preference_records`; ``limit``
     counts rows (= groups).
     """
-    check_load_args(format, limit, path, name, "GRPO group data")
-    rows, where = iter_source_rows(path, name, split, config, limit, data_files, "GRPO group data", GROUP_EXAMPLE)
-    records: List[GroupRecord] = []
-    for source, row in rows:
-        records.append(parse_group_row(row, source, format))
-        if limit is not None and len(records) >= limit:
-            break
-    if not records:
-        raise DataError(
-            f"{where}: contains no GRPO group rows. Fix: point the data path/name at a non-empty file or split "
-            f"with `prompt`, `completions` and `scores` fields (or scored preference pairs)."
-        )
-    return records
+    return load_rows(
+        parse_group_row, path, name, split, config, format, limit, data_files, "GRPO group data", GROUP_EXAMPLE,
+        "`prompt`, `completions` and `scores` (or scored preference pairs)",
+    )
 
 
 def parse_group_row(row: Any, source: str, format: str = "auto") -> GroupRecord:

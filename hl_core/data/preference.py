@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hl_core.errors import DataError, RecipeError
-from hl_core.data.rows import (  # noqa: F401  (re-exported: the constants and helpers used to live here)
-    CHAT_TEMPLATE_MODES,
+from hl_core.data.rows import (
+    CHAT_TEMPLATE_MODES,  # noqa: F401  (re-exported: the constants and helpers used to live here)
+    PAIR_EXAMPLE,
     FORMATS,
     JSON_EXTENSIONS,
     JSONL_EXTENSIONS,
@@ -38,6 +39,7 @@ from hl_core.data.rows import (  # noqa: F401  (re-exported: the constants and h
     iter_file_rows as _iter_file_rows,
     iter_hf_rows as _iter_hf_rows,
     iter_source_rows,
+    load_rows,
     missing_prompt_error,
     pad_right,
     parse_prompt,
@@ -83,20 +85,10 @@ def load_preference_records(
     ``format``: ``"auto"`` (per row), ``"plain"`` or ``"messages"``. ``limit``: keep (and validate) only
     the first ``limit`` rows.
     """
-    check_load_args(format, limit, path, name, "preference data")
-    rows, where = iter_source_rows(path, name, split, config, limit, data_files)
-
-    records: List[PreferenceRecord] = []
-    for source, row in rows:
-        records.append(parse_preference_row(row, source, format))
-        if limit is not None and len(records) >= limit:
-            break
-    if not records:
-        raise DataError(
-            f"{where}: contains no preference rows. Fix: point the data path/name at a non-empty file or split "
-            f"with `prompt`, `chosen` and `rejected` fields."
-        )
-    return records
+    return load_rows(
+        parse_preference_row, path, name, split, config, format, limit, data_files, "preference data",
+        PAIR_EXAMPLE, "`prompt`, `chosen` and `rejected`",
+    )
 
 
 # --------------------------------------------------------------------------------------------- rows

@@ -13,6 +13,7 @@ from typing import Any, List, Optional
 from hl_core.errors import DataError
 
 from .rows import (
+    load_rows,
     check_load_args,
     encode_prompt,
     fields_present,
@@ -92,16 +93,10 @@ def load_prompt_records(
     system_prompt: Optional[str] = None,
 ) -> List[PromptRecord]:
     """Load prompts (and reference answers) from a local file or a Hugging Face set."""
-    check_load_args(format, limit, path, name, "prompt data")
-    rows, where = iter_source_rows(path, name, split, config, limit, data_files, "prompt data", PROMPT_EXAMPLE)
-    records = []
-    for source, row in rows:
-        records.append(parse_prompt_row(row, source, system_prompt))
-        if limit is not None and len(records) >= limit:
-            break
-    if not records:
-        raise DataError(f"{where}: contains no prompt rows. Fix: give a non-empty file like {PROMPT_EXAMPLE}.")
-    return records
+    return load_rows(
+        lambda row, source, _format: parse_prompt_row(row, source, system_prompt), path, name, split, config,
+        format, limit, data_files, "prompt data", PROMPT_EXAMPLE, "`prompt` (or `problem`) and `answer`",
+    )
 
 
 def tokenize_prompt(

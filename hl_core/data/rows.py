@@ -64,6 +64,31 @@ def iter_source_rows(
     return iter_hf_rows(name, config, split, limit, data_files), hf_label(name, config, split)
 
 
+def load_rows(
+    parse, path, name, split, config, format, limit, data_files, what: str, example: str, fields: str
+) -> list:
+    """The shared loader: check the arguments, read the rows, ``parse(row, source, format)`` each (a record
+    or a list of records), stop after ``limit`` source rows, and refuse an empty source.
+
+    ``what`` names the data in messages (e.g. ``"KTO data"``), ``fields`` the fields a row needs.
+    """
+    check_load_args(format, limit, path, name, what)
+    rows, where = iter_source_rows(path, name, split, config, limit, data_files, what, example)
+    records: list = []
+    for n_rows, (source, row) in enumerate(rows, start=1):
+        parsed = parse(row, source, format)
+        records.extend(parsed if isinstance(parsed, list) else [parsed])
+        if limit is not None and n_rows >= limit:
+            break
+    if not records:
+        noun = what[: -len(" data")] if what.endswith(" data") else what
+        raise DataError(
+            f"{where}: contains no {noun} rows. Fix: point the data path/name at a non-empty file or split "
+            f"with {fields} fields."
+        )
+    return records
+
+
 def hf_label(name: str, config: Optional[str], split: str) -> str:
     return f"hf:{name}" + (f"/{config}" if config else "") + f"[{split}]"
 

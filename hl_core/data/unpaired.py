@@ -27,6 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
+    load_rows,
     check_conversation,
     check_load_args,
     fields_present,
@@ -73,21 +74,10 @@ def load_unpaired_records(
     Sources and arguments as for :func:`hl_core.data.preference.load_preference_records`. ``limit``
     counts SOURCE rows: ``limit=3`` over pairs gives 6 records.
     """
-    check_load_args(format, limit, path, name, "KTO data")
-    rows, where = iter_source_rows(path, name, split, config, limit, data_files, "KTO data", UNPAIRED_EXAMPLE)
-    records: List[UnpairedRecord] = []
-    n_rows = 0
-    for source, row in rows:
-        records.extend(parse_unpaired_row(row, source, format))
-        n_rows += 1
-        if limit is not None and n_rows >= limit:
-            break
-    if not records:
-        raise DataError(
-            f"{where}: contains no KTO rows. Fix: point the data path/name at a non-empty file or split with "
-            f"`prompt`, `completion` and `label` fields (or preference pairs with `chosen` and `rejected`)."
-        )
-    return records
+    return load_rows(
+        parse_unpaired_row, path, name, split, config, format, limit, data_files, "KTO data", UNPAIRED_EXAMPLE,
+        "`prompt`, `completion` and `label` (or preference pairs with `chosen` and `rejected`)",
+    )
 
 
 def parse_unpaired_row(row: Any, source: str, format: str = "auto") -> List[UnpairedRecord]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import torch.utils.checkpoint
 
 DEFAULT_CHUNK = 128
 
@@ -30,15 +31,27 @@ def token_logps(
     vocab = logits.shape[-1]
     valid = (labels >= 0) & (labels < vocab)
     safe_labels = torch.where(valid, labels, torch.zeros_like(labels))
+    # With autograd on, each chunk is recomputed in backward (activation checkpointing), so the float32
+    # up-cast and its log-sum-exp are never kept for all chunks at once: peak extra memory stays at
+    # one [B, chunk, V] float32 block in the forward and in the backward pass.
+    checkpointed = torch.is_grad_enabled() and logits.requires_grad
     pieces = []
     for start in range(0, logits.shape[1], chunk_size):
-        chunk = logits[:, start : start + chunk_size].float()
-        if temperature != 1.0:
-            chunk = chunk / temperature
-        picked = chunk.gather(-1, safe_labels[:, start : start + chunk_size, None]).squeeze(-1)
-        pieces.append(picked - torch.logsumexp(chunk, dim=-1))
+        args = (logits[:, start : start + chunk_size], safe_labels[:, start : start + chunk_size], temperature)
+        if checkpointed:
+            pieces.append(torch.utils.checkpoint.checkpoint(_chunk_logps, *args, use_reentrant=False))
+        else:
+            pieces.append(_chunk_logps(*args))
     out = torch.cat(pieces, dim=1) if pieces else logits.new_zeros(labels.shape, dtype=torch.float32)
     return out * valid.to(out.dtype)
+
+
+def _chunk_logps(logits_chunk: torch.Tensor, labels_chunk: torch.Tensor, temperature: float) -> torch.Tensor:
+    chunk = logits_chunk.float()
+    if temperature != 1.0:
+        chunk = chunk / temperature
+    picked = chunk.gather(-1, labels_chunk[..., None]).squeeze(-1)
+    return picked - torch.logsumexp(chunk, dim=-1)
 
 
 def sequence_token_logps(

@@ -178,7 +178,9 @@ class EngineConfig(_Section):
     """The training engine and its precision/sharding settings."""
 
     name: Literal["deepspeed", "megatron"] = Field("deepspeed", description="Training engine.")
-    zero_stage: Literal[0, 1, 2, 3] = Field(0, description="DeepSpeed ZeRO stage (0-3).")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="DeepSpeed ZeRO stage (0-3). The Megatron engine shards by `parallel` instead (set 0 there)."
+    )
     precision: Literal["fp32", "bf16"] = Field("bf16", description="Parameter/compute precision.")
     zero3_param_persistence_threshold: int = Field(
         100000, ge=0, description="ZeRO-3: parameters with fewer elements stay whole on every rank."
@@ -193,6 +195,9 @@ class ParallelConfig(_Section):
 
     tp: int = Field(1, ge=1, description="Tensor-parallel size (Megatron engine).")
     pp: int = Field(1, ge=1, description="Pipeline-parallel size (Megatron engine).")
+    pipeline_microbatches: Optional[int] = Field(
+        None, ge=1, description="Megatron pp > 1: pipeline micro-batches per micro-batch (default: up to 2 x pp)."
+    )
 
 
 class TrainConfig(_Section):
@@ -466,6 +471,11 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 "`engine.name: megatron` needs the `megatron-core` package. "
                 "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
             )
+    if recipe.engine.name == "megatron" and recipe.rollout.every is not None:
+        raise RecipeError(
+            f"`rollout.every: {recipe.rollout.every}` needs generation, which the Megatron engine does not do yet. "
+            "Fix: use `engine.name=deepspeed` for online/sparse recipes, or `rollout.every=null`."
+        )
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "

@@ -76,7 +76,7 @@ class OfflineSource:
         out = []
         for micro_index in range(engine.gradient_accumulation_steps):
             first = ((step * engine.gradient_accumulation_steps + micro_index) * engine.dp_size
-                     + engine.rank % engine.dp_size) * micro
+                     + engine.dp_rank) * micro
             out.append(self.dataset.collate([self.dataset[self.order(p)] for p in range(first, first + micro)]))
         return out
 
@@ -119,7 +119,8 @@ class Trainer:
         self.engine = build_engine(recipe, self.tokenizer)
         self.is_main = self.engine.rank == 0
         self.objective = OBJECTIVES[recipe.objective.name]
-        self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.rank)
+        # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
+        self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
         self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, show_progress=self.is_main)
         self.collate = self.train_data.collate
@@ -242,7 +243,8 @@ class Trainer:
             lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced,
             step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
         )
-        row["tokens_per_s"] = totals[0].item() / max(row["step_time_s"], 1e-9)
+        # tensor/pipeline-parallel peers see the same tokens: count each data-parallel replica once
+        row["tokens_per_s"] = totals[0].item() * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
         if "rollout" in rollout_metrics:
             row["rollout"] = bool(rollout_metrics["rollout"])
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
@@ -281,7 +283,7 @@ class Trainer:
             metrics, weight = self.source.evaluate(self.eval_data)
             acc.add(metrics, weight=weight)
         for r in range(rounds):
-            start = r * per_round + (engine.rank % engine.dp_size) * batch_size
+            start = r * per_round + engine.dp_rank * batch_size
             real = [i for i in range(start, start + batch_size) if i < n]
             # every rank runs the same number of forwards (ZeRO-3 gathers are collective): a rank with
             # no rows left runs one dummy example and gives it zero weight
@@ -304,7 +306,10 @@ class Trainer:
         return self.engine.all_reduce_sum(torch.tensor([flag], dtype=torch.float64)).item() > 0
 
     def _checkpoint_exists(self, updates_done: int) -> bool:
-        return (self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}").is_dir()
+        """Decided on rank 0 and shared, so no rank skips a (collective) save another rank performs."""
+        here = (self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}").is_dir()
+        flag = torch.tensor([float(self.is_main and here)], dtype=torch.float64)
+        return self.engine.all_reduce_sum(flag).item() > 0
 
     def _save_checkpoint(self) -> None:
         ckpt_dir = self.output_dir / "checkpoints"

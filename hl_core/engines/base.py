@@ -24,6 +24,7 @@ class Engine:
     rank: int = 0
     world_size: int = 1
     dp_size: int = 1
+    dp_rank: int = 0  # data-parallel rank: which shard of each batch this rank takes
     gradient_accumulation_steps: int = 1
 
     def token_logps(self, batch: Dict[str, torch.Tensor], model: str = "policy") -> torch.Tensor:

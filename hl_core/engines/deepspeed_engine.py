@@ -83,6 +83,7 @@ class DeepSpeedEngine(Engine):
         self.rank = torch.distributed.get_rank()
         self.world_size = torch.distributed.get_world_size()
         self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
+        self.dp_rank = self.rank  # data parallel only
         self.zero_stage = recipe.engine.zero_stage
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":

@@ -71,7 +71,7 @@ class RolloutSource:
         """Positions (in the data stream) of this rank's prompts for one micro-batch."""
         engine, micro = self.engine, self.recipe.train.micro_batch_size
         ga = engine.gradient_accumulation_steps
-        first = ((step * ga + micro_index) * engine.dp_size + engine.rank % engine.dp_size) * micro
+        first = ((step * ga + micro_index) * engine.dp_size + engine.dp_rank) * micro
         return list(range(first, first + micro))
 
     # ------------------------------------------------------------------------------------- training
@@ -153,7 +153,7 @@ class RolloutSource:
         engine = self.engine
         n = len(eval_prompts)
         per_rank = -(-n // engine.dp_size)
-        mine = [engine.rank % engine.dp_size * per_rank + i for i in range(per_rank)]
+        mine = [engine.dp_rank * per_rank + i for i in range(per_rank)]
         real = [i for i in mine if i < n]
         prompts = [eval_prompts[i if i < n else 0]["prompt_ids"] for i in mine]
         completions = self.sampler.sample_batch(prompts, prompt_seed(self.seed + 7919, 0))

@@ -1,0 +1,566 @@
+"""Megatron-core engine: policy and reference ``GPTModel`` shards with one tensor/pipeline layout.
+
+Layout. ``parallel.tp`` x ``parallel.pp`` model-parallel groups, data parallel over the rest
+(megatron-core's rank order ``tp-cp-ep-dp-pp``). Policy and reference are built by the same code
+with the same layout, so each rank holds the same TP/PP slice of both and humanline syncing copies
+``param.data`` shard by shard (no collective, no gather).
+
+Weights. ``model.random_init`` builds the Hugging Face model from its config with ``train.seed``
+(exactly as the DeepSpeed engine does) and converts it; otherwise each rank reads only its own
+stage's tensors from the HF safetensors (``megatron_convert.LazyHFCheckpoint``) and slices its TP
+part. ``save_hf`` gathers the shards to rank 0 and merges them back into a HF directory.
+
+Log-probs. ``token_logps`` returns ``[N, T]`` float32 aligned like ``sequence_token_logps``
+(``out[:, 0] = 0``), identical on every rank of the model-parallel group. The log-softmax is
+vocab-parallel (megatron-core's ``vocab_parallel_cross_entropy``: a max and two sums all-reduced
+over the TP group; full-vocabulary logits are never gathered), chunked over the sequence.
+
+Pipeline parallel (pp > 1): the trainer computes the loss from log-probs (``token_logps`` ->
+transform -> objective -> ``backward``), while Megatron's schedules fuse forward and backward.
+The engine bridges the two in two passes:
+
+1. ``token_logps(batch, "policy")`` with grad enabled runs the schedule forward-only; the last
+   stage broadcasts the log-probs over the pipeline group, and every rank returns them as a leaf
+   tensor that requires grad (the forward is remembered, with the RNG state it started from).
+2. ``backward(loss)`` differentiates the loss w.r.t. those leaves (``g = dL/dlogps``, the same on
+   every rank) and runs the schedule forward+backward (1F1B) with the surrogate loss
+   ``sum(logps * g)`` on the last stage, whose parameter gradient is exactly ``dL/dtheta``. The
+   RNG state is restored for this recomputation, so dropout masks match pass 1.
+
+The price is one extra policy forward per micro-batch under pp > 1 (pp = 1 backpropagates
+directly). The trainer's micro-batch is split into pipeline micro-batches (``_num_microbatches``).
+
+Optimizer. On GPU: megatron-core ``DistributedDataParallel`` + the distributed optimizer
+(``get_megatron_optimizer``, gradient clipping inside), grads finalized with
+``finalize_model_grads``. On CPU (tests): megatron's optimizer hard-codes CUDA, so a torch AdamW
+over the local shards, with data-parallel gradient averaging, the tied-embedding gradient
+all-reduce between first and last stage, and a model-parallel grad norm done here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Dict, List, Optional
+
+import torch
+
+from ..config import batch_layout
+from ..errors import RecipeError
+from ..modeling import DTYPES
+from .base import Engine
+from .deepspeed_engine import _free_port, lr_lambda
+from . import megatron_cpu
+from .megatron_convert import LazyHFCheckpoint, hf_state_dict, hf_to_mcore, mcore_to_hf, save_hf_directory
+from .megatron_specs import build_gpt_model, causal_mask, logits_transform, transformer_config, uses_transformer_engine
+
+LAYOUT_FILE = "megatron_layout.json"
+
+
+# ------------------------------------------------------------------------------------------------
+# vocab-parallel token log-probs
+# ------------------------------------------------------------------------------------------------
+
+
+def vocab_parallel_token_logps(logits, input_ids, chunk_size: int = 128, temperature: float = 1.0, transform=None):
+    """``[N, T, V/tp]`` vocab-parallel logits -> ``[N, T]`` float32 log-probs, ``out[:, 0] = 0``,
+    ``out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` over the full vocabulary.
+
+    Uses megatron-core's vocab-parallel cross entropy (max / sum-exp / target logit all-reduced
+    over the TP group), a sequence chunk at a time, so at most ``[N, chunk, V/tp]`` is up-cast.
+    """
+    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
+
+    labels = input_ids[:, 1:]
+    steps = labels.shape[1]
+    pieces = []
+    for start in range(0, steps, chunk_size):
+        end = min(start + chunk_size, steps)
+        chunk = logits[:, start:end].to(torch.float32, copy=True)  # the kernel works in place
+        if transform is not None:
+            chunk = transform(chunk)
+        if temperature != 1.0:
+            chunk = chunk / temperature
+        pieces.append(-vocab_parallel_cross_entropy(chunk, labels[:, start:end]))
+    shifted = torch.cat(pieces, dim=1) if pieces else logits.new_zeros(labels.shape, dtype=torch.float32)
+    return torch.cat([shifted.new_zeros(shifted.shape[0], 1), shifted], dim=1)
+
+
+def pipeline_token_logps(model, input_ids, *, num_microbatches: int, temperature: float = 1.0, chunk_size: int = 128,
+                         transform=None, attention_mask=None, grad_logps: Optional[torch.Tensor] = None):
+    """Megatron's pipeline schedule (1F1B) over one batch of ``input_ids`` split into ``num_microbatches``.
+
+    Forward-only (``grad_logps is None``): returns the ``[N, T]`` log-probs, broadcast from the last
+    stage to every rank of the pipeline group. Otherwise runs forward+backward with the surrogate loss
+    ``sum(logps * grad_logps)`` on the last stage (its parameter gradient is ``sum_t g_t dlogp_t/dtheta``);
+    gradients accumulate into the parameters and ``None`` is returned.
+    """
+    from megatron.core import parallel_state as ps
+    from megatron.core.pipeline_parallel import get_forward_backward_func
+
+    forward_only = grad_logps is None
+    rows, seq_len = input_ids.shape
+    if rows % num_microbatches:
+        raise ValueError(f"{rows} rows do not split into {num_microbatches} pipeline micro-batches")
+    mbs = rows // num_microbatches
+    device = input_ids.device
+    pieces = [
+        {"ids": input_ids[i * mbs : (i + 1) * mbs],
+         "grad": None if forward_only else grad_logps[i * mbs : (i + 1) * mbs].to(device)}
+        for i in range(num_microbatches)
+    ]
+    position_ids = torch.arange(seq_len, device=device)[None].expand(mbs, -1)
+
+    def forward_step(data_iterator, chunk_model):
+        piece = next(data_iterator)
+        output = chunk_model(piece["ids"], position_ids, attention_mask)
+
+        def loss_func(logits):
+            logps = vocab_parallel_token_logps(logits, piece["ids"], chunk_size, temperature, transform)
+            if forward_only:
+                return logps.sum() * 0.0, {"logps": logps.detach()}
+            # the schedule divides each micro-batch's loss by their number: undo it (the caller scaled already)
+            return (logps * piece["grad"]).sum() * num_microbatches, {}
+
+        return output, loss_func
+
+    with torch.set_grad_enabled(not forward_only):
+        outputs = get_forward_backward_func()(
+            forward_step_func=forward_step, data_iterator=iter(pieces), model=[model],
+            num_microbatches=num_microbatches, seq_length=seq_len, micro_batch_size=mbs, forward_only=forward_only,
+        )
+    if not forward_only:
+        return None
+    if ps.is_pipeline_last_stage():
+        logps = torch.cat([o["logps"] for o in outputs], dim=0)
+    else:
+        logps = torch.empty(rows, seq_len, dtype=torch.float32, device=device)
+    torch.distributed.broadcast(logps, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+    return logps
+
+
+def allreduce_tied_embedding_grads(model) -> None:
+    """pp > 1 with tied embeddings: the first stage's embedding and the last stage's output layer are
+    copies of one weight; both get the sum of their gradients (``.grad``; CPU path)."""
+    from megatron.core import parallel_state as ps
+
+    if not getattr(model, "share_embeddings_and_output_weights", False) or ps.get_pipeline_model_parallel_world_size() == 1:
+        return
+    if ps.is_rank_in_embedding_group():
+        weight = model.shared_embedding_or_output_weight()
+        if weight.grad is None:
+            weight.grad = torch.zeros_like(weight)
+        torch.distributed.all_reduce(weight.grad, group=ps.get_embedding_group())
+
+
+@dataclass
+class _PendingForward:
+    """A policy forward run forward-only under pp > 1, waiting for ``backward`` to recompute it."""
+
+    input_ids: torch.Tensor
+    logps: torch.Tensor  # the leaf handed to the trainer
+    temperature: float
+    rng: Any
+
+
+def _init_distributed(backend: Optional[str]) -> None:
+    if torch.distributed.is_initialized():
+        return
+    if backend is None:
+        backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if "RANK" not in os.environ:  # plain `python launchers/run.py ...`: one process, no launcher
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    torch.distributed.init_process_group(backend=backend)
+
+
+class MegatronEngine(Engine):
+    def __init__(self, recipe, tokenizer):
+        from megatron.core import parallel_state as ps
+        from megatron.core import tensor_parallel
+
+        self.recipe, self.tokenizer = recipe, tokenizer
+        self.cpu = not torch.cuda.is_available()
+        if self.cpu:
+            megatron_cpu.install()
+        _init_distributed(recipe.engine.dist_backend)
+        self.rank = torch.distributed.get_rank()
+        self.world_size = torch.distributed.get_world_size()
+        self.tp, self.pp = recipe.parallel.tp, recipe.parallel.pp
+        self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
+        if self.cpu:
+            self.device = torch.device("cpu")
+        else:
+            self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+            torch.cuda.set_device(self.device)
+        if not ps.model_parallel_is_initialized():
+            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
+        self.ps = ps
+        self.tp_rank = ps.get_tensor_model_parallel_rank()
+        self.pp_rank = ps.get_pipeline_model_parallel_rank()
+        self.dp_rank = ps.get_data_parallel_rank()
+        assert ps.get_data_parallel_world_size() == self.dp_size
+        self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
+
+        train = recipe.train
+        seed = train.seed + 100 * self.pp_rank  # Megatron's convention; TP ranks differ inside the tracker
+        torch.manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+        from transformers import AutoConfig
+
+        model_cfg = recipe.model
+        self.hf_config = AutoConfig.from_pretrained(
+            model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **model_cfg.config_overrides
+        )
+        self.dtype = DTYPES[recipe.engine.precision]
+        self.te = uses_transformer_engine(self.hf_config)
+        # perform_initialization stays on although every weight is loaded afterwards: megatron-core sets the
+        # tensor-parallel attributes (``tensor_model_parallel``, ``partition_dim``) that grad-norm and the
+        # distributed optimizer rely on only inside its initializers
+        recompute = {}
+        if model_cfg.gradient_checkpointing:  # megatron-core's full activation recompute, one layer at a time
+            recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        self.config = transformer_config(
+            self.hf_config, tp=self.tp, pp=self.pp, dtype=self.dtype, cpu=self.cpu, **recompute
+        )
+        self.logits_transform = logits_transform(self.config)
+        policy = self._build_model()
+        reference = self._build_model()
+        self._load_initial_weights(policy)
+        with torch.no_grad():
+            for p, r in zip(policy.parameters(), reference.parameters()):
+                r.copy_(p)
+        for r in reference.parameters():
+            r.requires_grad_(False)
+        reference.eval()
+        policy.train()
+        self.reference = reference
+        self._build_optimizer(policy)  # sets self.policy (DDP-wrapped on GPU) and self.policy_module
+        self._pairs = self._parameter_pairs()
+        self._pending: List[_PendingForward] = []
+        self._micro_steps = 0
+        self.updates_done = 0
+
+    # ------------------------------------------------------------------------------------------ build
+    def _build_model(self):
+        model = build_gpt_model(self.hf_config, self.config, self.first_stage, self.last_stage, pp_rank=self.pp_rank)
+        return model.to(self.device)
+
+    def _load_initial_weights(self, model) -> None:
+        """This rank's (pp, tp) shard of the HF weights, converted; every parameter must be covered."""
+        model_cfg = self.recipe.model
+        if model_cfg.random_init:
+            from ..modeling import build_causal_lm
+
+            hf_model = build_causal_lm(model_cfg, "fp32", self.recipe.train.seed)
+            source = hf_state_dict(hf_model)
+        else:
+            source = LazyHFCheckpoint(_resolve_weights_dir(model_cfg.name_or_path))
+        shard = hf_to_mcore(source, self.hf_config, self.tp, self.pp, ranks=[(self.pp_rank, self.tp_rank)], te=self.te)
+        self._copy_shard(model, shard[(self.pp_rank, self.tp_rank)])
+
+    @torch.no_grad()
+    def _copy_shard(self, model, shard: Dict[str, torch.Tensor]) -> None:
+        params = dict(model.named_parameters())
+        if set(params) != set(shard):
+            raise RecipeError(
+                "The converted checkpoint does not match the megatron-core model "
+                f"(only in model: {sorted(set(params) - set(shard))[:5]}, only in checkpoint: {sorted(set(shard) - set(params))[:5]})."
+            )
+        for name, param in params.items():
+            if tuple(param.shape) != tuple(shard[name].shape):
+                raise RecipeError(f"Shape mismatch for `{name}`: model {tuple(param.shape)}, checkpoint {tuple(shard[name].shape)}.")
+            param.copy_(shard[name].to(param.dtype))
+
+    def _build_optimizer(self, policy) -> None:
+        train = self.recipe.train
+        self.max_grad_norm = train.max_grad_norm
+        self._lr_fn = lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
+        if self.cpu:
+            self.policy = self.policy_module = policy
+            decay, no_decay = [], []
+            for param in policy.parameters():
+                (no_decay if param.dim() < 2 else decay).append(param)
+            groups = [{"params": ps_, "weight_decay": wd} for ps_, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if ps_]
+            self.optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps)
+            return
+        # GPU: megatron-core DDP (contiguous grad buffers) + the distributed optimizer. Not exercised by the CPU tests.
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+
+        ddp_config = DistributedDataParallelConfig(
+            grad_reduce_in_fp32=True, overlap_grad_reduce=False, use_distributed_optimizer=True
+        )
+        self.policy = DistributedDataParallel(config=self.config, ddp_config=ddp_config, module=policy)
+        self.policy_module = policy
+        opt_config = OptimizerConfig(
+            optimizer="adam", lr=train.lr, weight_decay=train.weight_decay, adam_beta1=train.adam_betas[0],
+            adam_beta2=train.adam_betas[1], adam_eps=train.adam_eps, clip_grad=train.max_grad_norm or 0.0,
+            bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype, use_distributed_optimizer=True,
+        )
+        self.optimizer = get_megatron_optimizer(opt_config, [self.policy])
+
+    def _parameter_pairs(self):
+        pol = list(self.policy_module.named_parameters())
+        ref = list(self.reference.named_parameters())
+        if [n for n, _ in pol] != [n for n, _ in ref]:
+            raise RuntimeError("policy and reference parameters differ in names or order")
+        return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
+
+    # ------------------------------------------------------------------------------------------ forward
+    def _attention_mask(self, seq_len: int):
+        return None if self.te else causal_mask(seq_len, self.device)
+
+    def _forward_logps(self, model, input_ids, temperature: float):
+        """One stage-complete forward (pp = 1): vocab-parallel log-probs ``[N, T]``."""
+        seq_len = input_ids.shape[1]
+        position_ids = torch.arange(seq_len, device=self.device)[None].expand_as(input_ids)
+        logits = model(input_ids, position_ids, self._attention_mask(seq_len))
+        return vocab_parallel_token_logps(
+            logits, input_ids, self.recipe.train.logps_chunk_size, temperature, self.logits_transform
+        )
+
+    def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
+        net = self.policy if model == "policy" else self.reference
+        input_ids = batch["input_ids"].to(self.device)
+        grad = model == "policy" and torch.is_grad_enabled()
+        if self.pp == 1:
+            with torch.set_grad_enabled(grad):
+                return self._forward_logps(net, input_ids, temperature)
+        rng = self._rng_state() if grad else None
+        logps = self._pipeline(net, input_ids, temperature)
+        if grad:
+            logps.requires_grad_(True)
+            self._pending.append(_PendingForward(input_ids, logps, temperature, rng))
+        return logps
+
+    def _num_microbatches(self, rows: int) -> int:
+        """Pipeline micro-batches per trainer micro-batch: the largest divisor of ``rows`` up to
+        ``parallel.pipeline_microbatches`` (when the schema has it), else up to ``2 * pp``."""
+        cap = getattr(self.recipe.parallel, "pipeline_microbatches", None) or 2 * self.pp
+        return max(d for d in range(1, min(rows, cap) + 1) if rows % d == 0)
+
+    def _pipeline(self, net, input_ids, temperature: float, grad_logps: Optional[torch.Tensor] = None):
+        return pipeline_token_logps(
+            net, input_ids, num_microbatches=self._num_microbatches(input_ids.shape[0]), temperature=temperature,
+            chunk_size=self.recipe.train.logps_chunk_size, transform=self.logits_transform,
+            attention_mask=self._attention_mask(input_ids.shape[1]), grad_logps=grad_logps,
+        )
+
+    def _rng_state(self):
+        from megatron.core import tensor_parallel
+
+        tracker = tensor_parallel.get_cuda_rng_tracker()
+        cuda = None if self.cpu else torch.cuda.get_rng_state()
+        return torch.get_rng_state(), cuda, {k: v.clone() for k, v in tracker.get_states().items()}
+
+    def _set_rng_state(self, state) -> None:
+        from megatron.core import tensor_parallel
+
+        cpu, cuda, tracked = state
+        torch.set_rng_state(cpu)
+        if cuda is not None:
+            torch.cuda.set_rng_state(cuda)
+        tensor_parallel.get_cuda_rng_tracker().set_states({k: v.clone() for k, v in tracked.items()})
+
+    # ------------------------------------------------------------------------------------------ backward / step
+    def backward(self, loss: torch.Tensor) -> None:
+        scaled = loss / self.gradient_accumulation_steps
+        if self.pp == 1:
+            scaled.backward()
+            return
+        pending, self._pending = self._pending, []
+        if not pending or not scaled.requires_grad:
+            return
+        grads = torch.autograd.grad(scaled, [p.logps for p in pending], allow_unused=True)
+        now = self._rng_state()
+        for forward, grad in zip(pending, grads):
+            if grad is None:
+                continue
+            self._set_rng_state(forward.rng)  # the recomputation sees the same dropout masks
+            self._pipeline(self.policy, forward.input_ids, forward.temperature, grad_logps=grad)
+        self._set_rng_state(now)
+
+    def is_accumulation_boundary(self) -> bool:
+        return (self._micro_steps + 1) % self.gradient_accumulation_steps == 0
+
+    def step(self) -> Optional[Dict[str, float]]:
+        boundary = self.is_accumulation_boundary()
+        self._micro_steps += 1
+        if not boundary:
+            return None
+        lr = self.recipe.train.lr * self._lr_fn(self.updates_done)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        if self.cpu:
+            norm = self._cpu_step()
+        else:
+            from megatron.core.distributed import finalize_model_grads
+
+            finalize_model_grads([self.policy])
+            _, norm, _ = self.optimizer.step()
+            self.policy.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        self.updates_done += 1
+        norm = float("nan") if norm is None else float(norm)
+        return {"lr": lr, "grad_norm": norm}
+
+    def _cpu_step(self) -> float:
+        """Gradient all-reduces, global grad norm, clipping and AdamW on the local shards (CPU path)."""
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
+
+        ps = self.ps
+        params = [p for p in self.policy_module.parameters() if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        allreduce_tied_embedding_grads(self.policy_module)
+        if self.dp_size > 1:
+            flat = torch.cat([p.grad.reshape(-1) for p in params])
+            torch.distributed.all_reduce(flat, group=ps.get_data_parallel_group())
+            flat /= self.dp_size
+            offset = 0
+            for p in params:
+                p.grad.copy_(flat[offset : offset + p.numel()].view_as(p.grad))
+                offset += p.numel()
+        squares = torch.zeros((), dtype=torch.float32)
+        for p in params:
+            if param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p):
+                squares += p.grad.float().pow(2).sum()
+        if self.tp * self.pp > 1:
+            torch.distributed.all_reduce(squares, group=ps.get_model_parallel_group())
+        norm = squares.sqrt().item()
+        if self.max_grad_norm is not None:
+            coef = self.max_grad_norm / (norm + 1e-6)
+            if coef < 1.0:
+                for p in params:
+                    p.grad.mul_(coef)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    # ------------------------------------------------------------------------------------------ sync
+    @torch.no_grad()
+    def sync_reference(self) -> None:
+        """Shard-local: each rank copies its own TP/PP slice of every policy parameter into the
+        matching reference slice. No collective, no gather."""
+        for _, pol, ref in self._pairs:
+            ref.data.copy_(pol.data)
+
+    # ------------------------------------------------------------------------------------------ checkpoints
+    def _shard_file(self, directory: Path) -> Path:
+        return directory / f"mp_rank_pp{self.pp_rank:03d}_tp{self.tp_rank:02d}.pt"
+
+    def _optimizer_file(self, directory: Path) -> Path:
+        return directory / f"optim_pp{self.pp_rank:03d}_tp{self.tp_rank:02d}.pt"
+
+    def _local_state(self, module) -> Dict[str, torch.Tensor]:
+        return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
+
+    def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
+        """Per (pp, tp) shard: policy, reference (when syncing) and optimizer state, written by data-parallel
+        rank 0 (the CPU optimizer is replicated over data parallel; the GPU distributed optimizer's
+        parameter state is gathered over data parallel by megatron-core's ``save_parameter_state``).
+        Rank 0 writes the client state, the layout and ``latest``."""
+        path = Path(directory) / tag
+        # every rank enters before anything is written: the trainer looks for an existing tag directory
+        # on each rank to decide whether to save, so creating it early would race with that check
+        self.barrier()
+        if self.rank == 0:
+            path.mkdir(parents=True, exist_ok=True)
+        self.barrier()
+        if self.dp_rank == 0:
+            state = {"policy": self._local_state(self.policy_module), "updates_done": self.updates_done,
+                     "micro_steps": self._micro_steps}
+            if self.recipe.humanline.sync_every is not None:
+                state["reference"] = self._local_state(self.reference)
+            state["optimizer"] = self.optimizer.state_dict()  # GPU: the non-parameter part (steps, groups)
+            torch.save(state, self._shard_file(path))
+        if not self.cpu:  # the distributed optimizer's parameter state, gathered to data-parallel rank 0
+            self.optimizer.save_parameter_state(str(self._optimizer_file(path)))
+        if self.rank == 0:
+            torch.save(client_state, path / "client_state.pt")
+            (path / LAYOUT_FILE).write_text(json.dumps({"tp": self.tp, "pp": self.pp, "world_size": self.world_size}))
+            (Path(directory) / "latest").write_text(tag)
+        self.barrier()
+
+    def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
+        if tag is None:
+            tag = (Path(directory) / "latest").read_text().strip()
+        path = Path(directory) / tag
+        layout_file = path / LAYOUT_FILE
+        if not layout_file.exists():
+            raise RecipeError(f"No megatron checkpoint found in `{path}`. Fix: check `checkpoint.resume`.")
+        layout = json.loads(layout_file.read_text())
+        if (layout["tp"], layout["pp"]) != (self.tp, self.pp) or (not self.cpu and layout["world_size"] != self.world_size):
+            raise RecipeError(
+                f"Checkpoint `{path}` was written with tp={layout['tp']}, pp={layout['pp']} "
+                f"({layout['world_size']} processes); this run has tp={self.tp}, pp={self.pp} ({self.world_size}). "
+                "Fix: resume with the same `parallel` layout, or export with save_hf and start a new run from it."
+            )
+        state = torch.load(self._shard_file(path), map_location="cpu", weights_only=False)
+        self._copy_shard(self.policy_module, state["policy"])
+        if self.recipe.humanline.sync_every is not None:
+            if "reference" not in state:
+                raise RecipeError(
+                    f"Checkpoint `{path}` has no reference shard, but this run syncs the reference. "
+                    "Fix: resume from a checkpoint written by a syncing run."
+                )
+            self._copy_shard(self.reference, state["reference"])
+        self.updates_done = int(state["updates_done"])
+        self._micro_steps = int(state["micro_steps"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        if not self.cpu:
+            self.optimizer.load_parameter_state(str(self._optimizer_file(path)))
+        return torch.load(path / "client_state.pt", map_location="cpu", weights_only=False) or {}
+
+    def save_hf(self, directory: str) -> None:
+        """Gather every (pp, tp) policy shard to rank 0 (data-parallel rank 0 ranks send), merge, write."""
+        local = self._local_state(self.policy_module) if self.dp_rank == 0 else None
+        if self.dtype != torch.float32 and local is not None:
+            local = {k: v.to(self.dtype) for k, v in local.items()}
+        item = ((self.pp_rank, self.tp_rank), local)
+        gathered = [None] * self.world_size if self.rank == 0 else None
+        torch.distributed.gather_object(item, gathered, dst=0)
+        if self.rank == 0:
+            shards = {key: sd for key, sd in gathered if sd is not None}
+            hf = mcore_to_hf(shards, self.hf_config, self.tp, self.pp, te=self.te)
+            save_hf_directory(hf, self.hf_config, directory, self.tokenizer)
+        self.barrier()
+
+    def generate(self, input_ids, attention_mask, **generate_kwargs):
+        raise RecipeError(
+            "Online and sparse rollouts (`rollout.every`) generate with the policy, which the megatron engine "
+            "does not do yet. Fix: use `engine.name=deepspeed` for rollout recipes, or `rollout.every=null`."
+        )
+
+    def full_state_dict(self):
+        raise RecipeError("The megatron engine has no full-state export for vLLM yet; use `engine.name=deepspeed`.")
+
+    def close(self, destroy_process_group: bool = True) -> None:
+        self._pending = []
+        self.policy = self.policy_module = self.reference = self.optimizer = None
+        self._pairs = []
+        if torch.distributed.is_initialized():
+            torch.distributed.barrier()
+            self.ps.destroy_model_parallel()
+            if destroy_process_group:
+                torch.distributed.destroy_process_group()
+
+
+def _resolve_weights_dir(name_or_path: str) -> str:
+    if Path(name_or_path).is_dir():
+        return name_or_path
+    from huggingface_hub import snapshot_download
+
+    return snapshot_download(name_or_path, allow_patterns=["*.safetensors", "*.json"])
+
+
+__all__ = ["MegatronEngine", "vocab_parallel_token_logps"]

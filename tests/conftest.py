@@ -2,3 +2,25 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import socket
+
+import pytest
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Fail the test if anything opens an internet socket (the Hugging Face hub included)."""
+    attempts = []
+    real = socket.socket.connect
+
+    def guarded(self, address):
+        if self.family in (socket.AF_INET, socket.AF_INET6):
+            attempts.append(address)
+            raise OSError(f"network access blocked in tests: {address}")
+        return real(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", guarded)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    yield
+    assert not attempts, f"network access attempted: {attempts}"

@@ -5,7 +5,6 @@ range; the post-training hook (``eval.run_from_recipe.run_post_training_eval``) 
 from __future__ import annotations
 
 import json
-import socket
 
 import numpy as np
 import pytest
@@ -33,20 +32,7 @@ RECORDS = [
 ]
 
 
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    attempts = []
-    real = socket.socket.connect
-
-    def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            attempts.append(address)
-            raise OSError(f"network access blocked in tests: {address}")
-        return real(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    yield
-    assert not attempts, f"network access attempted: {attempts}"
+pytestmark = pytest.mark.usefixtures("no_network")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

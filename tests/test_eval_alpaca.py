@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import socket
 from pathlib import Path
 
 import pytest
@@ -32,21 +31,7 @@ ROWS = json.loads(DATA.read_text())
 REPLIES = ["x" * 500, "short", "y" * 300, "z", ROWS[4]["output"], "q" * 10]
 
 
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    attempts = []
-    real = socket.socket.connect
-
-    def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            attempts.append(address)
-            raise OSError(f"network access blocked in tests: {address}")
-        return real(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    yield
-    assert not attempts, f"network access attempted: {attempts}"
+pytestmark = pytest.mark.usefixtures("no_network")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

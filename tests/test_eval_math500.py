@@ -7,7 +7,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -26,21 +25,7 @@ TINY = REPO / "tests" / "fixtures" / "tiny" / "model"
 ROWS = [json.loads(line) for line in DATA.read_text().splitlines() if line.strip()]
 
 
-@pytest.fixture(autouse=True)
-def no_network(monkeypatch):
-    """Fail the test if anything opens an internet socket (the hub included)."""
-    attempts = []
-    real = socket.socket.connect
-
-    def guarded(self, address):
-        if self.family in (socket.AF_INET, socket.AF_INET6):
-            attempts.append(address)
-            raise OSError(f"network access blocked in tests: {address}")
-        return real(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", guarded)
-    yield
-    assert not attempts, f"network access attempted: {attempts}"
+pytestmark = pytest.mark.usefixtures("no_network")  # tests/conftest.py
 
 
 @pytest.fixture(scope="module")

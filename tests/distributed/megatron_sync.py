@@ -14,6 +14,8 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sync_harness import CountCollectives, record_sync_steps  # noqa: E402
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.engines.megatron_convert import mcore_to_hf  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
@@ -35,69 +37,11 @@ def gather(module):
     return mcore_to_hf(dict(items), engine.hf_config, engine.tp, engine.pp)
 
 
-COLLECTIVES = ["all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_object", "broadcast",
-               "all_reduce", "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter", "send", "recv",
-               "isend", "irecv", "batch_isend_irecv", "barrier"]
-
-
-class CountCollectives:
-    """Patch torch.distributed collectives and point-to-point calls to count them while active."""
-
-    def __init__(self):
-        self.count, self.saved = 0, []
-
-    def __enter__(self):
-        for name in COLLECTIVES:
-            fn = getattr(dist, name, None)
-            if fn is None:
-                continue
-            self.saved.append((name, fn))
-
-            def wrapper(*a, __fn=fn, **k):
-                self.count += 1
-                return __fn(*a, **k)
-
-            setattr(dist, name, wrapper)
-        return self
-
-    def __exit__(self, *exc):
-        for name, fn in self.saved:
-            setattr(dist, name, fn)
-
-
 with CountCollectives() as probe:  # the counter must be able to see a gather
     gather(engine.reference)
 probe_calls = probe.count
 
-records, pending = [], {}
-original_hook, original_step = trainer.sync_hook.before_optimizer_step, engine.step
-
-
-def hook(eng, updates_done):
-    pending["pre_policy"], pending["pre_ref"] = gather(engine.policy_module), gather(engine.reference)
-    with CountCollectives() as counter:
-        result = original_hook(eng, updates_done)
-    pending.update(n=updates_done, synced=result.synced, sync_collectives=counter.count)
-    return result
-
-
-def step():
-    boundary = engine.is_accumulation_boundary()
-    out = original_step()
-    if boundary:
-        post_ref, post_policy = gather(engine.reference), gather(engine.policy_module)
-        pre_policy, pre_ref = pending["pre_policy"], pending["pre_ref"]
-        records.append({
-            "n": pending["n"], "synced": pending["synced"], "sync_collectives": pending["sync_collectives"],
-            "ref_vs_pre_policy": max((post_ref[k] - pre_policy[k]).abs().max().item() for k in post_ref),
-            "ref_vs_pre_ref": max((post_ref[k] - pre_ref[k]).abs().max().item() for k in post_ref),
-            "policy_moved": max((post_policy[k] - pre_policy[k]).abs().max().item() for k in post_ref),
-        })
-    return out
-
-
-trainer.sync_hook.before_optimizer_step = hook
-engine.step = step
+records = record_sync_steps(trainer, engine, lambda: gather(engine.policy_module), lambda: gather(engine.reference))
 trainer.train()
 if dist.get_rank() == 0:
     Path(report_path).write_text(json.dumps({

@@ -12,8 +12,10 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
+from sync_harness import CountCollectives, record_sync_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 report_path, out_dir, sync_every = sys.argv[1], sys.argv[2], int(sys.argv[3])
@@ -42,81 +44,18 @@ def gather(module):
         return {name: p.detach().clone().float() for name, p in module.named_parameters()}
 
 
-COLLECTIVES = ["all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_object", "broadcast",
-               "all_reduce", "reduce_scatter_tensor", "all_to_all_single", "gather", "scatter"]
-
-
-class CountCollectives:
-    """Patch torch.distributed and deepspeed.comm collectives to count calls while active."""
-
-    def __init__(self):
-        self.count = 0
-        self.saved = []
-
-    def __enter__(self):
-        for module in (dist, deepspeed.comm):
-            for name in COLLECTIVES:
-                fn = getattr(module, name, None)
-                if fn is None:
-                    continue
-                self.saved.append((module, name, fn))
-
-                def wrapper(*a, __fn=fn, **k):
-                    self.count += 1
-                    return __fn(*a, **k)
-
-                setattr(module, name, wrapper)
-        return self
-
-    def __exit__(self, *exc):
-        for module, name, fn in self.saved:
-            setattr(module, name, fn)
-
-
-records, persistent = [], []
+persistent = []
 for _, pol, ref in engine._pairs:
     if getattr(pol, "ds_persist", False) and pol.ds_numel <= 100:
         persistent.append(True)
 
 # The counter must be able to see a gather: count one deliberately.
-with CountCollectives() as probe:
+with CountCollectives((dist, deepspeed.comm)) as probe:
     gather(engine.reference.module)
 gather_calls_seen_by_probe = probe.count
 
-original_hook = trainer.sync_hook.before_optimizer_step
-original_step = engine.step
-pending = {}
-
-
-def hook(eng, updates_done):
-    pending["pre_policy"] = gather(engine.policy.module)
-    pending["pre_ref"] = gather(engine.reference.module)
-    with CountCollectives() as counter:
-        result = original_hook(eng, updates_done)
-    pending.update(n=updates_done, synced=result.synced, sync_collectives=counter.count)
-    return result
-
-
-def step():
-    boundary = engine.is_accumulation_boundary()
-    out = original_step()
-    if boundary:
-        post_ref = gather(engine.reference.module)
-        post_policy = gather(engine.policy.module)
-        pre_policy, pre_ref = pending["pre_policy"], pending["pre_ref"]
-        records.append({
-            "n": pending["n"],
-            "synced": pending["synced"],
-            "sync_collectives": pending["sync_collectives"],
-            "ref_vs_pre_policy": max((post_ref[k] - pre_policy[k]).abs().max().item() for k in post_ref),
-            "ref_vs_pre_ref": max((post_ref[k] - pre_ref[k]).abs().max().item() for k in post_ref),
-            "policy_moved": max((post_policy[k] - pre_policy[k]).abs().max().item() for k in post_ref),
-        })
-    return out
-
-
-trainer.sync_hook.before_optimizer_step = hook
-engine.step = step
+records = record_sync_steps(trainer, engine, lambda: gather(engine.policy.module),
+                            lambda: gather(engine.reference.module), modules=(dist, deepspeed.comm))
 trainer.train()
 rank = dist.get_rank()
 if rank == 0:

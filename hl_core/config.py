@@ -90,7 +90,8 @@ class DataConfig(_Section):
     max_length: int = Field(1024, ge=8, description="Maximum prompt + completion tokens per sequence.")
     max_prompt_length: int = Field(512, ge=1, description="Prompt tokens kept (the most recent) when truncating.")
     chat_template: str = Field(
-        "auto", description="`auto` (the tokenizer's chat template), `none` (plain text join)."
+        "auto", description="`auto` (the tokenizer's chat template), `none` (contents joined by blank lines), "
+        "`raw` (contents concatenated as they are), or a Jinja template string."
     )
     shuffle: bool = Field(True, description="Shuffle training data each epoch (seeded by `train.seed`).")
 
@@ -135,8 +136,16 @@ class GRPOObjective(_Section):
     advantage_eps: float = Field(1e-4, gt=0, description="`eps` in `(score - mean) / (std + eps)`.")
 
 
-OBJECTIVE_CONFIGS = {"dpo": DPOObjective, "kto": KTOObjective, "grpo": GRPOObjective}
-ObjectiveConfig = Annotated[Union[DPOObjective, KTOObjective, GRPOObjective], Field(discriminator="name")]
+class SFTObjective(_Section):
+    """SFT: mean negative log-likelihood of the completion tokens (warm-up runs); no reference, no humanline."""
+
+    name: Literal["sft"] = Field(description="`sft`.")
+
+
+OBJECTIVE_CONFIGS = {"dpo": DPOObjective, "kto": KTOObjective, "grpo": GRPOObjective, "sft": SFTObjective}
+ObjectiveConfig = Annotated[
+    Union[DPOObjective, KTOObjective, GRPOObjective, SFTObjective], Field(discriminator="name")
+]
 
 
 class HumanlineConfig(_Section):
@@ -471,6 +480,12 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 "`engine.name: megatron` needs the `megatron-core` package. "
                 "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
             )
+    if recipe.objective.name == "sft" and (hl.enabled or recipe.rollout.every is not None):
+        raise RecipeError(
+            "`objective.name: sft` trains on demonstrations only: it uses no reference (so no humanline "
+            "transform or syncing) and no rollouts. Fix: set `humanline.transform=none humanline.sync_every=null "
+            "rollout.every=null`."
+        )
     if recipe.engine.name == "megatron" and recipe.rollout.every is not None:
         raise RecipeError(
             f"`rollout.every: {recipe.rollout.every}` needs generation, which the Megatron engine does not do yet. "

@@ -256,7 +256,10 @@ class Trainer:
         temperature = self.logps_temperature
         with torch.set_grad_enabled(train):
             policy_logps = engine.token_logps(batch, "policy", temperature)
-        ref_logps = engine.token_logps(batch, "reference", temperature)
+        if self.objective.needs_reference:
+            ref_logps = engine.token_logps(batch, "reference", temperature)
+        else:
+            ref_logps = policy_logps.detach()  # log-ratios are 0: the objective ignores them
         mask = batch["completion_mask"].to(device=policy_logps.device, dtype=policy_logps.dtype)
         log_ratios, hl_metrics = self.transform(policy_logps, ref_logps, mask)
         inputs = ObjectiveInputs(

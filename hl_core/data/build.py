@@ -43,6 +43,7 @@ DATA_KINDS = {
     "paired": DataKind("preference", "load_preference_records", "tokenize_preference", "collate_preference", "pair"),
     "unpaired": DataKind("unpaired", "load_unpaired_records", "tokenize_unpaired", "collate_unpaired", "completion"),
     "grouped": DataKind("grouped", "load_group_records", "tokenize_group", "collate_groups", "prompt group"),
+    "sft": DataKind("sft", "load_sft_records", "tokenize_sft", "collate_sft", "demonstration"),
     # rollouts: the data set holds prompts; the policy writes the completions (hl_core.rollout)
     "prompts": DataKind("prompts", "load_prompt_records", "tokenize_prompt", None, "prompt"),
 }

@@ -18,7 +18,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 from hl_core.errors import DataError, RecipeError, did_you_mean
 
 FORMATS = ("auto", "plain", "messages")
-CHAT_TEMPLATE_MODES = ("auto", "none")
+CHAT_TEMPLATE_MODES = ("auto", "none", "raw")
 JSONL_EXTENSIONS = (".jsonl",)
 JSON_EXTENSIONS = (".json",)
 PARQUET_EXTENSIONS = (".parquet", ".pq")
@@ -332,7 +332,8 @@ def prompt_text(messages: Messages, tokenizer, chat_template: str = "auto") -> s
     """Render the prompt messages: the chat template with the generation prompt, or plain text.
 
     ``chat_template``: ``"auto"`` (the tokenizer's template; ``"none"`` when it has none), ``"none"``
-    (contents joined by blank lines, then a blank line), or a Jinja template string.
+    (contents joined by blank lines, then a blank line), ``"raw"`` (contents concatenated as they are,
+    e.g. ``123+456=`` for a character-level toy task), or a Jinja template string.
     """
     template = None
     if chat_template == "auto":
@@ -340,6 +341,8 @@ def prompt_text(messages: Messages, tokenizer, chat_template: str = "auto") -> s
             template = "tokenizer"
     elif chat_template == "none":
         pass
+    elif chat_template == "raw":
+        return "".join(m["content"] for m in messages)
     elif isinstance(chat_template, str) and ("{{" in chat_template or "{%" in chat_template):
         template = chat_template
     else:

@@ -14,6 +14,7 @@ from .dpo import dpo_batch_loss, dpo_loss
 from .base import ObjectiveInputs
 from .grpo import group_advantages, grpo_batch_loss, grpo_loss
 from .kto import kto_batch_loss, kto_loss, kto_reference_point, mismatched_pairs
+from .sft import sft_batch_loss, sft_loss
 
 
 @dataclass(frozen=True)
@@ -27,6 +28,8 @@ class ObjectiveSpec:
     uses_behaviour_logps: bool = False
     # rollouts: log-probs at the sampling temperature (logits / T, policy and reference alike)
     logps_at_sampling_temperature: bool = False
+    # False for objectives that never look at the reference (SFT): its forward pass is skipped
+    needs_reference: bool = True
 
 
 OBJECTIVES: Dict[str, ObjectiveSpec] = {}
@@ -39,6 +42,7 @@ def register_objective(spec: ObjectiveSpec) -> None:
 register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss))
 register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss))
 register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, True, True))
+register_objective(ObjectiveSpec("sft", sft_loss, "sft", sft_batch_loss, needs_reference=False))
 
 __all__ = [
     "ObjectiveInputs",
@@ -51,4 +55,5 @@ __all__ = [
     "mismatched_pairs",
     "grpo_loss",
     "group_advantages",
+    "sft_loss",
 ]

@@ -1,0 +1,61 @@
+"""Demonstrations for supervised fine-tuning (warm-up): a prompt and the completion to imitate.
+
+Rows: ``prompt`` (string or message list; MATH-style ``problem`` also accepted) and ``completion``
+(string; ``answer`` also accepted, e.g. a toy task whose demonstration is just the answer).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from hl_core.errors import DataError
+
+from .rows import load_rows, pad_right, parse_prompt, require_completion, tokenize_prompt_and_completions, type_name
+
+SFT_EXAMPLE = '{"prompt": "123+456=", "completion": "0579"}'
+NEEDS = "SFT rows need `prompt` (or `problem`) and `completion` (or `answer`)"
+
+
+@dataclass
+class SFTRecord:
+    prompt: List[Dict[str, str]]
+    completion: str
+    source: str
+
+
+def parse_sft_row(row: Any, source: str, format: str = "auto") -> SFTRecord:
+    if not isinstance(row, dict):
+        raise DataError(f"{source}: row is a {type_name(row)}, expected an object like {SFT_EXAMPLE}.")
+    prompt_field = "prompt" if row.get("prompt") is not None else "problem"
+    prompt = parse_prompt(row.get(prompt_field), source, NEEDS, prompt_field)
+    field = "completion" if row.get("completion") is not None else "answer"
+    value = row.get(field)
+    if value is None:
+        raise DataError(f"{source}: row has no `completion` (or `answer`) field. Fix: {NEEDS}.")
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        value = str(value)
+    completion = require_completion(value, field, source, NEEDS)
+    return SFTRecord(prompt, completion, source)
+
+
+def load_sft_records(path: Optional[str] = None, name: Optional[str] = None, split: str = "train",
+                     config: Optional[str] = None, format: str = "auto", limit: Optional[int] = None, *,
+                     data_files: Any = None) -> List[SFTRecord]:
+    """Load and validate demonstrations from a local file or a Hugging Face set."""
+    return load_rows(parse_sft_row, path, name, split, config, format, limit, data_files, "SFT data", SFT_EXAMPLE,
+                     "`prompt` and `completion`")
+
+
+def tokenize_sft(record: SFTRecord, tokenizer, max_length: int, max_prompt_length: int,
+                 chat_template: str = "auto") -> Dict[str, List[int]]:
+    """``{"input_ids", "completion_mask"}``: prompt then completion + EOS; the mask marks the completion."""
+    prompt_ids, (completion_ids,) = tokenize_prompt_and_completions(
+        record.prompt, [record.completion], tokenizer, max_length, max_prompt_length, chat_template
+    )
+    return {"input_ids": prompt_ids + completion_ids,
+            "completion_mask": [0] * len(prompt_ids) + [1] * len(completion_ids)}
+
+
+def collate_sft(features: List[Dict[str, List[int]]], pad_token_id: int):
+    return pad_right([f["input_ids"] for f in features], [f["completion_mask"] for f in features], pad_token_id)

@@ -1,0 +1,25 @@
+"""Supervised fine-tuning (the warm-up of the reproduction study): token-level negative log-likelihood.
+
+``loss = -sum_t lp_pol[t] * mask[t] / sum_t mask[t]`` over all completion tokens of the micro-batch.
+No reference model and no humanline transform are involved.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Tuple
+
+import torch
+
+
+def sft_loss(policy_logps: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Mean negative log-likelihood per completion token; metrics ``sft/nll`` and ``sft/ppl``."""
+    mask = mask.to(policy_logps.dtype)
+    loss = -(policy_logps * mask).sum() / mask.sum().clamp(min=1.0)
+    nll = float(loss.detach())
+    return loss, {"sft/nll": nll, "sft/ppl": math.exp(min(nll, 50.0))}
+
+
+def sft_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """Trainer entry point."""
+    return sft_loss(inputs.policy_logps, inputs.mask)

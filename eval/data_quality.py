@@ -23,9 +23,6 @@ Writes ``data_quality.json`` (the report) and ``data_quality_records.jsonl`` (on
 from __future__ import annotations
 
 import argparse
-import json
-import math
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union

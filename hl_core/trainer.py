@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, List, Optional
+from typing import Dict, List
 
 import torch
 
@@ -72,13 +72,10 @@ class OfflineSource:
         return {}
 
     def batches(self, step: int) -> List[dict]:
-        engine, micro = self.engine, self.micro
-        out = []
-        for micro_index in range(engine.gradient_accumulation_steps):
-            first = ((step * engine.gradient_accumulation_steps + micro_index) * engine.dp_size
-                     + engine.dp_rank) * micro
-            out.append(self.dataset.collate([self.dataset[self.order(p)] for p in range(first, first + micro)]))
-        return out
+        return [
+            self.dataset.collate([self.dataset[self.order(p)] for p in self.engine.micro_batch_positions(step, m, self.micro)])
+            for m in range(self.engine.gradient_accumulation_steps)
+        ]
 
 
 @dataclass
@@ -238,7 +235,12 @@ class Trainer:
         self.updates_done += 1
         acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})
         row = {"step": n, **acc.reduce(engine)}
-        totals = engine.all_reduce_sum(torch.tensor([float(tokens), sync.seconds, step_time], dtype=torch.float64))
+        # one reduction carries the step's totals and rank 0's view of the STOP file (for the next update)
+        stop_flag = float(self.is_main and (self.output_dir / STOP_FILE).exists())
+        totals = engine.all_reduce_sum(
+            torch.tensor([float(tokens), sync.seconds, step_time, stop_flag], dtype=torch.float64)
+        )
+        self._stop_seen = totals[3].item() > 0
         row.update(
             lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced,
             step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
@@ -304,7 +306,10 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- save
     def _stop_requested(self) -> bool:
-        """True on every rank when ``<output_dir>/STOP`` exists on rank 0 (a launcher's request to stop)."""
+        """True on every rank when ``<output_dir>/STOP`` exists on rank 0 (a launcher's request to stop).
+        After an update this was already shared in its totals reduction; before the first, ask now."""
+        if getattr(self, "_stop_seen", None) is not None:
+            return self._stop_seen
         flag = float(self.is_main and (self.output_dir / STOP_FILE).exists())
         return self.engine.all_reduce_sum(torch.tensor([flag], dtype=torch.float64)).item() > 0
 

@@ -2,7 +2,6 @@
 
 import datetime
 import math
-import socket
 
 import numpy as np
 import pytest
@@ -10,6 +9,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from helpers import free_port
 from hl_core.humanline import clip_log_ratio
 from hl_core.objectives import OBJECTIVES, kto_loss, kto_reference_point, mismatched_pairs
 
@@ -168,12 +168,6 @@ def test_z0_detached():
     assert not z0.requires_grad and z0.grad_fn is None
 
 
-def _free_port():
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _z0_worker(rank, world_size, port, kl, mask, out_path):
     dist.init_process_group(
         "gloo",
@@ -199,7 +193,7 @@ def test_z0_two_processes_equals_single_process(tmp_path):
     local_rank0 = kto_reference_point(kl[:3], mask[:3]).item()
     assert abs(single - local_rank0) > 1e-3  # without the all-reduce the answer would differ
     out = tmp_path / "z0.txt"
-    mp.spawn(_z0_worker, args=(2, _free_port(), kl, mask, str(out)), nprocs=2, join=True)
+    mp.spawn(_z0_worker, args=(2, free_port(), kl, mask, str(out)), nprocs=2, join=True)
     assert float(out.read_text()) == pytest.approx(single, abs=1e-6)
 
 

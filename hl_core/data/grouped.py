@@ -25,11 +25,9 @@ from typing import Any, Dict, List, Optional
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
     load_rows,
-    check_load_args,
     check_score,
     fields_present,
     has,
-    iter_source_rows,
     missing_prompt_error,
     pad_right,
     parse_prompt,

@@ -22,23 +22,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from hl_core.errors import DataError, RecipeError
 from hl_core.data.rows import (
-    CHAT_TEMPLATE_MODES,  # noqa: F401  (re-exported: the constants and helpers used to live here)
     PAIR_EXAMPLE,
-    FORMATS,
-    JSON_EXTENSIONS,
-    JSONL_EXTENSIONS,
-    PARQUET_EXTENSIONS,
-    SUPPORTED_EXTENSIONS,
-    adds_bos as _adds_bos,
     check_conversation,
-    check_load_args,
     check_messages as _check_messages,
-    encode_completion as _encode_completion,
-    encode_prompt as _encode_prompt,
-    hf_label as _hf_label,
-    iter_file_rows as _iter_file_rows,
-    iter_hf_rows as _iter_hf_rows,
-    iter_source_rows,
     load_rows,
     missing_prompt_error,
     pad_right,

@@ -14,10 +14,8 @@ from hl_core.errors import DataError
 
 from .rows import (
     load_rows,
-    check_load_args,
     encode_prompt,
     fields_present,
-    iter_source_rows,
     parse_prompt,
     prompt_text,
     type_name,

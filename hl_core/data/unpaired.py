@@ -29,10 +29,8 @@ from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
     load_rows,
     check_conversation,
-    check_load_args,
     fields_present,
     has,
-    iter_source_rows,
     missing_prompt_error,
     pad_right,
     parse_prompt,

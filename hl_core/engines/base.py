@@ -2,9 +2,44 @@
 
 from __future__ import annotations
 
+import math
+import os
+import socket
 from typing import Any, Dict, Optional
 
 import torch
+
+
+def lr_lambda(warmup_steps: int, max_steps: int, schedule: str):
+    """Multiplier on the peak LR at update ``n``: linear warm-up, then constant, linear or cosine decay."""
+
+    def fn(n: int) -> float:
+        if warmup_steps and n < warmup_steps:
+            return (n + 1) / warmup_steps
+        if schedule == "constant":
+            return 1.0
+        progress = (n - warmup_steps) / max(1, max_steps - warmup_steps)
+        progress = min(max(progress, 0.0), 1.0)
+        if schedule == "linear":
+            return 1.0 - progress
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+
+    return fn
+
+
+def launch_environment(backend: Optional[str]) -> str:
+    """The process-group backend (``backend``, else nccl on GPU and gloo on CPU). A plain
+    ``python launchers/run.py ...`` (no launcher) gets the environment of a one-process group."""
+    if "RANK" not in os.environ:
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        if "MASTER_PORT" not in os.environ:
+            with socket.socket() as sock:
+                sock.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(sock.getsockname()[1])
+    return backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
 class Engine:
@@ -26,6 +61,12 @@ class Engine:
     dp_size: int = 1
     dp_rank: int = 0  # data-parallel rank: which shard of each batch this rank takes
     gradient_accumulation_steps: int = 1
+
+    def micro_batch_positions(self, step: int, micro_index: int, micro_batch_size: int) -> range:
+        """Positions in the (global, endless) data stream of this rank's share of one micro-batch:
+        update ``step``, accumulation index ``micro_index``; data-parallel ranks take consecutive slices."""
+        first = ((step * self.gradient_accumulation_steps + micro_index) * self.dp_size + self.dp_rank) * micro_batch_size
+        return range(first, first + micro_batch_size)
 
     def token_logps(self, batch: Dict[str, torch.Tensor], model: str = "policy") -> torch.Tensor:
         raise NotImplementedError

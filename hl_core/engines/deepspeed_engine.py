@@ -10,7 +10,6 @@
 
 from __future__ import annotations
 
-import math
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -21,49 +20,14 @@ from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import sequence_token_logps
 from ..modeling import build_policy_and_reference
-from .base import Engine
-
-
-def lr_lambda(warmup_steps: int, max_steps: int, schedule: str):
-    """Multiplier on the peak LR at update ``n``: linear warm-up, then constant, linear or cosine decay."""
-
-    def fn(n: int) -> float:
-        if warmup_steps and n < warmup_steps:
-            return (n + 1) / warmup_steps
-        if schedule == "constant":
-            return 1.0
-        progress = (n - warmup_steps) / max(1, max_steps - warmup_steps)
-        progress = min(max(progress, 0.0), 1.0)
-        if schedule == "linear":
-            return 1.0 - progress
-        return 0.5 * (1.0 + math.cos(math.pi * progress))
-
-    return fn
+from .base import Engine, launch_environment, lr_lambda
 
 
 def _init_distributed(backend: Optional[str]) -> None:
     import deepspeed
 
-    if torch.distributed.is_initialized():
-        return
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if "RANK" not in os.environ:
-        # Plain `python launchers/run.py ...`: a single process without a launcher.
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    deepspeed.init_distributed(dist_backend=backend, verbose=False)
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    if not torch.distributed.is_initialized():
+        deepspeed.init_distributed(dist_backend=launch_environment(backend), verbose=False)
 
 
 def _holds_whole(param) -> bool:

@@ -50,8 +50,7 @@ import torch
 from ..config import batch_layout
 from ..errors import RecipeError
 from ..modeling import DTYPES
-from .base import Engine
-from .deepspeed_engine import _free_port, lr_lambda
+from .base import Engine, launch_environment, lr_lambda
 from . import megatron_cpu
 from .megatron_convert import LazyHFCheckpoint, hf_state_dict, hf_to_mcore, mcore_to_hf, save_hf_directory
 from .megatron_specs import build_gpt_model, causal_mask, logits_transform, transformer_config, uses_transformer_engine
@@ -166,17 +165,8 @@ class _PendingForward:
 
 
 def _init_distributed(backend: Optional[str]) -> None:
-    if torch.distributed.is_initialized():
-        return
-    if backend is None:
-        backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if "RANK" not in os.environ:  # plain `python launchers/run.py ...`: one process, no launcher
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("LOCAL_RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(_free_port()))
-    torch.distributed.init_process_group(backend=backend)
+    if not torch.distributed.is_initialized():
+        torch.distributed.init_process_group(backend=launch_environment(backend))
 
 
 class MegatronEngine(Engine):

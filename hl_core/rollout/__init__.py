@@ -66,14 +66,6 @@ class RolloutSource:
                     "`answer` (or a `solution` with \\boxed{...}) to each row, or use another reward."
                 )
 
-    # ------------------------------------------------------------------------------------- layout
-    def _prompt_positions(self, step: int, micro_index: int) -> List[int]:
-        """Positions (in the data stream) of this rank's prompts for one micro-batch."""
-        engine, micro = self.engine, self.recipe.train.micro_batch_size
-        ga = engine.gradient_accumulation_steps
-        first = ((step * ga + micro_index) * engine.dp_size + engine.dp_rank) * micro
-        return list(range(first, first + micro))
-
     # ------------------------------------------------------------------------------------- training
     def before_step(self, step: int) -> Dict[str, float]:
         """Generate for ``step .. step + every - 1`` when ``step`` is a rollout step; returns metrics."""
@@ -87,7 +79,9 @@ class RolloutSource:
         for future in range(step, last):
             batches = []
             for micro_index in range(self.engine.gradient_accumulation_steps):
-                features, info = self._examples(self._prompt_positions(future, micro_index), step, future)
+                features, info = self._examples(
+                    list(self.engine.micro_batch_positions(future, micro_index, self.recipe.train.micro_batch_size)),
+                    step, future)
                 scores_all += info["scores"]
                 lengths += info["lengths"]
                 kept += info["kept"]

@@ -230,6 +230,13 @@ class TrainConfig(_Section):
     adam_betas: Tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
     seed: int = Field(42, description="Seed for model init, data order and sampling.")
+    deterministic: bool = Field(
+        False, description="`torch.use_deterministic_algorithms(True)`: bit-repeatable runs (the reproduction "
+        "study sets it), at some speed cost on GPU.",
+    )
+    num_threads: Optional[int] = Field(
+        None, ge=1, description="CPU threads per process (`torch.set_num_threads`); null = torch's default.",
+    )
     stop_after: Optional[int] = Field(
         None, ge=1,
         description="Stop this invocation after N updates with a resumable checkpoint (time-boxed jobs); "
@@ -530,9 +537,13 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 "Fix: give an existing .jsonl/.json/.parquet file, or use `name` for a Hugging Face dataset."
             )
     if _looks_local(recipe.model.name_or_path) and not Path(recipe.model.name_or_path).exists():
+        written_by_a_run = Path(recipe.model.name_or_path).name == "final"
         raise RecipeError(
             f"`model.name_or_path: {recipe.model.name_or_path}` looks like a local directory but does not exist. "
-            "Fix: give an existing model directory, or a Hugging Face name such as `meta-llama/Meta-Llama-3-8B-Instruct`."
+            + ("It is the `final/` model of another run: train that run first (for `recipes/repro/*`: "
+               "`python launchers/run.py recipes/repro/warmup.yaml`), or point the key at its output. "
+               if written_by_a_run else "")
+            + "Fix: give an existing model directory, or a Hugging Face name such as `meta-llama/Meta-Llama-3-8B-Instruct`."
         )
     if world_size is not None:
         batch_layout(recipe, world_size)

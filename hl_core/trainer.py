@@ -41,6 +41,17 @@ SUMMARY_EVAL_KEYS = {
 }
 
 
+def reference_needed(recipe, objective) -> bool:
+    """Whether anything reads the reference's log-probs. Not for SFT, and not for standard rollout GRPO
+    without a KL term: its ratio is against the behaviour policy's log-probs kept at sampling time."""
+    if not objective.needs_reference:
+        return False
+    from .rollout import needs_old_logps
+
+    behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
+    return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
+
+
 class DataOrder:
     """Position in the endless data stream -> example index: epoch ``e`` is a permutation seeded by
     ``seed + e`` (or the identity without shuffling). Positions are global over ranks and updates, so a
@@ -112,10 +123,15 @@ class Trainer:
 
         recipe = self.recipe
         check_recipe(recipe)
+        if recipe.train.num_threads:
+            torch.set_num_threads(recipe.train.num_threads)
+        if recipe.train.deterministic:
+            torch.use_deterministic_algorithms(True)
         self.tokenizer = load_tokenizer(recipe.model)
         self.engine = build_engine(recipe, self.tokenizer)
         self.is_main = self.engine.rank == 0
         self.objective = OBJECTIVES[recipe.objective.name]
+        self.needs_reference = reference_needed(recipe, self.objective)
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
@@ -258,7 +274,7 @@ class Trainer:
         temperature = self.logps_temperature
         with torch.set_grad_enabled(train):
             policy_logps = engine.token_logps(batch, "policy", temperature)
-        if self.objective.needs_reference:
+        if self.needs_reference:
             ref_logps = engine.token_logps(batch, "reference", temperature)
         else:
             ref_logps = policy_logps.detach()  # log-ratios are 0: the objective ignores them
@@ -267,6 +283,7 @@ class Trainer:
         inputs = ObjectiveInputs(
             batch=batch, policy_logps=policy_logps, ref_logps=ref_logps, mask=mask, log_ratios=log_ratios,
             transform=self.transform, token_logps=engine.token_logps, humanline_active=self.recipe.humanline.enabled,
+            has_reference=self.needs_reference,
         )
         loss, metrics = self.objective.batch_loss(self.recipe.objective, inputs)
         return loss, {**metrics, **hl_metrics}
@@ -371,7 +388,8 @@ class Trainer:
             print(text, flush=True)
 
     def _summary(self, step_times, sync_times, rollout_times, wall) -> Dict[str, float]:
-        summary = {"updates": self.updates_done, "wall_s": wall}
+        summary = {"updates": self.updates_done, "wall_s": wall, "torch_threads": torch.get_num_threads(),
+                   "deterministic": torch.are_deterministic_algorithms_enabled()}
         if step_times:
             mean_step = sum(step_times) / len(step_times)
             total = max(sum(step_times), 1e-12)

@@ -148,7 +148,16 @@ def test_every_recipe_validates():
     recipes = [p for p in (REPO / "recipes").rglob("*.yaml") if "_base" not in p.parts and not p.name.startswith("_")]
     assert recipes
     for path in recipes:
-        assert main([str(path), "--validate"]) == 0, path
+        # the study's arms start from the warm-up run's final/ (written by recipes/repro/warmup.yaml)
+        start = ["model.name_or_path=tests/fixtures/toy_add/model"] if "repro" in path.parts and path.name != "warmup.yaml" else []
+        assert main([str(path), "--validate", *start]) == 0, path
+
+
+def test_recipe_starting_from_an_unrun_model_says_which_run_to_train_first(capsys):
+    assert main([str(REPO / "recipes" / "repro" / "online.yaml"), "--validate",
+                 "model.name_or_path=runs/never-trained-here/final"]) == 2
+    err = capsys.readouterr().err
+    assert "train that run first" in err and "recipes/repro/warmup.yaml" in err
 
 
 @pytest.mark.parametrize(

@@ -119,3 +119,22 @@ def test_callable_reward_by_name():
         CallableReward(SimpleNamespace(function="no_such_module_xyz:fn"))
     with pytest.raises(RecipeError):
         CallableReward(SimpleNamespace(function="not-a-spec"))
+
+
+@pytest.mark.parametrize("answer, reference", [
+    ("0570", "570"), ("570", "0570"), ("1.50", "1.5"), ("-3", "-3"), ("+3", "3"), ("3", "-3"), ("12", "13"),
+    ("0.1", "0.10"), ("007", "7"), ("1785", "1786"), ("1000", "1000.0"), ("2", "2.0001"),
+])
+def test_plain_number_fast_path_agrees_with_math_verify(answer, reference, monkeypatch):
+    """Plain numbers skip math-verify; the verdict must be the one math-verify gives."""
+    import math_verify
+
+    from hl_core.rollout import rewards
+
+    fast = math_correct(answer, reference)
+    monkeypatch.setattr(rewards, "_plain_number", lambda text: None)  # force the math-verify path
+    calls = []
+    real_verify = math_verify.verify
+    monkeypatch.setattr(math_verify, "verify", lambda *a, **k: calls.append(1) or real_verify(*a, **k))
+    assert math_correct(answer, reference) == fast
+    assert calls, "the slow path went through math-verify"

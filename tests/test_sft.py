@@ -60,7 +60,7 @@ def test_warmup_then_online_grpo_from_its_final_model(tmp_path, monkeypatch):
     run_recipe(REPO / "recipes" / "tiny" / "online_grpo_math.yaml", [
         f"output_dir={rl}", f"model.name_or_path={warm / 'final'}", "model.random_init=false",
         "data.train.path=tests/fixtures/toy_add/prompts_train.jsonl", "data.eval.path=tests/fixtures/toy_add/prompts_eval.jsonl",
-        "data.chat_template=raw", "data.max_prompt_length=11", "rollout.max_new_tokens=5", "train.max_steps=2",
+        "data.chat_template=raw", "data.max_prompt_length=8", "rollout.max_new_tokens=4", "train.max_steps=2",
         "eval.every=2", "checkpoint.save_final=false",
     ])
     metrics = read_jsonl(rl / "metrics.jsonl")

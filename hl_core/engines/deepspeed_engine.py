@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+import contextlib
+
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -121,17 +123,15 @@ class DeepSpeedEngine(Engine):
             return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
 
     @torch.no_grad()
-    def generate(self, input_ids, attention_mask, **generate_kwargs):
-        """Sample from the policy (transformers ``generate``); under ZeRO-3 with several ranks,
-        ``synced_gpus`` keeps ranks whose sequences finished early stepping with the others."""
+    @contextlib.contextmanager
+    def generation_module(self):
+        """``(policy module in eval mode, device, lockstep)`` for the sampler's decode loop. Under ZeRO-3
+        with several ranks every forward gathers parameters collectively, so ranks decode in lockstep."""
         module = self.policy.module
         was_training = module.training
         module.eval()
         try:
-            return module.generate(
-                input_ids=input_ids.to(self.device), attention_mask=attention_mask.to(self.device), use_cache=True,
-                synced_gpus=self.zero_stage == 3 and self.world_size > 1, **generate_kwargs,
-            ).cpu()
+            yield module, self.device, self.zero_stage == 3 and self.world_size > 1
         finally:
             module.train(was_training)
 

@@ -525,7 +525,7 @@ class MegatronEngine(Engine):
             save_hf_directory(hf, self.hf_config, directory, self.tokenizer)
         self.barrier()
 
-    def generate(self, input_ids, attention_mask, **generate_kwargs):
+    def generation_module(self):
         raise RecipeError(
             "Online and sparse rollouts (`rollout.every`) generate with the policy, which the megatron engine "
             "does not do yet. Fix: use `engine.name=deepspeed` for rollout recipes, or `rollout.every=null`."

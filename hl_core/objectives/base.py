@@ -19,6 +19,8 @@ class ObjectiveInputs:
     * ``token_logps(batch, model)``: an extra forward pass of ``"policy"`` or ``"reference"``.
     * ``humanline_active``: humanline is on (a transform or syncing), so ratios are taken against the
       (synced) reference rather than a behaviour policy.
+    * ``has_reference``: False when the trainer skipped the reference forward because nothing reads it
+      (``ref_logps`` is then a detached copy of ``policy_logps``).
     """
 
     batch: Dict[str, torch.Tensor]
@@ -29,6 +31,7 @@ class ObjectiveInputs:
     transform: Callable
     token_logps: Callable[[Dict[str, torch.Tensor], str], torch.Tensor]
     humanline_active: bool
+    has_reference: bool = True
 
 
 def weighted_mean(losses: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -138,7 +138,7 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
         logratios = (inputs.policy_logps - batch["old_logps"].to(inputs.policy_logps.device)) * mask
     else:
         logratios = inputs.log_ratios
-    ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask
+    ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask if inputs.has_reference else None
     loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
         ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,

@@ -109,10 +109,10 @@ class RolloutSource:
     def _examples(self, positions: List[int], rollout_step: int, train_step: int):
         """Generate, score and turn one micro-batch of prompts into objective examples."""
         groups, scored_prompts, scored_completions, references = [], [], [], []
-        for pos in positions:
-            feature = self.prompts[self.positions(pos)]
-            completions = self.sampler.sample_group(feature["prompt_ids"], self.cfg.num_generations,
-                                                    prompt_seed(self.seed, pos))
+        features_in = [self.prompts[self.positions(pos)] for pos in positions]
+        sampled = self.sampler.sample_groups([f["prompt_ids"] for f in features_in], self.cfg.num_generations,
+                                             [prompt_seed(self.seed, pos) for pos in positions])
+        for feature, completions in zip(features_in, sampled):
             groups.append((feature, completions))
             texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
             scored_prompts += [feature["messages"]] * len(texts)
@@ -142,15 +142,17 @@ class RolloutSource:
     # ------------------------------------------------------------------------------------- eval
     @torch.no_grad()
     def evaluate(self, eval_prompts) -> Dict[str, float]:
-        """One sampled completion per held-out prompt (the same seed every time, so curves compare across
-        updates). Returns ``(means over this rank's prompts, number of prompts)``."""
+        """One sampled completion per held-out prompt (prompt ``i`` always under the same seed, so curves
+        compare across updates and do not depend on the number of ranks). Returns ``(means over this
+        rank's prompts, number of prompts)``."""
         engine = self.engine
         n = len(eval_prompts)
         per_rank = -(-n // engine.dp_size)
         mine = [engine.dp_rank * per_rank + i for i in range(per_rank)]
         real = [i for i in mine if i < n]
         prompts = [eval_prompts[i if i < n else 0]["prompt_ids"] for i in mine]
-        completions = self.sampler.sample_batch(prompts, prompt_seed(self.seed + 7919, 0))
+        completions = [group[0] for group in self.sampler.sample_groups(
+            prompts, 1, [prompt_seed(self.seed + 7919, i) for i in mine])]
         texts = self.tokenizer.batch_decode(completions[: len(real)], skip_special_tokens=True)
         if not real:
             return {"reward": 0.0, "gen_len": 0.0}, 0.0

@@ -1,16 +1,16 @@
-"""Sampling completions from the current policy (Hugging Face ``generate``; vLLM on GPU when installed).
+"""Sampling completions from the current policy (our batched decode loop; vLLM on GPU when installed).
 
-Reproducibility: each prompt's group of ``num_generations`` samples is drawn in its own ``generate``
-call under a seed derived from the run seed and the prompt's position in the data stream, so the
-samples of a prompt do not depend on how prompts are spread over ranks (one process and two ZeRO-3
-processes give the same samples). Under ZeRO-3, ``synced_gpus`` keeps every rank stepping until
-all ranks are done, so ranks whose completions end earlier do not deadlock the others.
+Reproducibility: all prompts of a micro-batch are decoded in one batch, but each prompt's group of
+``num_generations`` samples draws from its own generator, seeded from the run seed and the prompt's
+position in the data stream, so the samples of a prompt do not depend on how prompts are spread over
+ranks (one process and two ZeRO-3 processes give the same samples). Under ZeRO-3 with several ranks
+every rank runs all ``max_new_tokens`` forwards (lockstep), so ranks whose completions end earlier do
+not deadlock the others.
 """
 
 from __future__ import annotations
 
-import contextlib
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -21,73 +21,105 @@ def prompt_seed(base_seed: int, position: int) -> int:
     return (base_seed * SEED_STRIDE + position) % (2**63 - 1)
 
 
-@contextlib.contextmanager
-def seeded(seed: int):
-    """Run a block under ``seed`` without disturbing the global RNG streams (CPU and current CUDA device)."""
-    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
-    with torch.random.fork_rng(devices=devices):
-        torch.manual_seed(seed)
-        yield
+def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Keep the smallest set of most likely tokens whose mass reaches ``top_p`` (renormalised)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_probs, order = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_probs.cumsum(dim=-1) - sorted_probs
+    sorted_probs = sorted_probs.masked_fill(mass_before >= top_p, 0.0)
+    kept = torch.zeros_like(probs).scatter(-1, order, sorted_probs)
+    return kept / kept.sum(dim=-1, keepdim=True)
 
 
-def generation_kwargs(rollout_cfg, tokenizer, greedy: bool = False) -> dict:
-    kwargs = dict(
-        max_new_tokens=rollout_cfg.max_new_tokens,
-        pad_token_id=tokenizer.pad_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-    )
-    if greedy:
-        kwargs.update(do_sample=False)
-    else:
-        kwargs.update(do_sample=True, temperature=rollout_cfg.temperature, top_p=rollout_cfg.top_p, top_k=0)
-    if rollout_cfg.stop:
-        kwargs.update(stop_strings=list(rollout_cfg.stop), tokenizer=tokenizer)
-    return kwargs
+@torch.no_grad()
+def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_new_tokens: int, eos_token_id: int,
+                  pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
+                  stop: Sequence[str] = (), tokenizer=None, lockstep: bool = False,
+                  device: Optional[torch.device] = None) -> List[List[List[int]]]:
+    """Ancestral sampling for many prompts in one left-padded batch with a KV cache.
 
-
-def completion_tokens(sequence: Sequence[int], prompt_length: int, eos_token_id: int, pad_token_id: int) -> List[int]:
-    """Generated tokens after the prompt, up to and including the first EOS (padding after it dropped)."""
-    out = []
-    for token in list(sequence)[prompt_length:]:
-        out.append(int(token))
-        if token == eos_token_id:
-            return out
-    # no EOS: generation hit max_new_tokens or a stop string; trailing padding (synced ranks) removed
-    while out and out[-1] == pad_token_id and pad_token_id != eos_token_id:
-        out.pop()
-    return out
+    ``groups`` holds ``(prompt_ids, num, seed)``: ``num`` completions of the prompt, drawn from the
+    prompt's own ``torch.Generator(seed)``, so a prompt's samples do not depend on which other prompts
+    share the batch (or the rank). Each step: ``p = softmax(logits / temperature)``, nucleus-filtered,
+    one draw per row (argmax when ``greedy``). A row ends at EOS (kept) or once its text contains a
+    ``stop`` string. ``lockstep`` runs all ``max_new_tokens`` forwards even when every row has ended
+    (ZeRO-3 ranks must call forward equally often). Returns completions per group, EOS included.
+    """
+    n_groups = len(groups)
+    rows = [(prompt, g) for g, (prompt, num, _) in enumerate(groups) for _ in range(num)]
+    if not rows:
+        if lockstep:  # still take part in every collective forward
+            rows, groups = [([pad_token_id], 0)], [([pad_token_id], 1, 0)]
+        else:
+            return [[] for _ in groups]
+    device = device or torch.device("cpu")
+    width = max(len(prompt) for prompt, _ in rows)
+    ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p, _ in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in rows], dtype=torch.long, device=device)
+    generators = [torch.Generator(device=device).manual_seed(int(seed)) for _, _, seed in groups]
+    spans, first = [], 0
+    for _, num, _ in groups:
+        spans.append((first, first + num))
+        first += num
+    step_pos = (mask.cumsum(-1) - 1).clamp(min=0)
+    done = torch.zeros(len(rows), dtype=torch.bool, device=device)
+    lengths = torch.full((len(rows),), max_new_tokens, dtype=torch.long, device=device)
+    tokens = torch.full((len(rows), max_new_tokens), pad_token_id, dtype=torch.long, device=device)
+    cache, step_ids = None, ids
+    for t in range(max_new_tokens):
+        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
+                    use_cache=True, logits_to_keep=1)
+        cache = out.past_key_values
+        last = out.logits[:, -1, :].float()
+        if greedy:
+            chosen = last.argmax(-1)
+        else:
+            probs = _nucleus(torch.softmax(last / temperature, dim=-1), top_p)
+            chosen = torch.empty(len(rows), dtype=torch.long, device=device)
+            for (lo, hi), generator in zip(spans, generators):
+                if hi > lo:
+                    chosen[lo:hi] = torch.multinomial(probs[lo:hi], 1, generator=generator).squeeze(-1)
+        chosen = chosen.masked_fill(done, pad_token_id)
+        tokens[:, t] = chosen
+        ended = ~done & (chosen == eos_token_id)
+        if stop and tokenizer is not None:
+            for r in (~done & ~ended).nonzero().flatten().tolist():
+                if any(s in tokenizer.decode(tokens[r, : t + 1].tolist(), skip_special_tokens=True) for s in stop):
+                    ended[r] = True
+        lengths = torch.where(ended, torch.full_like(lengths, t + 1), lengths)
+        done |= ended
+        if not lockstep and bool(done.all()):
+            break
+        step_ids = chosen.unsqueeze(-1)
+        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        step_pos = step_pos[:, -1:] + 1
+    tokens, lengths = tokens.cpu().tolist(), lengths.cpu().tolist()
+    return [[tokens[r][: lengths[r]] for r in range(lo, hi)] for lo, hi in spans][:n_groups]
 
 
 class HFSampler:
-    """``transformers`` generation through the engine (works under every ZeRO stage)."""
+    """Batched sampling from the live policy (our own decode loop; works under every ZeRO stage)."""
 
     name = "hf"
 
     def __init__(self, engine, tokenizer, rollout_cfg):
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, rollout_cfg
 
-    def sample_group(self, prompt_ids: List[int], num: int, seed: int) -> List[List[int]]:
-        """``num`` completions of one prompt (token ids, EOS included when generated)."""
-        ids = torch.tensor([prompt_ids] * num, dtype=torch.long)
-        with seeded(seed):
-            sequences = self.engine.generate(ids, torch.ones_like(ids), **generation_kwargs(self.cfg, self.tokenizer))
-        return [
-            completion_tokens(row.tolist(), len(prompt_ids), self.tokenizer.eos_token_id, self.tokenizer.pad_token_id)
-            for row in sequences
-        ]
-
-    def sample_batch(self, prompts: List[List[int]], seed: int, greedy: bool = False) -> List[List[int]]:
-        """One completion for each prompt, in one left-padded batch (evaluation)."""
-        width = max(len(p) for p in prompts)
-        pad = self.tokenizer.pad_token_id
-        ids = torch.tensor([[pad] * (width - len(p)) + list(p) for p in prompts], dtype=torch.long)
-        mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], dtype=torch.long)
-        with seeded(seed):
-            sequences = self.engine.generate(ids, mask, **generation_kwargs(self.cfg, self.tokenizer, greedy))
-        return [completion_tokens(row.tolist(), width, self.tokenizer.eos_token_id, pad) for row in sequences]
+    def sample_groups(self, prompts: List[List[int]], num: int, seeds: List[int],
+                      greedy: bool = False) -> List[List[List[int]]]:
+        """``num`` completions of each prompt (token ids, EOS included when generated), prompt ``i``
+        drawn under ``seeds[i]``."""
+        with self.engine.generation_module() as (module, device, lockstep):
+            return sample_groups(
+                module, [(list(p), num, s) for p, s in zip(prompts, seeds)],
+                max_new_tokens=self.cfg.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+                pad_token_id=self.tokenizer.pad_token_id, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                greedy=greedy, stop=self.cfg.stop, tokenizer=self.tokenizer, lockstep=lockstep, device=device,
+            )
 
     def push_weights(self) -> None:
-        """HF generation reads the live policy weights: nothing to push."""
+        """Generation reads the live policy weights: nothing to push."""
 
 
 class VLLMSampler(HFSampler):
@@ -114,18 +146,12 @@ class VLLMSampler(HFSampler):
             max_tokens=self.cfg.max_new_tokens, stop=list(self.cfg.stop) or None, seed=seed,
         )
 
-    def sample_group(self, prompt_ids, num, seed):
-        from vllm.inputs import TokensPrompt
-
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(prompt_ids))], self._params(num, seed), use_tqdm=False)
-        return [self._with_eos(list(o.token_ids), o.finish_reason) for o in out[0].outputs]
-
-    def sample_batch(self, prompts, seed, greedy=False):
+    def sample_groups(self, prompts, num, seeds, greedy=False):
         from vllm.inputs import TokensPrompt
 
         out = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                self._params(1, seed, greedy), use_tqdm=False)
-        return [self._with_eos(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in out]
+                                [self._params(num, seed, greedy) for seed in seeds], use_tqdm=False)
+        return [[self._with_eos(list(o.token_ids), o.finish_reason) for o in group.outputs] for group in out]
 
     def _with_eos(self, tokens: List[int], finish_reason: Optional[str]) -> List[int]:
         eos = self.tokenizer.eos_token_id

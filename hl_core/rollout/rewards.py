@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import re
+from decimal import Decimal
 from typing import Callable, Dict, List, Optional, Sequence
 
 from ..errors import RecipeError
@@ -45,8 +46,19 @@ def _parse(text: str):
     return []
 
 
+_PLAIN_NUMBER = re.compile(r"^[+-]?\d+(\.\d+)?$")
+
+
+def _plain_number(text: str) -> Optional[Decimal]:
+    """``text`` as an exact decimal when it is a plain (signed, optionally fractional) number, else None."""
+    text = text.strip()
+    return Decimal(text) if _PLAIN_NUMBER.match(text) else None
+
+
 def math_correct(completion: str, reference: Optional[str]) -> bool:
-    """True when the completion's final answer is mathematically equal to ``reference`` (math-verify)."""
+    """True when the completion's final answer is mathematically equal to ``reference`` (math-verify).
+    Fast path: when both are plain numbers (``-12``, ``0570``, ``1.50``) they are compared exactly as
+    decimals, which is what math-verify concludes for them, ~1000x sooner."""
     from math_verify import verify
 
     if reference is None:
@@ -54,6 +66,9 @@ def math_correct(completion: str, reference: Optional[str]) -> bool:
     answer = extract_answer(completion)
     if answer is None:
         return False
+    gold_number, pred_number = _plain_number(str(reference)), _plain_number(answer)
+    if gold_number is not None and pred_number is not None:
+        return gold_number == pred_number
     gold, pred = _parse(str(reference)), _parse(answer)
     if not gold or not pred:
         return False

@@ -1,0 +1,164 @@
+"""Statistics for the reproduction study: learning curves of several arms x seeds -> AUC / final accuracy
+with bootstrap confidence intervals, verdicts against a reference arm, a Markdown table and a plot.
+
+``curves[arm][seed] = (steps, accuracies)``; every run of a study must share the same steps.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+Curve = Tuple[List[int], List[float]]
+CI_NOTE = "Intervals are bootstrap 95% CIs of the mean over seeds; overlapping intervals are reported as not resolved."
+
+
+def curve_auc(steps: Sequence[int], values: Sequence[float]) -> float:
+    """Normalised area under the curve: ``sum_i (s_{i+1} - s_i) * (v_i + v_{i+1}) / 2 / (s_last - s_first)``.
+
+    A single point gives its value. Steps must be strictly increasing and match ``values`` in length.
+    """
+    steps_arr = np.asarray(steps, dtype=float)
+    values_arr = np.asarray(values, dtype=float)
+    if steps_arr.ndim != 1 or steps_arr.shape != values_arr.shape or steps_arr.size == 0:
+        raise ValueError(f"need equally long, non-empty steps and values (got {len(steps)} and {len(values)})")
+    if np.any(np.diff(steps_arr) <= 0):
+        raise ValueError(f"steps must be strictly increasing (sorted, no duplicates): {list(steps)}")
+    if steps_arr.size == 1:
+        return float(values_arr[0])
+    widths = np.diff(steps_arr)
+    area = float(np.sum(widths * (values_arr[1:] + values_arr[:-1]) / 2.0))
+    return area / float(steps_arr[-1] - steps_arr[0])
+
+
+def bootstrap_ci(values: Sequence[float], n_boot: int = 10000, level: float = 0.95, seed: int = 0) -> dict:
+    """Percentile bootstrap of the mean: draw ``n_boot`` resamples (with replacement, ``default_rng(seed)``),
+    ``lo, hi`` = the ``(1 - level) / 2`` and ``1 - (1 - level) / 2`` quantiles of the resample means."""
+    data = np.asarray(values, dtype=float)
+    if data.ndim != 1 or data.size == 0:
+        raise ValueError("bootstrap_ci needs a non-empty 1-D sequence of values")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    mean = float(data.mean())
+    if data.size == 1:
+        return {"mean": mean, "lo": mean, "hi": mean, "n": 1}
+    rng = np.random.default_rng(seed)
+    resample_idx = rng.integers(0, data.size, size=(n_boot, data.size))
+    resample_means = data[resample_idx].mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(resample_means, [tail, 1.0 - tail])
+    return {"mean": mean, "lo": float(lo), "hi": float(hi), "n": int(data.size)}
+
+
+def verdict(a: dict, b: dict) -> str:
+    """``"higher"`` if ``a.lo > b.hi``, ``"lower"`` if ``a.hi < b.lo``, else ``"not resolved"`` (touching overlaps)."""
+    if a["lo"] > b["hi"]:
+        return "higher"
+    if a["hi"] < b["lo"]:
+        return "lower"
+    return "not resolved"
+
+
+def _common_steps(curves: Dict[str, Dict[int, Curve]]) -> List[int]:
+    """The steps shared by every run; ValueError naming the first arm/seed whose steps differ."""
+    expected: Optional[List[int]] = None
+    for arm, runs in curves.items():
+        if not runs:
+            raise ValueError(f"arm {arm!r} has no runs")
+        for run_seed, (steps, values) in runs.items():
+            if len(steps) != len(values):
+                raise ValueError(f"arm {arm!r} seed {run_seed}: {len(steps)} steps but {len(values)} values")
+            if expected is None:
+                expected = [int(s) for s in steps]
+            elif [int(s) for s in steps] != expected:
+                raise ValueError(f"arm {arm!r} seed {run_seed}: steps {list(steps)} differ from {expected}")
+    if expected is None:
+        raise ValueError("no curves given")
+    return expected
+
+
+def summarize(curves: Dict[str, Dict[int, Curve]], reference_arm: str = "online",
+              wall_clock: Optional[Dict[str, Dict[int, float]]] = None, n_boot: int = 10000, seed: int = 0) -> dict:
+    """Per arm: bootstrap CIs of the per-seed AUC (``curve_auc``) and final accuracy (value at the last step),
+    verdicts against ``reference_arm`` (None for the reference itself or when it is absent), and the wall-clock
+    CI when ``wall_clock[arm][seed]`` seconds are given. JSON-able; arms keep insertion order."""
+    steps = _common_steps(curves)
+    arms: Dict[str, dict] = {}
+    for arm, runs in curves.items():
+        seeds = sorted(runs)
+        auc_per_seed = [curve_auc(*runs[s]) for s in seeds]
+        final_per_seed = [float(runs[s][1][-1]) for s in seeds]
+        seconds = [float(t) for _, t in sorted((wall_clock or {}).get(arm, {}).items())]
+        arms[arm] = {
+            "seeds": [int(s) for s in seeds],
+            "auc": bootstrap_ci(auc_per_seed, n_boot=n_boot, seed=seed),
+            "final": bootstrap_ci(final_per_seed, n_boot=n_boot, seed=seed),
+            "auc_per_seed": auc_per_seed,
+            "final_per_seed": final_per_seed,
+            "vs_reference": None,
+            "wall_clock_s": bootstrap_ci(seconds, n_boot=n_boot, seed=seed) if seconds else None,
+        }
+    if reference_arm in arms:
+        ref = arms[reference_arm]
+        for arm, stats in arms.items():
+            if arm != reference_arm:
+                stats["vs_reference"] = {key: verdict(stats[key], ref[key]) for key in ("auc", "final")}
+    return {"steps": steps, "arms": arms, "reference_arm": reference_arm}
+
+
+def pointwise_band(curves_of_arm: Dict[int, Curve], n_boot: int = 2000,
+                   seed: int = 0) -> Tuple[List[int], List[float], List[float], List[float]]:
+    """Per step: the mean over seeds and its bootstrap CI ``(steps, mean, lo, hi)``."""
+    steps = _common_steps({"arm": curves_of_arm})
+    per_step = np.array([curves_of_arm[s][1] for s in sorted(curves_of_arm)], dtype=float).T  # (step, seed)
+    cis = [bootstrap_ci(row, n_boot=n_boot, seed=seed) for row in per_step]
+    return steps, [c["mean"] for c in cis], [c["lo"] for c in cis], [c["hi"] for c in cis]
+
+
+def _fmt_ci(ci: Optional[dict], decimals: int) -> str:
+    """``mean [lo, hi]`` with ``decimals`` decimals, or an em dash for no CI."""
+    if ci is None:
+        return "—"
+    return f"{ci['mean']:.{decimals}f} [{ci['lo']:.{decimals}f}, {ci['hi']:.{decimals}f}]"
+
+
+def markdown_table(summary: dict, labels: Optional[Dict[str, str]] = None) -> str:
+    """A GitHub Markdown table of ``summarize``'s output, with the CI note below it."""
+    labels = labels or {}
+    ref = summary["reference_arm"]
+    lines = [f"| arm | seeds | AUC mean [lo, hi] | final mean [lo, hi] | vs {labels.get(ref, ref)} | wall-clock s |",
+             "|---|---|---|---|---|---|"]
+    for arm, stats in summary["arms"].items():
+        vs = stats.get("vs_reference")
+        vs_text = f"{vs['auc']} / {vs['final']}" if vs else "—"
+        lines.append(f"| {labels.get(arm, arm)} | {len(stats['seeds'])} | {_fmt_ci(stats['auc'], 3)} | "
+                     f"{_fmt_ci(stats['final'], 3)} | {vs_text} | {_fmt_ci(stats.get('wall_clock_s'), 0)} |")
+    return "\n".join(lines) + "\n\n" + CI_NOTE + "\n"
+
+
+def plot_curves(curves: Dict[str, Dict[int, Curve]], path: Union[str, Path],
+                labels: Optional[Dict[str, str]] = None, title: Optional[str] = None) -> None:
+    """One PNG: per arm the mean held-out accuracy over seeds and its pointwise bootstrap band."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    labels = labels or {}
+    fig = Figure(figsize=(7, 4.5))
+    FigureCanvasAgg(fig)
+    ax = fig.add_subplot(1, 1, 1)
+    for arm, runs in curves.items():
+        steps, mean, lo, hi = pointwise_band(runs)
+        (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=labels.get(arm, arm))
+        ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("held-out accuracy")
+    if title:
+        ax.set_title(title)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, format="png", dpi=120)

@@ -14,6 +14,15 @@ TINY_HUMANLINE = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
 TINY_OFFLINE = REPO / "recipes" / "tiny" / "offline_dpo.yaml"
 
 
+def start_model_overrides(path) -> list:
+    """The reproduction study's arms start from the warm-up run's ``final/``, which does not exist on a fresh
+    checkout: validate/plan them against the same architecture (the toy task's model config) instead."""
+    path = Path(path)
+    if "repro" in path.parts and path.name != "warmup.yaml":
+        return ["model.name_or_path=tests/fixtures/toy_add/model"]
+    return []
+
+
 def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))

@@ -10,6 +10,7 @@ import pytest
 from hl_core.config import apply_overrides, deep_merge, load_recipe
 from hl_core.errors import RecipeError
 from launchers.run import main
+from helpers import start_model_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
@@ -148,9 +149,7 @@ def test_every_recipe_validates():
     recipes = [p for p in (REPO / "recipes").rglob("*.yaml") if "_base" not in p.parts and not p.name.startswith("_")]
     assert recipes
     for path in recipes:
-        # the study's arms start from the warm-up run's final/ (written by recipes/repro/warmup.yaml)
-        start = ["model.name_or_path=tests/fixtures/toy_add/model"] if "repro" in path.parts and path.name != "warmup.yaml" else []
-        assert main([str(path), "--validate", *start]) == 0, path
+        assert main([str(path), "--validate", *start_model_overrides(path)]) == 0, path
 
 
 def test_recipe_starting_from_an_unrun_model_says_which_run_to_train_first(capsys):

@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from helpers import REPO, TINY_HUMANLINE
+from helpers import REPO, TINY_HUMANLINE, start_model_overrides
 
 from hl_core.config import load_recipe
 from hl_core.errors import RecipeError
@@ -251,7 +251,7 @@ def _all_recipes():
 @pytest.mark.parametrize("path", _all_recipes(), ids=lambda p: str(p.relative_to(REPO / "recipes")))
 def test_plan_runs_on_every_recipe(path, monkeypatch):
     monkeypatch.chdir(REPO)
-    recipe = load_recipe(path)
+    recipe = load_recipe(path, start_model_overrides(path))
     report = plan_report(recipe)
     assert "per-GPU memory estimate" in report and "total" in report
     plan = memory_plan(recipe)

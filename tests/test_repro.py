@@ -60,3 +60,21 @@ def test_result_files_record_versions_threads_and_statistics(quick):
     markdown = (out / "results.md").read_text()
     assert "bootstrap 95%" in markdown and "online GRPO" in markdown
     assert (out / "curves.png").stat().st_size > 1000
+
+
+def test_unknown_arm_is_a_usage_error(capsys):
+    from eval.repro.__main__ import cli
+
+    assert cli(["--arms", "onlin"]) == 2
+    assert "unknown arm(s) onlin" in capsys.readouterr().err
+
+
+def test_a_failing_run_is_reported_with_its_log_not_a_traceback(tmp_path, capsys, monkeypatch):
+    from eval.repro import __main__ as repro
+
+    run = repro.Run("online", 0, repro.RECIPES / "online.yaml", ["train.max_steps=0"], tmp_path / "bad")
+    monkeypatch.setattr(repro, "warmup", lambda *a, **k: tmp_path / "no-model")
+    monkeypatch.setattr(repro, "grid_runs", lambda *a, **k: [run])
+    assert repro.cli(["--arms", "online", "--seeds", "1", "--out", str(tmp_path / "out"), "--jobs", "1"]) == 1
+    err = capsys.readouterr().err
+    assert "run online seed 0 failed (exit 2)" in err and "driver.log" in err and "Traceback" not in err

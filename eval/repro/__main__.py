@@ -130,7 +130,8 @@ def run_one(run: Run) -> Run:
     (run.output_dir / "driver.log").write_text(proc.stdout + proc.stderr)
     if proc.returncode != 0:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise RuntimeError(f"run {run.arm} seed {run.seed} failed (exit {proc.returncode}): {' '.join(cmd)}\n{tail}")
+        raise RunFailed(f"run {run.arm} seed {run.seed} failed (exit {proc.returncode}); full log: "
+                        f"{run.output_dir / 'driver.log'}\ncommand: {' '.join(cmd)}\n{tail}")
     evals = [json.loads(line) for line in (run.output_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
     run.curve = ([int(r["step"]) for r in evals], [float(r["reward"]) for r in evals])
     run.metrics = [json.loads(line) for line in (run.output_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
@@ -367,5 +368,17 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     return 0
 
 
+class RunFailed(RuntimeError):
+    """One training run of the study exited non-zero (its log is in ``<run dir>/driver.log``)."""
+
+
+def cli(argv: Optional[Sequence[str]] = None) -> int:
+    try:
+        return main(argv)
+    except RunFailed as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 1
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(cli())

@@ -144,3 +144,19 @@ def mean_std(values: List[float]) -> Dict[str, float]:
     mean = sum(values) / n
     var = sum((v - mean) ** 2 for v in values) / n
     return {"mean": mean, "std": math.sqrt(var)}
+
+
+def read_jsonl(path: Path) -> List[Dict[str, Any]]:
+    """The JSON objects of a .jsonl file (blank lines skipped); a malformed line is an EvalError naming it."""
+    rows = []
+    with open(path, "r", encoding="utf-8") as f:
+        for lineno, line in enumerate(f, start=1):
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise EvalError(f"{path}:{lineno}: not valid JSON ({exc.msg}). Fix: one JSON object a line.") from None
+            if isinstance(row, dict):
+                rows.append(row)
+    return rows

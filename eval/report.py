@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._common import EvalError
+from ._common import EvalError, read_jsonl
 
 PLOTS = ("loss", "reward_margin", "unclamped_frac", "reward", "step_time")
 REWARD_EXCLUDE = ("rewards/margin", "rewards/accuracy")
@@ -50,21 +50,6 @@ class Run:
     results: Dict[str, Dict[str, Any]] = field(default_factory=dict)
 
 
-def _read_jsonl(path: Path) -> List[Dict[str, Any]]:
-    rows = []
-    with open(path, "r", encoding="utf-8") as f:
-        for lineno, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise EvalError(f"{path}:{lineno}: not valid JSON ({exc.msg}). Fix: one JSON object a line.") from None
-            if isinstance(row, dict):
-                rows.append(row)
-    return rows
-
-
 def load_run(spec: str) -> Run:
     """A run from ``PATH`` or ``LABEL=PATH`` (a run directory or a metrics.jsonl file)."""
     label, sep, path_s = spec.partition("=")
@@ -77,13 +62,13 @@ def load_run(spec: str) -> Run:
         run_dir, metrics_path = path.parent, path
     if not metrics_path.is_file():
         raise EvalError(f"{metrics_path}: no metrics file. Fix: pass a run directory (with metrics.jsonl) or the file.")
-    metrics = _read_jsonl(metrics_path)
+    metrics = read_jsonl(metrics_path)
     if not metrics:
         raise EvalError(f"{metrics_path}: no metrics rows.")
     run = Run(label=label or run_dir.resolve().name, path=run_dir, metrics=metrics)
     evals_path = run_dir / "eval.jsonl"
     if metrics_path.name == "metrics.jsonl" and evals_path.is_file():
-        run.evals = _read_jsonl(evals_path)
+        run.evals = read_jsonl(evals_path)
     if (run_dir / "summary.json").is_file():
         try:
             run.summary = json.loads((run_dir / "summary.json").read_text())

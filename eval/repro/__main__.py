@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import stats
+from .._common import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "repro"
@@ -132,9 +133,9 @@ def run_one(run: Run) -> Run:
         tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
         raise RunFailed(f"run {run.arm} seed {run.seed} failed (exit {proc.returncode}); full log: "
                         f"{run.output_dir / 'driver.log'}\ncommand: {' '.join(cmd)}\n{tail}")
-    evals = [json.loads(line) for line in (run.output_dir / "eval.jsonl").read_text().splitlines() if line.strip()]
+    evals = read_jsonl(run.output_dir / "eval.jsonl")
     run.curve = ([int(r["step"]) for r in evals], [float(r["reward"]) for r in evals])
-    run.metrics = [json.loads(line) for line in (run.output_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
+    run.metrics = read_jsonl(run.output_dir / "metrics.jsonl")
     summary_path = run.output_dir / "summary.json"
     run.summary = json.loads(summary_path.read_text()) if summary_path.exists() else {}
     return run
@@ -157,7 +158,7 @@ def run_all(runs: Sequence[Run], jobs: int, title: str) -> List[Run]:
     return sorted(done, key=lambda r: order[(r.arm, r.seed)])
 
 
-def warmup(out: Path, grid: Grid, jobs: int) -> Path:
+def warmup(out: Path, grid: Grid) -> Path:
     """The supervised warm-up, cached: reused while the recipe, its data and the step count are unchanged."""
     recipe = RECIPES / "warmup.yaml"
     data = REPO / "tests" / "fixtures" / "toy_add" / "sft_train.jsonl"
@@ -211,6 +212,12 @@ def regime(grid: Grid) -> dict:
     return {"shortened": grid.shortened, "train": recipe.train.model_dump(), "rollout": recipe.rollout.model_dump(),
             "objective": recipe.objective.model_dump(), "humanline_clamp": [recipe.humanline.log_eps_P, recipe.humanline.log_eps_R],
             "eval_prompts": recipe.data.eval.limit, "eval_every": recipe.eval.every}
+
+
+def study_meta(mode: str, grid: Grid, seeds: Sequence[int], jobs: int, start: float) -> dict:
+    """What every result file records besides the runs: mode, regime, seeds, environment, wall-clock."""
+    return {"mode": mode, "grid": regime(grid), "seeds": list(seeds), "environment": environment(jobs),
+            "wall_s": time.perf_counter() - start}
 
 
 def curves_of(runs: Sequence[Run]) -> Dict[str, Dict[int, Tuple[List[int], List[float]]]]:
@@ -319,7 +326,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode = "quick" if args.quick else "sweep" if args.sweep else "study"
     out = Path(args.out or REPO / "runs" / "repro" / {"study": "study", "quick": "quick", "sweep": "sweep"}[mode])
     start = time.perf_counter()
-    model = warmup(out.parent / "cache" if not args.quick else out, grid, jobs)
+    model = warmup(out.parent / "cache" if not args.quick else out, grid)
     labels = {a.name: a.label for a in ARMS + (HUMANLINE_ONLINE,)}
 
     if args.sweep:
@@ -333,8 +340,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                               tag=f"@clamp{name}")
             labels[f"{arm.name}@clamp{name}"] = f"humanline sparse k=16, clamp {name}"
         runs = run_all(runs, jobs, "sweep")
-        meta = {"mode": mode, "grid": regime(grid), "seeds": seeds, "environment": environment(jobs),
-                "wall_s": time.perf_counter() - start}
+        meta = study_meta(mode, grid, seeds, jobs, start)
         result = write_report(out, runs, labels, meta, "Regime sweep (online arm chooses the regime)",
                               reference_arm=f"online@{next(iter(REGIMES))}")
         choice = choose_regime(runs)
@@ -361,8 +367,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if repeat is not None:
         repeat = next(r for r in runs if r.arm == repeat.arm)
         runs = [r for r in runs if r is not repeat]
-    meta = {"mode": mode, "grid": regime(grid), "seeds": seeds, "environment": environment(jobs),
-            "wall_s": time.perf_counter() - start}
+    meta = study_meta(mode, grid, seeds, jobs, start)
     checks = sanity_checks(runs, repeat)
     write_report(out, runs, labels, meta, "Does humanline close the gap? (toy addition, GRPO)", checks)
     return 0

@@ -47,16 +47,15 @@ def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_ne
     (ZeRO-3 ranks must call forward equally often). Returns completions per group, EOS included.
     """
     n_groups = len(groups)
-    rows = [(prompt, g) for g, (prompt, num, _) in enumerate(groups) for _ in range(num)]
+    if lockstep and not any(num for _, num, _ in groups):  # still take part in every collective forward
+        groups = [([pad_token_id], 1, 0)]
+    rows = [list(prompt) for prompt, num, _ in groups for _ in range(num)]
     if not rows:
-        if lockstep:  # still take part in every collective forward
-            rows, groups = [([pad_token_id], 0)], [([pad_token_id], 1, 0)]
-        else:
-            return [[] for _ in groups]
+        return [[] for _ in groups]
     device = device or torch.device("cpu")
-    width = max(len(prompt) for prompt, _ in rows)
-    ids = torch.tensor([[pad_token_id] * (width - len(p)) + list(p) for p, _ in rows], dtype=torch.long, device=device)
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p, _ in rows], dtype=torch.long, device=device)
+    width = max(len(p) for p in rows)
+    ids = torch.tensor([[pad_token_id] * (width - len(p)) + p for p in rows], dtype=torch.long, device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in rows], dtype=torch.long, device=device)
     generators = [torch.Generator(device=device).manual_seed(int(seed)) for _, _, seed in groups]
     spans, first = [], 0
     for _, num, _ in groups:

@@ -31,7 +31,8 @@ def free_port() -> int:
 
 def _env():
     env = dict(os.environ)
-    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
+    env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
+               PYTHONPATH=str(REPO))
     return env
 
 

@@ -1,5 +1,6 @@
 """Recipe loading, inheritance, overrides, and the one-paragraph errors of `run.py --validate` (exit 2)."""
 
+import os
 import subprocess
 import sys
 import textwrap
@@ -143,6 +144,22 @@ def test_cli_exit_code_and_no_traceback(tmp_path):
     )
     assert proc.returncode == 2
     assert "Traceback" not in proc.stderr and "Did you mean `max_steps`?" in proc.stderr
+
+
+@pytest.mark.parametrize("world_size", ["1", "2"])
+def test_exit_after_teardown_keeps_output_and_code(world_size):
+    """Multi-rank runs end with ``os._exit``: buffered stdout/stderr and logging still reach the caller, and
+    the exit code is the one ``main`` returned."""
+    script = (
+        "import logging, sys; sys.path.insert(0, 'launchers'); from run import exit_after_teardown; "
+        "logging.basicConfig(stream=sys.stderr); print('tail without newline', end=''); "
+        "logging.getLogger('t').warning('logged'); exit_after_teardown(3)"
+    )
+    env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}  # stdout stays buffered
+    env["WORLD_SIZE"] = world_size
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 3
+    assert proc.stdout == "tail without newline" and "logged" in proc.stderr
 
 
 def test_every_recipe_validates():

@@ -11,7 +11,7 @@
 from __future__ import annotations
 
 import contextlib
-
+import gc
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -250,6 +250,7 @@ class DeepSpeedEngine(Engine):
                 except Exception:  # teardown must never mask the run's own outcome
                     pass
         self.policy = self.reference = None
+        gc.collect()  # free the engines' hooks and buffers while the process group still exists
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
             if destroy_process_group:

@@ -39,6 +39,7 @@ all-reduce between first and last stage, and a model-parallel grad norm done her
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 from dataclasses import dataclass
@@ -538,6 +539,7 @@ class MegatronEngine(Engine):
         self._pending = []
         self.policy = self.policy_module = self.reference = self.optimizer = None
         self._pairs = []
+        gc.collect()  # free the engines' hooks and buffers while the process group still exists
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
             self.ps.destroy_model_parallel()

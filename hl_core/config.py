@@ -129,7 +129,11 @@ class GRPOObjective(_Section):
     name: Literal["grpo"] = Field(description="`grpo`.")
     eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip: ratio floor `1 - eps_low`.")
     eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio ceiling `1 + eps_high`.")
-    beta_kl: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty against the reference (MATH: 1e-4).")
+    beta_kl: float = Field(
+        0.0, ge=0,
+        description="Weight of the k3 KL penalty against the reference (MATH: 1e-4). At 0, standard rollout GRPO "
+        "(ratio against the behaviour policy) builds no reference model.",
+    )
     aggregation: Literal["token", "sequence"] = Field(
         "token", description="`token`: sum over completion tokens / their count; `sequence`: mean of per-sequence means."
     )

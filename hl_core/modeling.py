@@ -72,9 +72,14 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
     return model
 
 
-def build_policy_and_reference(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None) -> Tuple:
-    """Two models with identical weights: the policy (trainable) and the reference (frozen)."""
+def build_policy_and_reference(
+    model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None, with_reference: bool = True
+) -> Tuple:
+    """Two models with identical weights: the policy (trainable) and the reference (frozen; ``None`` when
+    ``with_reference`` is false, for runs that never read it)."""
     policy = build_causal_lm(model_cfg, precision, seed, zero3_init_config)
+    if not with_reference:
+        return policy, None
     if model_cfg.random_init or zero3_init_config is None:
         reference = copy.deepcopy(policy)
     else:

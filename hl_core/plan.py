@@ -27,7 +27,8 @@ gradients to fp32 sub-group by sub-group at the step, so the step-time peak can 
 P' is the largest per-rank shard under tensor/pipeline parallelism: ``(layers/pp) * layer / tp`` plus the
 embedding on the first stage and the (untied, or tied copy with pp > 1) output layer on the last.
 The reference model has no gradients or optimizer: partitioned like the policy under ZeRO-3 (2P/N),
-sharded like the policy under Megatron (2P'), whole (2P) under ZeRO-0/1/2.
+sharded like the policy under Megatron (2P'), whole (2P) under ZeRO-0/1/2; 0 when the run builds none
+(SFT, and standard rollout GRPO without a KL term: ``hl_core.objectives.reference_needed``).
 
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 16-bit activations, no sequence parallelism), per layer and micro-batch of b sequences of length s:
@@ -52,6 +53,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .config import Recipe, batch_layout
 from .model_specs import ModelSpec, check_layout, resolve_spec
+from .objectives import reference_needed
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -158,6 +160,10 @@ def memory_plan(
             grads = low
             optimizer = 8 * P if stage == 0 else 8 * P / dp
         reference = pb * P / dp if stage == 3 else pb * P
+
+    if not reference_needed(recipe):
+        reference = 0.0
+        notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
 
     # activations
     b = sequences_per_micro_batch(recipe, group_size)

@@ -41,17 +41,6 @@ SUMMARY_EVAL_KEYS = {
 }
 
 
-def reference_needed(recipe, objective) -> bool:
-    """Whether anything reads the reference's log-probs. Not for SFT, and not for standard rollout GRPO
-    without a KL term: its ratio is against the behaviour policy's log-probs kept at sampling time."""
-    if not objective.needs_reference:
-        return False
-    from .rollout import needs_old_logps
-
-    behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
-    return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
-
-
 class DataOrder:
     """Position in the endless data stream -> example index: epoch ``e`` is a permutation seeded by
     ``seed + e`` (or the identity without shuffling). Positions are global over ranks and updates, so a
@@ -131,7 +120,7 @@ class Trainer:
         self.engine = build_engine(recipe, self.tokenizer)
         self.is_main = self.engine.rank == 0
         self.objective = OBJECTIVES[recipe.objective.name]
-        self.needs_reference = reference_needed(recipe, self.objective)
+        self.needs_reference = self.engine.has_reference
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)

@@ -6,6 +6,8 @@
   exactly like the policy's. Syncing copies each rank's own partition (``param.ds_tensor``) and, for
   parameters kept whole under the persistence threshold (``param.ds_persist``), also ``param.data``.
   Nothing is gathered.
+* No reference engine at all when the run never reads it (``objectives.reference_needed``: SFT, standard
+  rollout GRPO without a KL term).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import sequence_token_logps
 from ..modeling import build_policy_and_reference
+from ..objectives import reference_needed
 from .base import Engine, launch_environment, lr_lambda
 
 
@@ -51,6 +54,7 @@ class DeepSpeedEngine(Engine):
         self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
         self.dp_rank = self.rank  # data parallel only
         self.zero_stage = recipe.engine.zero_stage
+        self.has_reference = reference_needed(recipe)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -79,7 +83,8 @@ class DeepSpeedEngine(Engine):
         }
 
         policy, reference = build_policy_and_reference(
-            recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None
+            recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
+            with_reference=self.has_reference,
         )
         decay, no_decay = [], []
         for name, param in policy.named_parameters():
@@ -99,9 +104,11 @@ class DeepSpeedEngine(Engine):
             # built on DeepSpeed's wrapped optimizer, whose param groups are the ones that get stepped
             lr_scheduler=lambda wrapped: torch.optim.lr_scheduler.LambdaLR(wrapped, schedule),
         )
-        self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
-        self.reference.eval()
-        self._pairs = self._parameter_pairs()
+        self.reference, self._pairs = None, []
+        if reference is not None:
+            self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
+            self.reference.eval()
+            self._pairs = self._parameter_pairs()
         self._last_grad_norm = float("nan")
 
     # -------------------------------------------------------------------------------------------
@@ -113,7 +120,7 @@ class DeepSpeedEngine(Engine):
         return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
-        engine = self.policy if model == "policy" else self.reference
+        engine = self.policy if model == "policy" else self.reference_or_error(self.reference)
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
         chunk = self.recipe.train.logps_chunk_size
@@ -175,6 +182,7 @@ class DeepSpeedEngine(Engine):
         policy's whole copy when the policy holds one too, and otherwise released, so the next forward
         re-gathers it from the fresh partition.
         """
+        self.reference_or_error(self.reference)
         for _, pol, ref in self._pairs:
             if not hasattr(pol, "ds_tensor"):
                 ref.data.copy_(pol.data)

@@ -3,7 +3,8 @@
 Layout. ``parallel.tp`` x ``parallel.pp`` model-parallel groups, data parallel over the rest
 (megatron-core's rank order ``tp-cp-ep-dp-pp``). Policy and reference are built by the same code
 with the same layout, so each rank holds the same TP/PP slice of both and humanline syncing copies
-``param.data`` shard by shard (no collective, no gather).
+``param.data`` shard by shard (no collective, no gather). Runs that never read the reference (SFT) build
+none.
 
 Weights. ``model.random_init`` builds the Hugging Face model from its config with ``train.seed``
 (exactly as the DeepSpeed engine does) and converts it; otherwise each rank reads only its own
@@ -50,6 +51,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
+from ..objectives import reference_needed
 from ..modeling import DTYPES
 from .base import Engine, launch_environment, lr_lambda
 from . import megatron_cpu
@@ -221,19 +223,22 @@ class MegatronEngine(Engine):
             self.hf_config, tp=self.tp, pp=self.pp, dtype=self.dtype, cpu=self.cpu, **recompute
         )
         self.logits_transform = logits_transform(self.config)
+        self.has_reference = reference_needed(recipe)
         policy = self._build_model()
-        reference = self._build_model()
         self._load_initial_weights(policy)
-        with torch.no_grad():
-            for p, r in zip(policy.parameters(), reference.parameters()):
-                r.copy_(p)
-        for r in reference.parameters():
-            r.requires_grad_(False)
-        reference.eval()
+        self.reference = None
+        if self.has_reference:
+            reference = self._build_model()
+            with torch.no_grad():
+                for p, r in zip(policy.parameters(), reference.parameters()):
+                    r.copy_(p)
+            for r in reference.parameters():
+                r.requires_grad_(False)
+            reference.eval()
+            self.reference = reference
         policy.train()
-        self.reference = reference
         self._build_optimizer(policy)  # sets self.policy (DDP-wrapped on GPU) and self.policy_module
-        self._pairs = self._parameter_pairs()
+        self._pairs = self._parameter_pairs() if self.has_reference else []
         self._pending: List[_PendingForward] = []
         self._micro_steps = 0
         self.updates_done = 0
@@ -318,7 +323,7 @@ class MegatronEngine(Engine):
         )
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
-        net = self.policy if model == "policy" else self.reference
+        net = self.policy if model == "policy" else self.reference_or_error(self.reference)
         input_ids = batch["input_ids"].to(self.device)
         grad = model == "policy" and torch.is_grad_enabled()
         if self.pp == 1:
@@ -442,6 +447,7 @@ class MegatronEngine(Engine):
     def sync_reference(self) -> None:
         """Shard-local: each rank copies its own TP/PP slice of every policy parameter into the
         matching reference slice. No collective, no gather."""
+        self.reference_or_error(self.reference)
         for _, pol, ref in self._pairs:
             ref.data.copy_(pol.data)
 

@@ -44,11 +44,26 @@ register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss))
 register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, True, True))
 register_objective(ObjectiveSpec("sft", sft_loss, "sft", sft_batch_loss, needs_reference=False))
 
+
+def reference_needed(recipe) -> bool:
+    """Whether anything reads the reference's log-probs, and so whether the engine builds a reference model.
+
+    Not for SFT, and not for standard rollout GRPO without a KL term: its ratio is against the behaviour
+    policy's log-probs kept at sampling time. Syncing implies humanline, which always needs the reference.
+    """
+    if not OBJECTIVES[recipe.objective.name].needs_reference:
+        return False
+    from ..rollout import needs_old_logps
+
+    behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
+    return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
+
 __all__ = [
     "ObjectiveInputs",
     "ObjectiveSpec",
     "OBJECTIVES",
     "register_objective",
+    "reference_needed",
     "dpo_loss",
     "kto_loss",
     "kto_reference_point",

@@ -502,7 +502,7 @@ class MegatronEngine(Engine):
                 f"({layout['world_size']} processes); this run has tp={self.tp}, pp={self.pp} ({self.world_size}). "
                 "Fix: resume with the same `parallel` layout, or export with save_hf and start a new run from it."
             )
-        state = torch.load(self._shard_file(path), map_location="cpu", weights_only=False)
+        state = torch.load(self._shard_file(path), map_location="cpu", weights_only=True)
         self._copy_shard(self.policy_module, state["policy"])
         if self.recipe.humanline.sync_every is not None:
             if "reference" not in state:
@@ -516,7 +516,7 @@ class MegatronEngine(Engine):
         self.optimizer.load_state_dict(state["optimizer"])
         if not self.cpu:
             self.optimizer.load_parameter_state(str(self._optimizer_file(path)))
-        return torch.load(path / "client_state.pt", map_location="cpu", weights_only=False) or {}
+        return torch.load(path / "client_state.pt", map_location="cpu", weights_only=True) or {}
 
     def save_hf(self, directory: str) -> None:
         """Gather every (pp, tp) policy shard to rank 0 (data-parallel rank 0 ranks send), merge, write."""

@@ -85,58 +85,43 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _put(block: Dict[str, Any], key: str, value: Any) -> None:
-    if value is not None:
-        block[key] = value
+# block -> (CLI attribute, settings key) pairs: a flag given on the command line overrides the recipe's value
+_SHARED_GENERATION_FLAGS = [(name, name) for name in ("backend", "batch_size", "seed", "dtype", "chat_template")]
+CLI_KEYS = {
+    "math500": _SHARED_GENERATION_FLAGS + [
+        ("samples", "n_samples"), ("temperature", "temperature"), ("top_p", "top_p"),
+        ("max_new_tokens", "max_new_tokens"), ("prompt", "prompt"), ("limit", "limit"),
+    ],
+    "alpaca_eval": _SHARED_GENERATION_FLAGS + [
+        ("judge", "judge"), ("reference_outputs", "reference_outputs"), ("hub_config", "hub_config"),
+        ("lc_data", "lc_data"), ("length_controlled", "length_controlled"), ("rm_mode", "rm_mode"),
+        ("trust_remote_code", "trust_remote_code"), ("alpaca_max_new_tokens", "max_new_tokens"),
+        ("alpaca_temperature", "temperature"), ("alpaca_top_p", "top_p"), ("alpaca_limit", "limit"),
+    ],
+    "data_quality": [
+        ("dq_model", "model"), ("dq_kind", "kind"), ("dq_split", "split"), ("dq_limit", "limit"),
+        ("dq_batch_size", "batch_size"), ("dq_max_length", "max_length"), ("dq_max_prompt_length", "max_prompt_length"),
+    ],
+}
+# block -> the CLI attribute that names it (and optionally its data source)
+CLI_BLOCK_FLAGS = {"math500": "math500", "alpaca_eval": "alpaca", "data_quality": "data_quality"}
 
 
 def apply_cli(settings: Dict[str, Any], a: argparse.Namespace) -> List[str]:
     """Fold the CLI flags into ``settings``; returns the blocks named on the command line."""
-    _put(settings, "offline", a.offline)
+    if a.offline is not None:
+        settings["offline"] = a.offline
     blocks = []
-    m, al, dq = settings["math500"], settings["alpaca_eval"], settings["data_quality"]
-    for blk in (m, al):
-        _put(blk, "backend", a.backend)
-        _put(blk, "batch_size", a.batch_size)
-        _put(blk, "seed", a.seed)
-        _put(blk, "dtype", a.dtype)
-        _put(blk, "chat_template", a.chat_template)
-    if a.math500 is not None:
-        blocks.append("math500")
-        if a.math500 != _DEFAULT:
-            m["data"] = a.math500
-    _put(m, "n_samples", a.samples)
-    _put(m, "temperature", a.temperature)
-    _put(m, "top_p", a.top_p)
-    _put(m, "max_new_tokens", a.max_new_tokens)
-    _put(m, "prompt", a.prompt)
-    _put(m, "limit", a.limit)
-    if a.alpaca is not None:
-        blocks.append("alpaca_eval")
-        if a.alpaca != _DEFAULT:
-            al["data"] = a.alpaca
-    _put(al, "judge", a.judge)
-    _put(al, "reference_outputs", a.reference_outputs)
-    _put(al, "hub_config", a.hub_config)
-    _put(al, "lc_data", a.lc_data)
-    _put(al, "length_controlled", a.length_controlled)
-    _put(al, "rm_mode", a.rm_mode)
-    _put(al, "trust_remote_code", a.trust_remote_code)
-    _put(al, "max_new_tokens", a.alpaca_max_new_tokens)
-    _put(al, "temperature", a.alpaca_temperature)
-    _put(al, "top_p", a.alpaca_top_p)
-    _put(al, "limit", a.alpaca_limit)
-    if a.data_quality is not None:
-        blocks.append("data_quality")
-        if a.data_quality != _DEFAULT:
-            dq["data"] = a.data_quality
-    _put(dq, "model", a.dq_model)
-    _put(dq, "kind", a.dq_kind)
-    _put(dq, "split", a.dq_split)
-    _put(dq, "limit", a.dq_limit)
-    _put(dq, "batch_size", a.dq_batch_size)
-    _put(dq, "max_length", a.dq_max_length)
-    _put(dq, "max_prompt_length", a.dq_max_prompt_length)
+    for block, flag in CLI_BLOCK_FLAGS.items():
+        source = getattr(a, flag)
+        if source is not None:
+            blocks.append(block)
+            if source != _DEFAULT:
+                settings[block]["data"] = source
+        for attribute, key in CLI_KEYS[block]:
+            value = getattr(a, attribute)
+            if value is not None:
+                settings[block][key] = value
     return blocks
 
 

@@ -185,3 +185,34 @@ def test_cli_offline_subprocess(tiny_model_dir, tmp_path):
     proc = subprocess.run([sys.executable, "-m", "eval", str(tiny_model_dir)], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "nothing to evaluate" in proc.stderr
+
+
+def test_every_eval_flag_reaches_its_settings_key():
+    """`python -m eval` flags: each one lands on its block's key; none is parsed and then ignored."""
+    from eval.__main__ import CLI_BLOCK_FLAGS, CLI_KEYS, apply_cli, build_parser
+
+    parser = build_parser()
+    handled = {"target", "output", "overrides", "offline", *CLI_BLOCK_FLAGS.values()}
+    mapped = {attribute for pairs in CLI_KEYS.values() for attribute, _ in pairs}
+    assert {action.dest for action in parser._actions if action.dest != "help"} == handled | mapped
+
+    argv = ["model_dir", "--offline", "--backend", "hf", "--batch-size", "4", "--seed", "7", "--dtype", "float32",
+            "--no-chat-template", "--math500", "m.jsonl", "--samples", "3", "--temperature", "0.5", "--top-p", "0.9",
+            "--max-new-tokens", "64", "--prompt", "boxed", "--limit", "10", "--alpaca", "--judge", "rm:x",
+            "--alpaca-max-new-tokens", "32", "--alpaca-temperature", "0.2", "--alpaca-top-p", "0.8",
+            "--alpaca-limit", "5", "--rm-mode", "soft", "--data-quality", "d.jsonl", "--dq-limit", "9",
+            "--dq-kind", "groups"]
+    settings = {"math500": {"data": "default"}, "alpaca_eval": {"data": "default", "temperature": 0.7},
+                "data_quality": {}}
+    blocks = apply_cli(settings, parser.parse_args(argv))
+    assert blocks == ["math500", "alpaca_eval", "data_quality"] and settings["offline"] is True
+    shared = {"backend": "hf", "batch_size": 4, "seed": 7, "dtype": "float32", "chat_template": False}
+    assert settings["math500"] == {"data": "m.jsonl", **shared, "n_samples": 3, "temperature": 0.5, "top_p": 0.9,
+                                   "max_new_tokens": 64, "prompt": "boxed", "limit": 10}
+    assert settings["alpaca_eval"] == {"data": "default", **shared, "judge": "rm:x", "max_new_tokens": 32,
+                                       "temperature": 0.2, "top_p": 0.8, "limit": 5, "rm_mode": "soft"}
+    assert settings["data_quality"] == {"data": "d.jsonl", "limit": 9, "kind": "groups"}
+
+    untouched = {"math500": {"temperature": 0.6}, "alpaca_eval": {}, "data_quality": {}}
+    assert apply_cli(untouched, parser.parse_args(["model_dir"])) == []
+    assert untouched == {"math500": {"temperature": 0.6}, "alpaca_eval": {}, "data_quality": {}}

@@ -20,11 +20,11 @@ rows are never dropped.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
-    load_rows,
+    row_loader,
     check_score,
     fields_present,
     has,
@@ -56,27 +56,6 @@ class GroupRecord:
 # --------------------------------------------------------------------------------------------- loading
 
 
-def load_group_records(
-    path: Optional[str] = None,
-    name: Optional[str] = None,
-    split: str = "train",
-    config: Optional[str] = None,
-    format: str = "auto",
-    limit: Optional[int] = None,
-    *,
-    data_files: Any = None,
-) -> List[GroupRecord]:
-    """Load and validate GRPO groups from a local file (``path``) or a Hugging Face set (``name``).
-
-    Sources and arguments as for :func:`hl_core.data.preference.load_preference_records`; ``limit``
-    counts rows (= groups).
-    """
-    return load_rows(
-        parse_group_row, path, name, split, config, format, limit, data_files, "GRPO group data", GROUP_EXAMPLE,
-        "`prompt`, `completions` and `scores` (or scored preference pairs)",
-    )
-
-
 def parse_group_row(row: Any, source: str, format: str = "auto") -> GroupRecord:
     """Validate one row (native group or pair) and turn it into a :class:`GroupRecord`."""
     if not isinstance(row, dict):
@@ -100,6 +79,14 @@ def parse_group_row(row: Any, source: str, format: str = "auto") -> GroupRecord:
             f"or `chosen`/`rejected` (optionally with `all_rm_scores` or `score_chosen`/`score_rejected`)."
         )
     return _parse_native(row, source)
+
+
+load_group_records = row_loader(
+    "load_group_records", parse_group_row, "GRPO group data", GROUP_EXAMPLE,
+    "`prompt`, `completions` and `scores` (or scored preference pairs)",
+    """Load and validate GRPO groups (:class:`GroupRecord`) from a local file or a Hugging Face set; ``limit``
+    counts rows (= groups).""",
+)
 
 
 def _group_too_small(source: str, n: int) -> DataError:

@@ -25,7 +25,7 @@ from hl_core.data.rows import (
     PAIR_EXAMPLE,
     check_conversation,
     check_messages as _check_messages,
-    load_rows,
+    row_loader,
     missing_prompt_error,
     pad_right,
     parse_prompt,
@@ -49,35 +49,7 @@ class PreferenceRecord:
     source: str  # "file.jsonl:12" / "file.parquet:row 3" / "hf:name[split]:row 3", for error messages
 
 
-# --------------------------------------------------------------------------------------------- loading
-
-
-def load_preference_records(
-    path: Optional[str] = None,
-    name: Optional[str] = None,
-    split: str = "train",
-    config: Optional[str] = None,
-    format: str = "auto",
-    limit: Optional[int] = None,
-    *,
-    data_files: Any = None,
-) -> List[PreferenceRecord]:
-    """Load and validate preference pairs from a local file (``path``) or a Hugging Face set (``name``).
-
-    ``path``: ``.jsonl`` (one object a line; blank lines are skipped), ``.json`` (a list of objects; a
-    ``.json`` file holding JSON lines is read as JSONL) or ``.parquet``. ``name``: loaded with
-    ``datasets.load_dataset(name, config, split=split, data_files=data_files)`` (``data_files`` is only
-    passed when given, e.g. ``name="json", data_files="x.jsonl"``). Exactly one of ``path``/``name``.
-    ``format``: ``"auto"`` (per row), ``"plain"`` or ``"messages"``. ``limit``: keep (and validate) only
-    the first ``limit`` rows.
-    """
-    return load_rows(
-        parse_preference_row, path, name, split, config, format, limit, data_files, "preference data",
-        PAIR_EXAMPLE, "`prompt`, `chosen` and `rejected`",
-    )
-
-
-# --------------------------------------------------------------------------------------------- rows
+# --------------------------------------------------------------------------------------------- rows and loading
 
 
 def parse_preference_row(row: Any, source: str, format: str = "auto") -> PreferenceRecord:
@@ -110,6 +82,13 @@ def parse_preference_row(row: Any, source: str, format: str = "auto") -> Prefere
     if fmt == "plain":
         return _parse_plain(row, source)
     return _parse_messages(row, source)
+
+
+load_preference_records = row_loader(
+    "load_preference_records", parse_preference_row, "preference data", PAIR_EXAMPLE,
+    "`prompt`, `chosen` and `rejected`",
+    """Load and validate preference pairs (:class:`PreferenceRecord`) from a local file or a Hugging Face set.""",
+)
 
 
 def _parse_plain(row: Dict[str, Any], source: str) -> PreferenceRecord:

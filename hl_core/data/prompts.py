@@ -13,7 +13,7 @@ from typing import Any, List, Optional
 from hl_core.errors import DataError
 
 from .rows import (
-    load_rows,
+    row_loader,
     encode_prompt,
     fields_present,
     parse_prompt,
@@ -52,7 +52,10 @@ def last_boxed(text: str) -> Optional[str]:
     return None
 
 
-def parse_prompt_row(row: Any, source: str, system_prompt: Optional[str] = None) -> PromptRecord:
+def parse_prompt_row(
+    row: Any, source: str, format: str = "auto", system_prompt: Optional[str] = None
+) -> PromptRecord:
+    """Validate one prompt row (``format`` is not used: prompts may be strings or message lists)."""
     if not isinstance(row, dict):
         raise DataError(f"{source}: row is a {type_name(row)}, expected an object like {PROMPT_EXAMPLE}.")
     field = "prompt" if row.get("prompt") is not None else "problem"
@@ -79,22 +82,11 @@ def parse_prompt_row(row: Any, source: str, system_prompt: Optional[str] = None)
     return PromptRecord(messages, reference, source)
 
 
-def load_prompt_records(
-    path: Optional[str] = None,
-    name: Optional[str] = None,
-    split: str = "train",
-    config: Optional[str] = None,
-    format: str = "auto",
-    limit: Optional[int] = None,
-    *,
-    data_files: Any = None,
-    system_prompt: Optional[str] = None,
-) -> List[PromptRecord]:
-    """Load prompts (and reference answers) from a local file or a Hugging Face set."""
-    return load_rows(
-        lambda row, source, _format: parse_prompt_row(row, source, system_prompt), path, name, split, config,
-        format, limit, data_files, "prompt data", PROMPT_EXAMPLE, "`prompt` (or `problem`) and `answer`",
-    )
+load_prompt_records = row_loader(
+    "load_prompt_records", parse_prompt_row, "prompt data", PROMPT_EXAMPLE, "`prompt` (or `problem`) and `answer`",
+    """Load prompts and reference answers (:class:`PromptRecord`) from a local file or a Hugging Face set;
+    ``system_prompt`` (keyword) is put first in every conversation that has no system message.""",
+)
 
 
 def tokenize_prompt(

@@ -89,6 +89,42 @@ def load_rows(
     return records
 
 
+LOADER_ARGS_DOC = """
+
+    Sources: ``path``, a ``.jsonl`` (one object a line; blank lines are skipped), ``.json`` (a list of objects;
+    a ``.json`` file holding JSON lines is read as JSONL) or ``.parquet`` file; or ``name``, loaded with
+    ``datasets.load_dataset(name, config, split=split, data_files=data_files)`` (``data_files`` is only passed
+    when given, e.g. ``name="json", data_files="x.jsonl"``). Exactly one of ``path``/``name``. ``format``:
+    ``"auto"`` (per row), ``"plain"`` or ``"messages"``. ``limit``: keep (and validate) only the first
+    ``limit`` source rows. Other keyword arguments go to the row parser.
+    """
+
+
+def row_loader(name: str, parse, what: str, example: str, fields: str, doc: str):
+    """A ``load_*_records(path=None, name=None, split="train", config=None, format="auto", limit=None, *,
+    data_files=None, **parse_options)`` function: :func:`load_rows` with ``parse`` and its messages bound.
+    ``parse(row, source, format, **parse_options)`` turns one row into a record or a list of records."""
+
+    def load(
+        path: Optional[str] = None,
+        name: Optional[str] = None,
+        split: str = "train",
+        config: Optional[str] = None,
+        format: str = "auto",
+        limit: Optional[int] = None,
+        *,
+        data_files: Any = None,
+        **parse_options: Any,
+    ) -> list:
+        parse_row = (lambda row, source, fmt: parse(row, source, fmt, **parse_options)) if parse_options else parse
+        return load_rows(parse_row, path, name, split, config, format, limit, data_files, what, example, fields)
+
+    load.__name__ = load.__qualname__ = name
+    load.__module__ = parse.__module__
+    load.__doc__ = doc.rstrip() + LOADER_ARGS_DOC
+    return load
+
+
 def hf_label(name: str, config: Optional[str], split: str) -> str:
     return f"hf:{name}" + (f"/{config}" if config else "") + f"[{split}]"
 

@@ -7,11 +7,11 @@ Rows: ``prompt`` (string or message list; MATH-style ``problem`` also accepted) 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List
 
 from hl_core.errors import DataError
 
-from .rows import load_rows, pad_right, parse_prompt, require_completion, tokenize_prompt_and_completions, type_name
+from .rows import pad_right, parse_prompt, require_completion, tokenize_prompt_and_completions, type_name, row_loader
 
 SFT_EXAMPLE = '{"prompt": "123+456=", "completion": "0579"}'
 NEEDS = "SFT rows need `prompt` (or `problem`) and `completion` (or `answer`)"
@@ -39,12 +39,10 @@ def parse_sft_row(row: Any, source: str, format: str = "auto") -> SFTRecord:
     return SFTRecord(prompt, completion, source)
 
 
-def load_sft_records(path: Optional[str] = None, name: Optional[str] = None, split: str = "train",
-                     config: Optional[str] = None, format: str = "auto", limit: Optional[int] = None, *,
-                     data_files: Any = None) -> List[SFTRecord]:
-    """Load and validate demonstrations from a local file or a Hugging Face set."""
-    return load_rows(parse_sft_row, path, name, split, config, format, limit, data_files, "SFT data", SFT_EXAMPLE,
-                     "`prompt` and `completion`")
+load_sft_records = row_loader(
+    "load_sft_records", parse_sft_row, "SFT data", SFT_EXAMPLE, "`prompt` and `completion`",
+    """Load and validate demonstrations (:class:`SFTRecord`) from a local file or a Hugging Face set.""",
+)
 
 
 def tokenize_sft(record: SFTRecord, tokenizer, max_length: int, max_prompt_length: int,

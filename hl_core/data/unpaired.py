@@ -27,7 +27,7 @@ from typing import Any, Dict, List, Optional
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
-    load_rows,
+    row_loader,
     check_conversation,
     fields_present,
     has,
@@ -55,27 +55,6 @@ class UnpairedRecord:
 
 
 # --------------------------------------------------------------------------------------------- loading
-
-
-def load_unpaired_records(
-    path: Optional[str] = None,
-    name: Optional[str] = None,
-    split: str = "train",
-    config: Optional[str] = None,
-    format: str = "auto",
-    limit: Optional[int] = None,
-    *,
-    data_files: Any = None,
-) -> List[UnpairedRecord]:
-    """Load and validate KTO examples from a local file (``path``) or a Hugging Face set (``name``).
-
-    Sources and arguments as for :func:`hl_core.data.preference.load_preference_records`. ``limit``
-    counts SOURCE rows: ``limit=3`` over pairs gives 6 records.
-    """
-    return load_rows(
-        parse_unpaired_row, path, name, split, config, format, limit, data_files, "KTO data", UNPAIRED_EXAMPLE,
-        "`prompt`, `completion` and `label` (or preference pairs with `chosen` and `rejected`)",
-    )
 
 
 def parse_unpaired_row(row: Any, source: str, format: str = "auto") -> List[UnpairedRecord]:
@@ -107,6 +86,14 @@ def parse_unpaired_row(row: Any, source: str, format: str = "auto") -> List[Unpa
             f"preference pairs (`chosen`/`rejected`: each becomes one desirable and one undesirable example)."
         )
     return [_parse_native(row, source, format)]
+
+
+load_unpaired_records = row_loader(
+    "load_unpaired_records", parse_unpaired_row, "KTO data", UNPAIRED_EXAMPLE,
+    "`prompt`, `completion` and `label` (or preference pairs with `chosen` and `rejected`)",
+    """Load and validate KTO examples (:class:`UnpairedRecord`) from a local file or a Hugging Face set.
+    ``limit`` counts SOURCE rows: ``limit=3`` over pairs gives 6 records.""",
+)
 
 
 def _parse_label(value: Any, source: str) -> bool:

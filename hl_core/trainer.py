@@ -120,7 +120,6 @@ class Trainer:
         self.engine = build_engine(recipe, self.tokenizer)
         self.is_main = self.engine.rank == 0
         self.objective = OBJECTIVES[recipe.objective.name]
-        self.needs_reference = self.engine.has_reference
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
         self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
@@ -263,7 +262,7 @@ class Trainer:
         temperature = self.logps_temperature
         with torch.set_grad_enabled(train):
             policy_logps = engine.token_logps(batch, "policy", temperature)
-        if self.needs_reference:
+        if engine.has_reference:
             ref_logps = engine.token_logps(batch, "reference", temperature)
         else:
             ref_logps = policy_logps.detach()  # log-ratios are 0: the objective ignores them
@@ -272,7 +271,7 @@ class Trainer:
         inputs = ObjectiveInputs(
             batch=batch, policy_logps=policy_logps, ref_logps=ref_logps, mask=mask, log_ratios=log_ratios,
             transform=self.transform, token_logps=engine.token_logps, humanline_active=self.recipe.humanline.enabled,
-            has_reference=self.needs_reference,
+            has_reference=engine.has_reference,
         )
         loss, metrics = self.objective.batch_loss(self.recipe.objective, inputs)
         return loss, {**metrics, **hl_metrics}

@@ -10,6 +10,7 @@ Every bad row raises :class:`hl_core.errors.DataError` naming its place and the 
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -116,8 +117,7 @@ def row_loader(name: str, parse, what: str, example: str, fields: str, doc: str)
         data_files: Any = None,
         **parse_options: Any,
     ) -> list:
-        parse_row = (lambda row, source, fmt: parse(row, source, fmt, **parse_options)) if parse_options else parse
-        return load_rows(parse_row, path, name, split, config, format, limit, data_files, what, example, fields)
+        return load_rows(functools.partial(parse, **parse_options), path, name, split, config, format, limit, data_files, what, example, fields)
 
     load.__name__ = load.__qualname__ = name
     load.__module__ = parse.__module__

@@ -52,8 +52,9 @@ class Engine:
       ``{"lr": ..., "grad_norm": ...}`` or ``None`` between boundaries.
     * ``sync_reference()``: copy each rank's shard of every policy parameter into the matching
       reference shard (shard-local; never gathers).
-    * ``has_reference``: False when the run never reads the reference (``objectives.reference_needed``):
-      no reference model is built, and asking for its log-probs is an error.
+    * ``reference``: the frozen reference model, or None when the run never reads it
+      (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
+      sync without one is an error.
     * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints.
     * ``save_hf(dir)``: a Hugging Face model directory (safetensors + tokenizer).
     """
@@ -63,16 +64,20 @@ class Engine:
     dp_size: int = 1
     dp_rank: int = 0  # data-parallel rank: which shard of each batch this rank takes
     gradient_accumulation_steps: int = 1
-    has_reference: bool = True
+    reference: Any = None
 
-    def reference_or_error(self, reference):
-        """``reference``, or a clear error when this run built none (a trainer bug, not a user mistake)."""
-        if reference is None:
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None
+
+    def require_reference(self):
+        """The reference model, or a clear error when this run built none (a trainer bug, not a user mistake)."""
+        if self.reference is None:
             raise RuntimeError(
                 "This run built no reference model (`objectives.reference_needed` is false for its recipe), "
                 "yet its reference log-probs or a reference sync were asked for."
             )
-        return reference
+        return self.reference
 
     def micro_batch_positions(self, step: int, micro_index: int, micro_batch_size: int) -> range:
         """Positions in the (global, endless) data stream of this rank's share of one micro-batch:

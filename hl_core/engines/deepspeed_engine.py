@@ -54,7 +54,6 @@ class DeepSpeedEngine(Engine):
         self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
         self.dp_rank = self.rank  # data parallel only
         self.zero_stage = recipe.engine.zero_stage
-        self.has_reference = reference_needed(recipe)
         self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
@@ -84,7 +83,7 @@ class DeepSpeedEngine(Engine):
 
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=self.has_reference,
+            with_reference=reference_needed(recipe),
         )
         decay, no_decay = [], []
         for name, param in policy.named_parameters():
@@ -120,7 +119,7 @@ class DeepSpeedEngine(Engine):
         return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
-        engine = self.policy if model == "policy" else self.reference_or_error(self.reference)
+        engine = self.policy if model == "policy" else self.require_reference()
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
         chunk = self.recipe.train.logps_chunk_size
@@ -182,7 +181,7 @@ class DeepSpeedEngine(Engine):
         policy's whole copy when the policy holds one too, and otherwise released, so the next forward
         re-gathers it from the fresh partition.
         """
-        self.reference_or_error(self.reference)
+        self.require_reference()
         for _, pol, ref in self._pairs:
             if not hasattr(pol, "ds_tensor"):
                 ref.data.copy_(pol.data)

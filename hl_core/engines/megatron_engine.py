@@ -223,11 +223,10 @@ class MegatronEngine(Engine):
             self.hf_config, tp=self.tp, pp=self.pp, dtype=self.dtype, cpu=self.cpu, **recompute
         )
         self.logits_transform = logits_transform(self.config)
-        self.has_reference = reference_needed(recipe)
         policy = self._build_model()
         self._load_initial_weights(policy)
         self.reference = None
-        if self.has_reference:
+        if reference_needed(recipe):
             reference = self._build_model()
             with torch.no_grad():
                 for p, r in zip(policy.parameters(), reference.parameters()):
@@ -323,7 +322,7 @@ class MegatronEngine(Engine):
         )
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
-        net = self.policy if model == "policy" else self.reference_or_error(self.reference)
+        net = self.policy if model == "policy" else self.require_reference()
         input_ids = batch["input_ids"].to(self.device)
         grad = model == "policy" and torch.is_grad_enabled()
         if self.pp == 1:
@@ -447,7 +446,7 @@ class MegatronEngine(Engine):
     def sync_reference(self) -> None:
         """Shard-local: each rank copies its own TP/PP slice of every policy parameter into the
         matching reference slice. No collective, no gather."""
-        self.reference_or_error(self.reference)
+        self.require_reference()
         for _, pol, ref in self._pairs:
             ref.data.copy_(pol.data)
 

@@ -28,13 +28,13 @@ def test_reference_needed_rule(recipe, overrides, needed):
 
 
 def test_engines_build_the_reference_only_when_needed(tmp_path):
-    grpo = f"{TINY / 'online_grpo_math.yaml'}|"
+    grpo = TINY / "online_grpo_math.yaml"
     report = tmp_path / "report.json"
     run_torchrun(REPO / "tests" / "distributed" / "reference_presence.py", [
         report,
         f"ds_sft|{WARMUP}|",
-        f"ds_grpo_no_kl|{grpo[:-1]}|objective.beta_kl=0,engine.zero_stage=3",
-        f"ds_grpo_kl|{grpo[:-1]}|objective.beta_kl=0.01,engine.zero_stage=3",
+        f"ds_grpo_no_kl|{grpo}|objective.beta_kl=0,engine.zero_stage=3",
+        f"ds_grpo_kl|{grpo}|objective.beta_kl=0.01,engine.zero_stage=3",
         f"megatron_sft|{WARMUP}|engine.name=megatron",
         f"megatron_dpo|{TINY / 'megatron_humanline_dpo.yaml'}|parallel.tp=1",
     ], nproc=1)

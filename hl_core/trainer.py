@@ -235,6 +235,7 @@ class Trainer:
                 # after the last backward (gradient clipping happens inside step), before the optimizer step
                 sync = self.sync_hook.before_optimizer_step(engine, n)
             stepped = engine.step()
+        engine.synchronize()
         step_time = time.perf_counter() - step_start
         self.updates_done += 1
         acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})

@@ -65,6 +65,7 @@ class Engine:
     dp_rank: int = 0  # data-parallel rank: which shard of each batch this rank takes
     gradient_accumulation_steps: int = 1
     reference: Any = None
+    device: torch.device = torch.device("cpu")
 
     @property
     def has_reference(self) -> bool:
@@ -110,11 +111,19 @@ class Engine:
         raise NotImplementedError
 
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Sum a float tensor over all ranks (data-parallel metrics)."""
+        """Sum a float tensor over all ranks (data-parallel metrics). The result is on the CPU. NCCL
+        reduces only CUDA tensors, so under NCCL the values travel through this rank's GPU."""
         if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
-            values = values.clone()
+            on_gpu = torch.distributed.get_backend() == "nccl"
+            values = values.to(self.device) if on_gpu else values.clone()
             torch.distributed.all_reduce(values)
+            values = values.cpu()
         return values
+
+    def synchronize(self) -> None:
+        """Wait for this rank's queued GPU work (so wall-clock timings measure work done, not launched)."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
 
     def all_keys(self, local: Dict[str, Any]) -> list:
         """Sorted union of metric names over all ranks (ranks may report different keys)."""

@@ -159,6 +159,11 @@ MODEL_SPECS: Dict[str, ModelSpec] = {
         _llama3_8b("meta-llama/Meta-Llama-3-8B-Instruct", 8192),
         _llama3_8b("meta-llama/Llama-3.1-8B-Instruct", 131072),
         ModelSpec(
+            name="meta-llama/Llama-3.2-1B-Instruct", model_type="llama", hidden_size=2048, num_layers=16, num_heads=32,
+            num_kv_heads=8, vocab_size=128256, intermediate_size=8192, head_dim=64, tie_word_embeddings=True,
+            max_position_embeddings=131072,
+        ),
+        ModelSpec(
             name="Qwen/Qwen2.5-1.5B-Instruct", model_type="qwen2", hidden_size=1536, num_layers=28, num_heads=12,
             num_kv_heads=2, vocab_size=151936, intermediate_size=8960, tie_word_embeddings=True, qkv_bias=True,
             max_position_embeddings=32768,
@@ -184,6 +189,7 @@ MODEL_SPECS: Dict[str, ModelSpec] = {
 for _name, _base in (
     ("meta-llama/Meta-Llama-3-8B", "meta-llama/Meta-Llama-3-8B-Instruct"),
     ("meta-llama/Llama-3.1-8B", "meta-llama/Llama-3.1-8B-Instruct"),
+    ("meta-llama/Llama-3.2-1B", "meta-llama/Llama-3.2-1B-Instruct"),
     ("Qwen/Qwen2.5-1.5B", "Qwen/Qwen2.5-1.5B-Instruct"),
     ("Qwen/Qwen2.5-7B", "Qwen/Qwen2.5-7B-Instruct"),
     ("google/gemma-2-9b", "google/gemma-2-9b-it"),

@@ -46,7 +46,9 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
             config = AutoConfig.from_pretrained(
                 model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **model_cfg.config_overrides
             )
-            with _fork_rng(seed):
+            # on a GPU, initialise there (seconds instead of minutes for billions of parameters on the CPU)
+            device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+            with _fork_rng(seed, device), (device or contextlib.nullcontext()):
                 model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
             model = model.to(dtype)
         else:
@@ -93,7 +95,8 @@ def build_policy_and_reference(
 
 
 @contextlib.contextmanager
-def _fork_rng(seed: int):
-    with torch.random.fork_rng(devices=[]):
+def _fork_rng(seed: int, device: Optional[torch.device] = None):
+    """Seeded random draws (on the CPU, and on ``device`` when it is a GPU) that leave the caller's RNG states as they were."""
+    with torch.random.fork_rng(devices=[device] if device is not None else []):
         torch.manual_seed(seed)
         yield

@@ -17,13 +17,16 @@ fp32 ZeRO-s               4P (@3: 4P/N + 4L)  4P (@2: 4P/N; @3: +4L)  8P (two mo
 megatron (bf16)           2P'                 4P' (fp32 main grads)   12P'/N (distributed optimizer)
 ========================  ==================  ======================  =====================================
 
-ZeRO-2 and ZeRO-3 sum to DeepSpeed's own estimators exactly (``2P + 18P/N`` and ``18P/N + 4L``,
-``estimate_zero2_model_states_mem_needs`` / ``estimate_zero3_model_states_mem_needs`` without offload);
-ZeRO-1 keeps whole bf16 gradients, so it is ``2P(1 - 1/N)`` above DeepSpeed's stage-1/2 estimate.
-ZeRO-3 follows DeepSpeed's estimator in counting 18 bytes per parameter (2 weights + 4 fp32 gradients +
-12 optimizer) over N; DeepSpeed's code also keeps a 16-bit gradient partition (2P/N) while it converts
-gradients to fp32 sub-group by sub-group at the step, so the step-time peak can be up to 2P/N higher.
+ZeRO-2 sums to DeepSpeed's own estimator exactly (``2P + 18P/N``, ``estimate_zero2_model_states_mem_needs``
+without offload); ZeRO-1 keeps whole bf16 gradients, so it is ``2P(1 - 1/N)`` above it. ZeRO-3 is
+DeepSpeed's estimate (``18P/N + 4L``: 2 weights + 4 fp32 gradients + 12 optimizer bytes per parameter over
+N) plus the 16-bit gradient partition (2P/N) that DeepSpeed's stage-3 optimizer allocates at start-up and
+keeps for the whole run (its estimator leaves it out; measured on an H100 by ``bench/gpu_check.py``: 3.2 GiB
+more than ZeRO-2 at rest for a 1.24B model on one GPU, of which 2.3 GiB is this buffer).
 2L is the largest layer gathered whole in 16 bits (weights) and its 16-bit gradient.
+``resident`` is what stays allocated between updates (weights, optimizer states, reference, and the
+gradient buffers allocated up front: megatron's fp32 main-grad buffer, ZeRO-3's 16-bit partition); the
+other gradients, the activations and the logits come and go within an update.
 P' is the largest per-rank shard under tensor/pipeline parallelism: ``(layers/pp) * layer / tp`` plus the
 embedding on the first stage and the (untied, or tied copy with pp > 1) output layer on the last.
 The reference model has no gradients or optimizer: partitioned like the policy under ZeRO-3 (2P/N),
@@ -34,12 +37,13 @@ Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Larg
 16-bit activations, no sequence parallelism), per layer and micro-batch of b sequences of length s:
 ``s*b*h*(34 + 5*a*s/h)`` bytes, and with tensor parallelism t: ``s*b*h*(10 + 24/t + 5*a*s/(h*t))``.
 The ``5*a*s/h`` term (attention scores, softmax, dropout mask) is only stored by the `eager` attention;
-SDPA / FlashAttention kernels recompute it, so it is dropped for them. Times L layers (L/pp stages x pp
+SDPA / FlashAttention kernels recompute it, so it is dropped for them (the megatron engine always uses a
+fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped attention). Times L layers (L/pp stages x pp
 micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
 keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation.
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
 plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2).
-Sequences per micro-batch b: DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
+Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
 pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
 the first row of a local .jsonl; else 2, as preference pairs become groups of two).
 Not counted: CUDA context and NCCL buffers, DeepSpeed communication buckets, allocator fragmentation.
@@ -84,6 +88,8 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
     micro = recipe.train.micro_batch_size
     if recipe.objective.name == "grpo":
         return micro * (group_size or grpo_group_size(recipe)[0])
+    if recipe.objective.name == "sft":
+        return micro  # one demonstration per example
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
 
 
@@ -136,6 +142,7 @@ def memory_plan(
         opt_bytes = (12 if bf16 else 8) * shard
         optimizer = opt_bytes / dp if distributed_optimizer else opt_bytes
         reference = pb * shard
+        resident_grads = grads  # the contiguous main-grad buffer of megatron's DDP
         params_on_rank = shard
         notes.append(
             "megatron: optimizer states " + ("partitioned over dp (distributed optimizer)" if distributed_optimizer
@@ -147,10 +154,14 @@ def memory_plan(
             # DeepSpeed's stage-3 estimator convention (18P/N + 4L): the fp32 gradient partition plus the
             # gathered layer's 16-bit gradient; the 16-bit partition it is made from is not counted again
             low = (0 if bf16 else pb * P / dp) + pb * L
+            resident_grads = pb * P / dp  # the 16-bit gradient partition, allocated at start-up
+            if bf16:
+                low += resident_grads
             params_on_rank = P / dp
         else:
             weights = pb * P
             low = pb * P / dp if stage == 2 else pb * P
+            resident_grads = 0.0
             params_on_rank = P
         if bf16:
             master_grads = 4 * P if stage == 0 else 4 * P / dp
@@ -168,7 +179,10 @@ def memory_plan(
     # activations
     b = sequences_per_micro_batch(recipe, group_size)
     s, h, a, V = recipe.data.max_length, spec.hidden_size, spec.num_heads, spec.vocab_size
-    eager = (recipe.model.attn_implementation or "sdpa") == "eager"
+    if engine == "megatron":  # fused attention (SDPA or TE) except Gemma 2's soft-capped local spec
+        eager = spec.model_type == "gemma2"
+    else:
+        eager = (recipe.model.attn_implementation or "sdpa") == "eager"
     score = 5 * a * s / h if eager else 0.0
     t = tp if engine == "megatron" else 1
     per_layer = s * b * h * (10 + 24 / t + score / t) * (pb / 2)
@@ -194,6 +208,7 @@ def memory_plan(
 
     bytes_ = dict(
         weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
+        resident=weights + optimizer + reference + resident_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
     )

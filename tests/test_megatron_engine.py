@@ -131,3 +131,14 @@ def test_pp2_backward_recomputes_with_the_same_dropout_masks(tmp_path):
     assert data["updates"][0]["policy_vs_reference"] > 1e-3, "dropout is active in the policy (step 0: same weights)"
     assert all(u["recompute_diff"] == 0.0 for u in data["updates"]), data
     assert data["control"]["recompute_diff"] > 1e-3, "without the RNG restore the masks differ"
+
+
+def test_sdpa_core_attention_equals_megatron_dot_product_attention(tmp_path):
+    """The fused attention swapped into the local layer spec (no Transformer Engine) computes what
+    megatron-core's own DotProductAttention computes: forward and q/k/v gradients, GQA, tp=2."""
+    report = tmp_path / "attention.json"
+    run_torchrun(REPO / "tests/distributed/megatron_attention.py", [report], nproc=2)
+    r = json.loads(report.read_text())
+    assert r["shape"] == [24, 3, 4 * 16]  # [s, b, local heads x head dim]
+    assert r["output_scale"] > 0.1
+    assert r["forward_diff"] < 1e-5 and r["grad_diff"] < 1e-5, r

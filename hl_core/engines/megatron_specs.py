@@ -137,8 +137,7 @@ def transformer_config(hf_config, *, tp: int, pp: int, dtype: torch.dtype, cpu: 
         pipeline_model_parallel_size=pp,
         use_cpu_initialization=cpu,
     )
-    if cpu:
-        kwargs.update(CPU_CONFIG_FLAGS)
+    kwargs.update(CPU_CONFIG_FLAGS if cpu else fusions_without_kernels())
     cls = TransformerConfig
     if family == "gemma2":
         if _GEMMA2_CONFIG is None:
@@ -318,6 +317,28 @@ def transformer_engine_available() -> bool:
     return True
 
 
+def fusions_without_kernels() -> dict:
+    """GPU: the megatron-core fusions to switch off because their compiled kernels are not installed
+    (the fused masked softmax ships with Apex or Megatron-LM's build, the weight-gradient fusion with Apex,
+    the rotary fusion with Transformer Engine); megatron-core asks for the softmax one by default and would
+    fail at the first forward without it."""
+    import importlib.util
+
+    def missing(module: str) -> bool:
+        return importlib.util.find_spec(module) is None
+
+    flags = {}
+    if missing("scaled_upper_triang_masked_softmax_cuda") or missing("scaled_masked_softmax_cuda"):
+        flags["masked_softmax_fusion"] = False
+    if missing("fused_weight_gradient_mlp_cuda"):
+        flags["gradient_accumulation_fusion"] = False
+    if missing("apex"):
+        flags["persist_layer_norm"] = False
+    if not transformer_engine_available():
+        flags["apply_rope_fusion"] = False
+    return flags
+
+
 def uses_transformer_engine(hf_config) -> bool:
     """TE layer spec: Llama/Qwen2 on a GPU with Transformer Engine installed. Gemma 2 always uses
     its own local spec (TE's attention has no score soft-capping)."""
@@ -339,9 +360,12 @@ def build_gpt_model(hf_config, config, pre_process: bool, post_process: bool, pp
     if family == "gemma2":
         *_, gemma_model = _gemma2_modules()
         return gemma_model(transformer_layer_spec=gemma2_block_spec(config, pp_rank), **common)
-    spec = get_gpt_decoder_block_spec(
-        config, use_transformer_engine=uses_transformer_engine(hf_config), normalization="RMSNorm", pp_rank=pp_rank
-    )
+    te = uses_transformer_engine(hf_config)
+    spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm", pp_rank=pp_rank)
+    if not te:
+        from .megatron_attention import use_sdpa_attention
+
+        use_sdpa_attention(spec)  # fused attention without Transformer Engine (scores never stored)
     return GPTModel(transformer_layer_spec=spec, **common)
 
 

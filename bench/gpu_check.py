@@ -1,0 +1,189 @@
+"""The GPU check: what our engines do on one CUDA GPU, in one command (about 6 minutes on an H100).
+
+    python bench/gpu_check.py                      # on a machine with a CUDA GPU
+    python bench/gpu_check.py --dry-run            # every section on the CPU at tiny size, one update each
+    python bench/gpu_check.py --sections 1 3 --out runs/gpu_check/part.jsonl --markdown runs/gpu_check/part.md
+
+Sections (a Llama-3.2-1B-shaped random-init model at full depth, bf16, sequences of 1024 tokens):
+
+1. DeepSpeed ZeRO-2: plain DPO, humanline DPO (k = 1, clip [-1.5, 1.5]) and SFT; flash-attention 2
+   when installed.
+2. ZeRO-3 on one GPU, without and with gradient checkpointing (humanline DPO).
+3. The megatron engine on the GPU path (megatron-core DDP + distributed optimizer, tp = 1): humanline
+   DPO against DeepSpeed on the same weights and batches, bf16 at full depth and fp32 at 2 layers
+   (TF32 off), per-update losses compared.
+4. Online GRPO: the batched sampler's throughput (new tokens/s) at 16 prompts x 8 samples, and the
+   share of an online update spent in the rollout.
+
+Every run is its own process (a failure or an out-of-memory stays in its section; peak memory is its
+own). One JSON line per result is printed and written to ``--out``; ``--markdown`` writes the table
+the README shows. No GPU and no ``--dry-run``: exit 2. A missing optional package (megatron-core,
+flash-attn) turns its runs into ``"skipped": "<why>"`` lines and the rest runs. Exit 1 when a run
+failed or a comparison is outside its tolerance.
+
+Reported per training run: ``tokens_per_s`` (real tokens of all sequences the policy trains on, per
+second of whole optimizer updates: data, forwards, backward, sync, optimizer step), ``mfu`` (model
+FLOPs per second over the GPU's dense bf16 peak; FLOPs from ``bench.shapes.forward_flops_per_token``:
+3 forward-equivalents for the policy's forward + backward, 1 for the reference forward; gradient
+checkpointing's recomputation is not counted), ``peak_gib`` (``torch.cuda.max_memory_allocated`` over
+the measured updates), ``steady_gib`` (allocated after the first update: weights, optimizer states,
+reference) beside the ``--plan`` estimate for the same recipe, and ``sync_frac`` (reference sync time
+over update time, CUDA-synchronised).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import hashlib
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from bench import gpu_check_runs as runs_mod  # noqa: E402
+
+# dense bf16 peak (TFLOP/s) by the name torch reports; --peak-tflops overrides
+PEAK_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("A100", 312.0),
+                    ("L40S", 362.1), ("A10G", 70.0), ("L4", 121.0))
+TIME_BUDGET_S = 540  # the whole check, start-ups included: runs that would start after it are skipped
+
+
+def peak_tflops(gpu_name: str):
+    for key, value in PEAK_BF16_TFLOPS:
+        if key in gpu_name:
+            return value
+    return None
+
+
+def environment(args) -> dict:
+    import torch
+
+    def version(name):
+        try:
+            from importlib.metadata import version as v
+
+            return v(name)
+        except Exception:
+            return None
+
+    gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)"
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    # the sources measured, by content (a copy of the tree may carry a stale or no git HEAD)
+    digest = hashlib.sha256()
+    for path in sorted(p for d in ("hl_core", "bench", "launchers") for p in (REPO / d).rglob("*.py")):
+        digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
+    return {
+        "kind": "environment", "gpu": gpu, "dry_run": args.dry_run,
+        "peak_bf16_tflops": args.peak_tflops or peak_tflops(gpu), "date": datetime.date.today().isoformat(),
+        "git_commit": commit or None, "source_sha256": digest.hexdigest()[:16], "torch": torch.__version__, "cuda": torch.version.cuda,
+        **{name: version(name) for name in ("deepspeed", "transformers", "megatron-core", "flash-attn")},
+    }
+
+
+def run_worker(run: dict, workdir: Path, timeout: float) -> dict:
+    """One run in its own process; its output goes to ``workdir/<id>.log``."""
+    log = workdir / f"{run['id']}.log"
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(run)]
+    env = dict(os.environ, PYTHONUNBUFFERED="1")
+    start = time.perf_counter()
+    try:
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+        output, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
+        output, code = output + f"\n[timed out after {timeout:.0f}s]", None
+    log.write_text(output)
+    base = {"section": run["section"], "id": run["id"], "title": run["title"], "wall_s": round(time.perf_counter() - start, 1)}
+    for line in output.splitlines():
+        if line.startswith(runs_mod.RESULT_PREFIX):
+            return {**base, **json.loads(line[len(runs_mod.RESULT_PREFIX):])}
+    tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
+    why = "timed out" if code is None else f"exit code {code}"
+    return {**base, "error": f"{why}: {' | '.join(tail)[-600:]}", "log": str(log)}
+
+
+def missing_package(run: dict):
+    """Why ``run`` cannot run here (an optional package it needs is not installed), or None."""
+    for module, label in run.get("needs", []):
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # the parent package is missing
+            found = False
+        if not found:
+            return f"{label} is not installed"
+    return None
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, one update per run")
+    parser.add_argument("--sections", type=int, nargs="*", default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
+    parser.add_argument("--out", default="runs/gpu_check/results.jsonl", help="JSON lines written here")
+    parser.add_argument("--markdown", default=None, help="also write the results as a Markdown table here")
+    parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU")
+    parser.add_argument("--run-timeout", type=float, default=240.0, help="seconds one run may take")
+    parser.add_argument("--profile", default=None, metavar="DIR",
+                        help="also profile two updates of the humanline DPO runs (DeepSpeed, megatron) into DIR")
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.worker:
+        return runs_mod.worker(json.loads(args.worker))
+
+    import torch
+
+    if not args.dry_run and not torch.cuda.is_available():
+        print("gpu_check: no CUDA GPU is visible to PyTorch (torch.cuda.is_available() is False); run it on a GPU "
+              "machine, or pass --dry-run to exercise every section on the CPU at tiny size.", file=sys.stderr)
+        return 2
+    env = environment(args)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    results = [env]
+    print(json.dumps(env), flush=True)
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
+        workdir = Path(tmp)
+        plan = runs_mod.plan_runs(workdir, dry_run=args.dry_run, sections=args.sections, profile_dir=args.profile)
+        by_id = {}
+        for run in plan:
+            why = missing_package(run)
+            left = TIME_BUDGET_S - (time.perf_counter() - started)
+            if why is None and not args.dry_run and left < 30:
+                why = f"the check's {TIME_BUDGET_S}s time budget is spent"
+            if why is not None:
+                result = {"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why}
+            else:
+                result = run_worker(run, workdir, args.run_timeout)
+                result = runs_mod.add_derived(result, env["peak_bf16_tflops"])
+            by_id[run["id"]] = result
+            results.append(result)
+            print(json.dumps(result), flush=True)
+        for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run):
+            results.append(comparison)
+            print(json.dumps(comparison), flush=True)
+        logs = {p.name: p.read_text() for p in workdir.glob("*.log")}
+    with out.open("w") as handle:
+        for row in results:
+            handle.write(json.dumps(row) + "\n")
+    failed = [r for r in results if r.get("error")]
+    for r in failed:  # the last lines of a failed run's log, for the reader of a one-shot check
+        print(f"--- {r['id']} log tail ---\n" + "\n".join(logs.get(f"{r['id']}.log", "").splitlines()[-25:]), file=sys.stderr)
+    if args.markdown:
+        Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.markdown).write_text(runs_mod.markdown(results))
+    bad = failed + [r for r in results if r.get("kind") == "comparison" and not r.get("within_tolerance", True)]
+    print(f"gpu_check: {len(results) - 1} results in {out} ({len(failed)} failed, "
+          f"{sum(1 for r in results if r.get('skipped'))} skipped) in {time.perf_counter() - started:.0f}s", flush=True)
+    return 1 if bad else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

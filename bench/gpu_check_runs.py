@@ -1,0 +1,317 @@
+"""The runs of ``bench/gpu_check.py``: what each section trains, how one run is measured (in its own
+process), the derived figures, the cross-engine comparisons and the Markdown table."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import Dict, List
+
+from bench.shapes import REPO, forward_flops_per_token, spec_of, write_model_dir, write_prompts, write_rows
+
+RESULT_PREFIX = "GPU_CHECK_RESULT "
+GIB = 1024 ** 3
+
+# full size: a Llama-3.2-1B-shaped model at full depth; dry run: the same family at toy size on the CPU
+SIZES = {
+    False: dict(seq=1024, prompt_tokens=24, pair_micro=4, global_pairs=8, warmup=2, steps=5, rows=64,
+                gen_prompts=16, gen_samples=8, gen_tokens=256, gen_updates=2, cmp_layers=2, cmp_steps=8),
+    True: dict(seq=64, prompt_tokens=8, pair_micro=2, global_pairs=4, warmup=0, steps=1, rows=16,
+               gen_prompts=2, gen_samples=2, gen_tokens=4, gen_updates=1, cmp_layers=2, cmp_steps=3),
+}
+DRY_DIMS = dict(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=512)
+MEGATRON = [("megatron.core", "megatron-core")]
+FLASH = [("flash_attn", "flash-attn")]
+# Per-update loss agreement on the same weights and batches: (run, against, precision, updates compared).
+# fp32 (TF32 off): the engines compute the same function, so only summation order differs. bf16: two
+# DeepSpeed layouts of one run (ZeRO-3 vs ZeRO-2) already drift apart by ~0.02 within 5 updates (each
+# update is a clipped, unit-norm step whose direction rounding perturbs), so megatron is held to a
+# tolerance of that order and the ZeRO-3 line shows the floor.
+TOLERANCE = {"bf16": 5e-2, "fp32": 1e-4}
+COMPARED = (("mg_hl_dpo_bf16", "ds_z2_hl_dpo", "bf16", 5), ("ds_z3_hl_dpo", "ds_z2_hl_dpo", "bf16", 5),
+            ("mg_hl_dpo_fp32", "ds_z0_hl_dpo_fp32", "fp32", None))
+EXTRA_UPDATES = 3  # after the measured ones: one with per-call memory instrumentation, two under the profiler
+
+
+PROFILED = ("ds_z2_hl_dpo", "mg_hl_dpo_bf16")  # with --profile DIR: their operator tables go to DIR/<id>.txt
+
+
+def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[dict]:
+    """Write the model directories and data the runs need under ``workdir``; return the runs in order."""
+    size = SIZES[dry_run]
+    dims = DRY_DIMS if dry_run else {}
+    full = write_model_dir(spec_of("llama3.2-1b", **dims), workdir / "model")
+    shallow = write_model_dir(spec_of("llama3.2-1b", num_layers=size["cmp_layers"], **dims), workdir / "model_shallow")
+    completion = size["seq"] - size["prompt_tokens"] - 16  # room for the chat template's tokens
+    pairs, sft, prompts = workdir / "pairs.jsonl", workdir / "sft.jsonl", workdir / "prompts.jsonl"
+    write_rows(pairs, "pairs", size["rows"], completion, size["prompt_tokens"])
+    write_rows(sft, "sft", size["rows"], completion, size["prompt_tokens"], seed=1)
+    write_prompts(prompts, 64)
+    device = ["model.attn_implementation=sdpa", "engine.precision=bf16", "engine.zero_stage=2"]
+    common = [
+        f"data.train.path={pairs}", "data.eval=null", f"data.max_length={size['seq']}",
+        f"data.max_prompt_length={size['prompt_tokens'] + 8}", f"train.micro_batch_size={size['pair_micro']}",
+        f"train.global_batch_size={size['global_pairs']}", f"train.max_steps={size['warmup'] + size['steps'] + EXTRA_UPDATES}",
+        "train.lr=1e-5", "train.warmup_steps=0", "train.lr_schedule=constant", "train.seed=0", "checkpoint.save_every=null",
+        "checkpoint.save_final=false", "logging.progress_bar=false", "eval.every=null",
+        "model.random_init=true", f"model.name_or_path={full}", *device,
+    ]
+
+    def run(section, run_id, title, recipe, extra=(), warmup=size["warmup"], steps=size["steps"], **kw):
+        return dict(section=section, id=run_id, title=title, recipe=recipe, kind="train",
+                    overrides=[*common, f"output_dir={workdir / run_id}", *extra], warmup=warmup, steps=steps, **kw)
+
+    dpo, hl_dpo = "recipes/tiny/offline_dpo.yaml", "recipes/tiny/humanline_dpo.yaml"
+    sft_rows = [f"data.train.path={sft}", "objective=sft", f"train.micro_batch_size={2 * size['pair_micro']}",
+                f"train.global_batch_size={2 * size['global_pairs']}"]
+    compare = [f"model.name_or_path={shallow}", f"train.max_steps={size['cmp_steps'] + EXTRA_UPDATES}",
+               "engine.precision=fp32"]
+    megatron = ["engine.name=megatron", "engine.zero_stage=0", "parallel.tp=1", "parallel.pp=1"]
+    plan = [
+        run(1, "ds_z2_dpo", "DeepSpeed ZeRO-2 bf16, plain DPO", dpo),
+        run(1, "ds_z2_hl_dpo", "DeepSpeed ZeRO-2 bf16, humanline DPO (k=1, clip)", hl_dpo),
+        run(1, "ds_z2_sft", "DeepSpeed ZeRO-2 bf16, SFT", "recipes/_base/default.yaml", sft_rows),
+        run(1, "ds_z2_hl_dpo_flash", "DeepSpeed ZeRO-2 bf16, humanline DPO, flash-attention 2", hl_dpo,
+            ["model.attn_implementation=flash_attention_2"], needs=FLASH),
+        run(2, "ds_z3_hl_dpo", "DeepSpeed ZeRO-3 (1 GPU) bf16, humanline DPO", hl_dpo, ["engine.zero_stage=3"]),
+        run(2, "ds_z3_hl_dpo_gc", "DeepSpeed ZeRO-3 bf16, humanline DPO, gradient checkpointing", hl_dpo,
+            ["engine.zero_stage=3", "model.gradient_checkpointing=true"]),
+        run(3, "mg_hl_dpo_bf16", "Megatron-core tp=1 (DDP + distributed optimizer) bf16, humanline DPO", hl_dpo,
+            megatron, needs=MEGATRON),
+        run(3, "ds_z0_hl_dpo_fp32", f"DeepSpeed ZeRO-0 fp32, humanline DPO, {size['cmp_layers']} layers", hl_dpo,
+            [*compare, "engine.zero_stage=0"], warmup=0, steps=size["cmp_steps"], tf32_off=True),
+        run(3, "mg_hl_dpo_fp32", f"Megatron-core tp=1 fp32, humanline DPO, {size['cmp_layers']} layers", hl_dpo,
+            [*compare, *megatron], warmup=0, steps=size["cmp_steps"], needs=MEGATRON, tf32_off=True),
+        dict(section=4, id="ds_online_grpo", kind="online", recipe="recipes/tiny/online_grpo_math.yaml",
+             title=f"online GRPO, {size['gen_prompts']} prompts x {size['gen_samples']} samples, "
+                   f"{size['gen_tokens']} new tokens, ZeRO-2 bf16",
+             overrides=[*common, f"output_dir={workdir / 'ds_online_grpo'}", f"data.train.path={prompts}",
+                        "data.max_prompt_length=32", f"data.max_length={32 + size['gen_tokens']}",
+                        f"rollout.num_generations={size['gen_samples']}", f"rollout.max_new_tokens={size['gen_tokens']}",
+                        "rollout.backend=hf", "rollout.every=1", f"train.micro_batch_size={size['gen_prompts']}",
+                        f"train.global_batch_size={size['gen_prompts']}",
+                        f"train.max_steps={1 + size['gen_updates'] + EXTRA_UPDATES}",
+                        "model.gradient_checkpointing=true"],
+             warmup=1, steps=size["gen_updates"], gen_prompts=size["gen_prompts"], gen_samples=size["gen_samples"]),
+    ]
+    for r in plan:
+        if profile_dir and r["id"] in PROFILED:
+            r["profile_dir"] = str(Path(profile_dir).resolve())
+    return [r for r in plan if r["section"] in sections]
+
+
+# ------------------------------------------------------------------------------------------ one run
+def worker(run: dict) -> int:
+    """Build the run's trainer, time its updates, print one result line (``RESULT_PREFIX`` + JSON)."""
+    os.chdir(REPO)
+    import torch
+
+    if run.get("tf32_off"):
+        torch.backends.cuda.matmul.allow_tf32 = False
+        torch.backends.cudnn.allow_tf32 = False
+    from hl_core.config import load_recipe
+    from hl_core.trainer import Trainer
+
+    recipe = load_recipe(REPO / run["recipe"], run["overrides"])
+    trainer = Trainer(recipe)
+    try:
+        trainer.setup()
+        result = _measure(trainer, recipe, run)
+    finally:
+        trainer.close()
+    print(RESULT_PREFIX + json.dumps(result), flush=True)
+    return 0
+
+
+def _allocated_gib(engine):
+    import torch
+
+    return torch.cuda.memory_allocated(engine.device) / GIB if engine.device.type == "cuda" else None
+
+
+def _measure(trainer, recipe, run: dict) -> dict:
+    import torch
+
+    from hl_core.model_specs import resolve_spec
+    from hl_core.plan import memory_plan
+
+    engine = trainer.engine
+    cuda = engine.device.type == "cuda"
+    result = {"engine": recipe.engine.name, "precision": recipe.engine.precision, "objective": recipe.objective.name,
+              "zero_stage": recipe.engine.zero_stage if recipe.engine.name == "deepspeed" else None,
+              "gradient_checkpointing": recipe.model.gradient_checkpointing, "attention": recipe.model.attn_implementation,
+              "setup_gib": _allocated_gib(engine)}
+    if run["kind"] == "online":
+        result.update(_sampler_throughput(trainer, run))
+    rows = []
+    for i in range(run["warmup"] + run["steps"]):
+        if cuda and i == run["warmup"]:
+            torch.cuda.reset_peak_memory_stats(engine.device)
+        rows.append(trainer.train_step())
+        if i == 0:
+            result["steady_gib"] = _allocated_gib(engine)  # weights, optimizer states, reference
+    measured = rows[run["warmup"]:]
+    if cuda:
+        result["phase_gib"] = _phase_memory(trainer)
+    if run.get("profile_dir"):
+        _profile(trainer, Path(run["profile_dir"]) / f"{run['id']}.txt", cuda)
+    step_s = sum(r["step_time_s"] for r in measured)
+    tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in measured)
+    spec = resolve_spec(recipe.model)
+    plan = memory_plan(recipe, world_size=engine.world_size, spec=spec)
+    sequences = plan["sequences_per_micro_batch"] * plan["gradient_accumulation_steps"] * plan["dp"]
+    result.update(
+        params=spec.num_params(), updates_measured=len(measured), step_time_s=step_s / len(measured),
+        tokens_per_update=tokens / len(measured), tokens_per_s=tokens / step_s,
+        sync_frac=sum(r["sync_time_s"] for r in measured) / step_s,
+        peak_gib=torch.cuda.max_memory_allocated(engine.device) / GIB if cuda else None,
+        losses=[r["loss"] for r in rows], grad_norms=[r["grad_norm"] for r in rows],
+        plan_gib={k: plan["gib"][k] for k in ("weights", "gradients", "optimizer", "reference", "logits")},
+    )
+    plan_g = plan["gib"]
+    result["plan_gib"]["steady"] = plan_g["resident"]
+    result["plan_gib"]["activations"] = plan_g["activations_checkpointed" if plan["gradient_checkpointing"] else "activations_full"]
+    result["plan_gib"]["total"] = plan_g["total"]
+    if run["kind"] == "online":
+        rollout = sum(r.get("rollout_time_s", 0.0) for r in measured)
+        result.update(rollout_share=rollout / step_s, train_tokens_per_s=tokens / max(step_s - rollout, 1e-9))
+    elif recipe.engine.precision == "bf16":  # MFU against the bf16 peak (fp32 runs have none to compare)
+        mean_len = result["tokens_per_update"] / sequences
+        passes = 3 + (1 if engine.has_reference else 0)  # policy forward + backward, reference forward
+        result.update(mean_seq_len=mean_len, flops_per_token=passes * forward_flops_per_token(spec, mean_len))
+    return result
+
+
+def _phase_memory(trainer) -> dict:
+    """One more update with each engine call instrumented: GiB allocated before and after it and the peak
+    inside it (the largest over the update's calls of that kind). The calls themselves are unchanged."""
+    import torch
+
+    engine, phases = trainer.engine, {}
+
+    def wrap(name, call):
+        def instrumented(*args, **kwargs):
+            torch.cuda.synchronize(engine.device)
+            torch.cuda.reset_peak_memory_stats(engine.device)
+            before = torch.cuda.memory_allocated(engine.device)
+            out = call(*args, **kwargs)
+            torch.cuda.synchronize(engine.device)
+            key = f"{name}:{args[1] if len(args) > 1 else kwargs.get('model', 'policy')}" if name == "token_logps" else name
+            peak, after = torch.cuda.max_memory_allocated(engine.device), torch.cuda.memory_allocated(engine.device)
+            old = phases.get(key, {"peak": 0.0})
+            phases[key] = {"before": before / GIB, "peak": max(old["peak"], peak / GIB), "after": after / GIB}
+            return out
+
+        return instrumented
+
+    names = [n for n in ("token_logps", "backward", "step", "sync_reference") if hasattr(engine, n)]
+    originals = {n: getattr(engine, n) for n in names}
+    for name in names:
+        setattr(engine, name, wrap(name, originals[name]))
+    try:
+        trainer.train_step()
+    finally:
+        for name in names:
+            delattr(engine, name)  # back to the class's methods
+    return phases
+
+
+def _profile(trainer, path: Path, cuda: bool) -> None:
+    """Two updates under torch.profiler; the operators by self time (GPU time on a GPU) go to ``path``."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profile(activities=activities) as prof:
+        for _ in range(2):
+            trainer.train_step()
+    sort = "self_cuda_time_total" if cuda else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.key_averages().table(sort_by=sort, row_limit=40, max_name_column_width=70) + "\n"
+                    + prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25, max_name_column_width=70))
+
+
+def _sampler_throughput(trainer, run: dict) -> dict:
+    """The batched sampler alone: ``gen_prompts`` prompts x ``gen_samples`` samples in one decode loop
+    (the second of two calls: the first warms the kernels up)."""
+    engine = trainer.engine
+    prompts = [trainer.train_data[i]["prompt_ids"] for i in range(run["gen_prompts"])]
+    for _ in range(2):
+        engine.synchronize()
+        start = time.perf_counter()
+        groups = trainer.source.sampler.sample_groups(prompts, run["gen_samples"], list(range(len(prompts))))
+        engine.synchronize()
+        seconds = time.perf_counter() - start
+    new = sum(len(c) for group in groups for c in group)
+    return {"gen_rows": len(prompts) * run["gen_samples"], "gen_new_tokens": new, "gen_seconds": seconds,
+            "gen_tokens_per_s": new / seconds}
+
+
+# ------------------------------------------------------------------------------------------ derived
+def add_derived(result: dict, peak_tflops) -> dict:
+    if result.get("flops_per_token") and peak_tflops:
+        result["model_tflops"] = result["tokens_per_s"] * result["flops_per_token"] / 1e12
+        result["mfu"] = result["model_tflops"] / peak_tflops
+    plan = result.get("plan_gib")
+    if plan and result.get("steady_gib") is not None:
+        result["steady_vs_plan"] = result["steady_gib"] / plan["steady"] if plan["steady"] else None
+        result["peak_vs_plan"] = result["peak_gib"] / plan["total"] if plan["total"] else None
+    return result
+
+
+def comparisons(by_id: Dict[str, dict], dry_run: bool) -> List[dict]:
+    """Per-update losses of one run against another on the same weights and batches (``COMPARED``)."""
+    out = []
+    for mine, theirs, precision, updates in COMPARED:
+        a, b = by_id.get(mine), by_id.get(theirs)
+        if a is None or b is None:
+            continue
+        row = {"section": 3, "kind": "comparison", "id": f"{mine}_vs_{theirs}", "precision": precision}
+        if "losses" not in a or "losses" not in b:
+            row["skipped"] = "a run did not finish: " + "; ".join(
+                str(r.get("skipped") or r.get("error")) for r in (a, b) if "losses" not in r)
+            out.append(row)
+            continue
+        n = min(len(a["losses"]), len(b["losses"]), updates or 10**9)
+        diffs = [abs(x - y) for x, y in zip(a["losses"][:n], b["losses"][:n])]
+        # dry run on the CPU: megatron's CPU path steps bf16 weights with a torch optimizer (no fp32 master copy)
+        tolerance = TOLERANCE[precision] * (10 if dry_run and precision == "bf16" else 1)
+        row.update(updates=n, losses=a["losses"][:n], losses_against=b["losses"][:n],
+                   grad_norms=a["grad_norms"][:n], grad_norms_against=b["grad_norms"][:n],
+                   max_abs_loss_diff=max(diffs), tolerance=tolerance, within_tolerance=max(diffs) <= tolerance,
+                   tokens_per_s_ratio=a["tokens_per_s"] / b["tokens_per_s"])
+        out.append(row)
+    return out
+
+
+def _fmt(value, pattern="{:.2f}"):
+    return "-" if value is None else pattern.format(value)
+
+
+def markdown(results: List[dict]) -> str:
+    env = results[0]
+    lines = [f"GPU check on {env['gpu']} ({env['date']}, commit {env['git_commit']}; torch {env['torch']}, "
+             f"CUDA {env['cuda']}, DeepSpeed {env['deepspeed']}, megatron-core {env['megatron-core']})", "",
+             "| § | run | tokens/s | MFU | peak GiB (plan) | after 1st update GiB (plan) | sync % of step | note |",
+             "|---|---|---:|---:|---:|---:|---:|---|"]
+    for r in results[1:]:
+        if r.get("kind") == "comparison":
+            continue
+        note = r.get("skipped") and f"skipped: {r['skipped']}" or r.get("error") and "failed (see the JSON)" or ""
+        if r.get("gen_tokens_per_s"):
+            note = (f"sampler {r['gen_tokens_per_s']:,.0f} new tokens/s ({r['gen_rows']} rows); rollout "
+                    f"{100 * r['rollout_share']:.0f}% of an update")
+        plan = r.get("plan_gib") or {}
+        lines.append(
+            f"| {r['section']} | {r['title']} | {_fmt(r.get('tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mfu'), '{:.1%}')} "
+            f"| {_fmt(r.get('peak_gib'))} ({_fmt(plan.get('total'))}) | {_fmt(r.get('steady_gib'))} ({_fmt(plan.get('steady'))}) "
+            f"| {_fmt(r.get('sync_frac') and 100 * r['sync_frac'], '{:.2f}')} | {note} |")
+    for r in results[1:]:
+        if r.get("kind") == "comparison" and "max_abs_loss_diff" in r:
+            lines.append("")
+            lines.append(f"{r['id']} ({r['precision']}, {r['updates']} updates): max |loss difference| "
+                         f"{r['max_abs_loss_diff']:.2e} (tolerance {r['tolerance']:.0e}): "
+                         f"{', '.join(f'{x:.5f}' for x in r['losses'])} vs "
+                         f"{', '.join(f'{x:.5f}' for x in r['losses_against'])}; tokens/s ratio {r['tokens_per_s_ratio']:.2f}")
+    return "\n".join(lines) + "\n"

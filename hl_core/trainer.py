@@ -24,7 +24,7 @@ import torch
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .engines import build_engine
 from .humanline import ReferenceSyncHook, build_transform
-from .objectives import OBJECTIVES, ObjectiveInputs
+from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps
 from .sinks import Sinks
 
 CHECKPOINT_PREFIX = "step_"
@@ -129,7 +129,7 @@ class Trainer:
         self.logps_temperature = 1.0
         if recipe.rollout.every is not None:
             from .data.build import data_kind_of_objective, example_collate
-            from .rollout import RolloutSource, needs_old_logps
+            from .rollout import RolloutSource
 
             if self.objective.logps_at_sampling_temperature:
                 self.logps_temperature = recipe.rollout.temperature

@@ -45,6 +45,12 @@ register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, 
 register_objective(ObjectiveSpec("sft", sft_loss, "sft", sft_batch_loss, needs_reference=False))
 
 
+def needs_old_logps(recipe) -> bool:
+    """Rollouts: whether the objective's ratio is against the behaviour policy's log-probs, kept at sampling
+    time (standard GRPO); humanline GRPO takes the ratio against the synced reference instead."""
+    return OBJECTIVES[recipe.objective.name].uses_behaviour_logps and not recipe.humanline.enabled
+
+
 def reference_needed(recipe) -> bool:
     """Whether anything reads the reference's log-probs, and so whether the engine builds a reference model.
 
@@ -53,8 +59,6 @@ def reference_needed(recipe) -> bool:
     """
     if not OBJECTIVES[recipe.objective.name].needs_reference:
         return False
-    from ..rollout import needs_old_logps
-
     behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
     return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
 
@@ -63,6 +67,7 @@ __all__ = [
     "ObjectiveSpec",
     "OBJECTIVES",
     "register_objective",
+    "needs_old_logps",
     "reference_needed",
     "dpo_loss",
     "kto_loss",

@@ -202,10 +202,3 @@ def _unpaired_examples(out: list, prompt_ids, completions, scores, threshold) ->
 
 
 EXAMPLE_BUILDERS = {"grouped": _group_examples, "paired": _pair_examples, "unpaired": _unpaired_examples}
-
-
-def needs_old_logps(recipe) -> bool:
-    """Standard GRPO keeps behaviour log-probs; humanline GRPO takes the ratio against the synced reference."""
-    from ..objectives import OBJECTIVES
-
-    return OBJECTIVES[recipe.objective.name].uses_behaviour_logps and not recipe.humanline.enabled

@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional
 
 import torch
 
@@ -415,8 +415,10 @@ class Trainer:
             engine.close(destroy_process_group)
 
 
-def run(recipe: Recipe) -> Dict[str, float]:
-    """Setup, train, save; always tears the engine down; then the post-training evals (rank 0)."""
+def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None) -> Dict[str, float]:
+    """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a
+    ``final/`` model and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher
+    passes the post-training evals); its result goes into the returned summary as ``post_training_eval``."""
     trainer = Trainer(recipe)
     try:
         trainer.setup()
@@ -425,25 +427,7 @@ def run(recipe: Recipe) -> Dict[str, float]:
         is_main = getattr(trainer, "is_main", False)
         trainer.close()
     final = Path(recipe.output_dir) / "final"
-    if is_main and recipe.eval.after_training and summary.get("updates", 0) >= recipe.train.max_steps and final.exists():
-        summary["post_training_eval"] = post_training_eval(recipe, final)
+    if (after_training is not None and is_main and recipe.eval.after_training
+            and summary.get("updates", 0) >= recipe.train.max_steps and final.exists()):
+        summary["post_training_eval"] = after_training(recipe, final)
     return summary
-
-
-def post_training_eval(recipe: Recipe, model_dir: Path) -> Dict[str, object]:
-    """The enabled ``eval.math500`` / ``eval.alpaca_eval`` / ``eval.data_quality`` blocks on ``final/``;
-    results in ``output_dir/eval/*.json``. A failing block is reported, not raised: training succeeded."""
-    from .config import POST_TRAINING_EVALS
-
-    enabled = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
-    if not enabled:
-        return {}
-    from eval.run_from_recipe import run_post_training_eval
-
-    print(f"post-training evals: {', '.join(enabled)} on {model_dir}", flush=True)
-    results = run_post_training_eval(recipe, model_dir=model_dir, output_dir=recipe.output_dir, raise_on_error=False)
-    failed = [b for b in enabled if isinstance(results.get(b), dict) and "error" in results[b]]
-    for block in failed:
-        print(f"post-training eval `{block}` failed: {results[block]['error']}", flush=True)
-    print(f"post-training eval results in {results.get('eval_dir')}", flush=True)
-    return {b: ("failed" if b in failed else "ok") for b in enabled}

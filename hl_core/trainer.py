@@ -17,7 +17,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -65,6 +65,9 @@ class DataOrder:
 class OfflineSource:
     """Micro-batches from the (tokenized) offline data set, in the seeded data order."""
 
+    METRIC_KEYS = ()  # before_step reports nothing
+    EVAL_METRIC_KEYS = ()
+
     def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder):
         self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order
 
@@ -81,23 +84,40 @@ class OfflineSource:
 @dataclass
 class _Accumulator:
     """Weighted mean of metrics over micro-batches and ranks, per key: a key that only some
-    micro-batches report (e.g. KTO's reward of a kind absent from a batch) averages over those."""
+    micro-batches report (e.g. KTO's reward of a kind absent from a batch) averages over those, and a
+    key no micro-batch of any rank reported is left out. ``keys`` is the fixed, declared set (see
+    ``declared_metric_keys``), so ``reduce`` is one all-reduce of a fixed size at any world size;
+    reporting a key outside it is an error (``objective`` names the run's objective in that error)."""
 
+    keys: Sequence[str]
+    objective: str
     sums: Dict[str, float] = field(default_factory=dict)
     weights: Dict[str, float] = field(default_factory=dict)
 
     def add(self, metrics: Dict[str, float], weight: float = 1.0) -> None:
         for key, value in metrics.items():
+            if key not in self.keys:
+                raise RuntimeError(
+                    f"Metric `{key}` was reported but objective `{self.objective}` does not declare it (declared: "
+                    f"{', '.join(self.keys)}). Add it to the METRIC_KEYS of whatever reports it: the objective's "
+                    "module, the humanline transform or the data source."
+                )
             self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
     def reduce(self, engine) -> Dict[str, float]:
-        keys = engine.all_keys(self.sums)
+        keys = self.keys
         local = torch.tensor([self.sums.get(k, 0.0) for k in keys] + [self.weights.get(k, 0.0) for k in keys],
                              dtype=torch.float64)
         total = engine.all_reduce_sum(local)
         n = len(keys)
         return {k: total[i].item() / total[n + i].item() for i, k in enumerate(keys) if total[n + i].item() > 0}
+
+
+def declared_metric_keys(objective, transform, source_keys: Sequence[str] = ()) -> Tuple[str, ...]:
+    """Every metric a micro-batch (or an evaluation) may report, sorted: ``loss``, the objective's
+    ``metric_keys``, the humanline transform's and the data source's ``METRIC_KEYS`` (``source_keys``)."""
+    return tuple(sorted({"loss", *objective.metric_keys, *transform.METRIC_KEYS, *source_keys}))
 
 
 class Trainer:
@@ -139,6 +159,8 @@ class Trainer:
             )
         else:
             self.source = OfflineSource(self.engine, recipe.train.micro_batch_size, self.train_data, order)
+        self.metric_keys = declared_metric_keys(self.objective, self.transform, self.source.METRIC_KEYS)
+        self.eval_metric_keys = declared_metric_keys(self.objective, self.transform, self.source.EVAL_METRIC_KEYS)
 
         self.updates_done = 0
         self.eval_history: List[Dict[str, float]] = []
@@ -224,7 +246,7 @@ class Trainer:
         n = self.updates_done
         step_start = time.perf_counter()
         rollout_metrics = self.source.before_step(n)
-        acc, tokens = _Accumulator(), 0
+        acc, tokens = _Accumulator(self.metric_keys, self.objective.name), 0
         batches = self.source.batches(n)
         for micro_index, batch in enumerate(batches):
             tokens += int(batch["attention_mask"].sum())
@@ -288,7 +310,7 @@ class Trainer:
         rounds = math.ceil(n / per_round)
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
-        acc = _Accumulator()
+        acc = _Accumulator(self.eval_metric_keys, self.objective.name)
         if hasattr(self.source, "evaluate"):
             rounds = 0  # rollout runs: held-out reward of fresh samples instead of an offline loss
             metrics, weight = self.source.evaluate(self.eval_data)

@@ -35,6 +35,10 @@ def is_rollout_step(updates_done: int, every: Optional[int]) -> bool:
 class RolloutSource:
     """Produces the training micro-batches of each update from fresh (or buffered) generations."""
 
+    # the metrics ``before_step`` reports (besides the ``rollout`` flag) and those ``evaluate`` reports
+    METRIC_KEYS = ("rollout_time_s", "reward_mean", "reward_std", "gen_len_mean", "gen_len_max", "pairs_kept_frac")
+    EVAL_METRIC_KEYS = ("reward", "gen_len")
+
     def __init__(self, recipe, engine, tokenizer, prompts, collate, data_kind: str, positions, needs_old_logps: bool,
                  logps_temperature: float):
         self.recipe, self.engine, self.tokenizer = recipe, engine, tokenizer

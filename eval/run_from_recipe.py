@@ -1,6 +1,7 @@
 """Post-training evals driven by a recipe's ``eval:`` block.
 
-The trainer calls, on rank 0 after training (engines torn down)::
+The launcher (``launchers/run.py``, through ``hl_core.trainer.run``'s ``after_training`` callback) calls,
+on rank 0 after training (engines torn down)::
 
     from eval.run_from_recipe import run_post_training_eval
     run_post_training_eval(recipe, model_dir=f"{recipe.output_dir}/final", output_dir=recipe.output_dir)

@@ -60,10 +60,12 @@ class LogRatioTransform:
     """Turns per-token log-probs into the log-ratios an objective consumes.
 
     ``__call__(policy_logps, ref_logps, mask)`` returns ``(log_ratios, metrics)`` where
-    ``log_ratios`` is ``[B, T]`` and zero on masked positions.
+    ``log_ratios`` is ``[B, T]`` and zero on masked positions; ``METRIC_KEYS`` names every metric it
+    reports (the trainer reduces a fixed, declared set of keys).
     """
 
     name = "base"
+    METRIC_KEYS: Tuple[str, ...] = ()
 
     def __call__(
         self, policy_logps: torch.Tensor, ref_logps: torch.Tensor, mask: torch.Tensor
@@ -79,6 +81,7 @@ class NoTransform(LogRatioTransform):
     """
 
     name = "none"
+    METRIC_KEYS = ("unclamped_frac",)
 
     def __init__(self, log_eps_P: float = DEFAULT_LOG_EPS_P, log_eps_R: float = DEFAULT_LOG_EPS_R):
         self.log_eps_P = float(log_eps_P)
@@ -94,6 +97,7 @@ class ClipTransform(LogRatioTransform):
     """Humanline clipping: ``clamp(lp_pol - lp_ref, log_eps_P, log_eps_R)`` on every non-masked token."""
 
     name = "clip"
+    METRIC_KEYS = ("unclamped_frac",)
 
     def __init__(self, log_eps_P: float = DEFAULT_LOG_EPS_P, log_eps_R: float = DEFAULT_LOG_EPS_R):
         self.log_eps_P = float(log_eps_P)
@@ -278,6 +282,7 @@ class SampleTransform(LogRatioTransform):
     """
 
     name = "sample"
+    METRIC_KEYS = ("rejected_frac", "unclamped_frac")
 
     def __init__(
         self,

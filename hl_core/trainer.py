@@ -17,14 +17,14 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .engines import build_engine
 from .humanline import ReferenceSyncHook, build_transform
-from .objectives import OBJECTIVES, ObjectiveInputs
+from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps
 from .sinks import Sinks
 
 CHECKPOINT_PREFIX = "step_"
@@ -65,6 +65,9 @@ class DataOrder:
 class OfflineSource:
     """Micro-batches from the (tokenized) offline data set, in the seeded data order."""
 
+    METRIC_KEYS = ()  # before_step reports nothing
+    EVAL_METRIC_KEYS = ()
+
     def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder):
         self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order
 
@@ -81,23 +84,40 @@ class OfflineSource:
 @dataclass
 class _Accumulator:
     """Weighted mean of metrics over micro-batches and ranks, per key: a key that only some
-    micro-batches report (e.g. KTO's reward of a kind absent from a batch) averages over those."""
+    micro-batches report (e.g. KTO's reward of a kind absent from a batch) averages over those, and a
+    key no micro-batch of any rank reported is left out. ``keys`` is the fixed, declared set (see
+    ``declared_metric_keys``), so ``reduce`` is one all-reduce of a fixed size at any world size;
+    reporting a key outside it is an error (``objective`` names the run's objective in that error)."""
 
+    keys: Sequence[str]
+    objective: str
     sums: Dict[str, float] = field(default_factory=dict)
     weights: Dict[str, float] = field(default_factory=dict)
 
     def add(self, metrics: Dict[str, float], weight: float = 1.0) -> None:
         for key, value in metrics.items():
+            if key not in self.keys:
+                raise RuntimeError(
+                    f"Metric `{key}` was reported but objective `{self.objective}` does not declare it (declared: "
+                    f"{', '.join(self.keys)}). Add it to the METRIC_KEYS of whatever reports it: the objective's "
+                    "module, the humanline transform or the data source."
+                )
             self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
     def reduce(self, engine) -> Dict[str, float]:
-        keys = engine.all_keys(self.sums)
+        keys = self.keys
         local = torch.tensor([self.sums.get(k, 0.0) for k in keys] + [self.weights.get(k, 0.0) for k in keys],
                              dtype=torch.float64)
         total = engine.all_reduce_sum(local)
         n = len(keys)
         return {k: total[i].item() / total[n + i].item() for i, k in enumerate(keys) if total[n + i].item() > 0}
+
+
+def declared_metric_keys(objective, transform, source_keys: Sequence[str] = ()) -> Tuple[str, ...]:
+    """Every metric a micro-batch (or an evaluation) may report, sorted: ``loss``, the objective's
+    ``metric_keys``, the humanline transform's and the data source's ``METRIC_KEYS`` (``source_keys``)."""
+    return tuple(sorted({"loss", *objective.metric_keys, *transform.METRIC_KEYS, *source_keys}))
 
 
 class Trainer:
@@ -129,7 +149,7 @@ class Trainer:
         self.logps_temperature = 1.0
         if recipe.rollout.every is not None:
             from .data.build import data_kind_of_objective, example_collate
-            from .rollout import RolloutSource, needs_old_logps
+            from .rollout import RolloutSource
 
             if self.objective.logps_at_sampling_temperature:
                 self.logps_temperature = recipe.rollout.temperature
@@ -139,6 +159,8 @@ class Trainer:
             )
         else:
             self.source = OfflineSource(self.engine, recipe.train.micro_batch_size, self.train_data, order)
+        self.metric_keys = declared_metric_keys(self.objective, self.transform, self.source.METRIC_KEYS)
+        self.eval_metric_keys = declared_metric_keys(self.objective, self.transform, self.source.EVAL_METRIC_KEYS)
 
         self.updates_done = 0
         self.eval_history: List[Dict[str, float]] = []
@@ -224,7 +246,7 @@ class Trainer:
         n = self.updates_done
         step_start = time.perf_counter()
         rollout_metrics = self.source.before_step(n)
-        acc, tokens = _Accumulator(), 0
+        acc, tokens = _Accumulator(self.metric_keys, self.objective.name), 0
         batches = self.source.batches(n)
         for micro_index, batch in enumerate(batches):
             tokens += int(batch["attention_mask"].sum())
@@ -288,7 +310,7 @@ class Trainer:
         rounds = math.ceil(n / per_round)
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
-        acc = _Accumulator()
+        acc = _Accumulator(self.eval_metric_keys, self.objective.name)
         if hasattr(self.source, "evaluate"):
             rounds = 0  # rollout runs: held-out reward of fresh samples instead of an offline loss
             metrics, weight = self.source.evaluate(self.eval_data)
@@ -415,8 +437,10 @@ class Trainer:
             engine.close(destroy_process_group)
 
 
-def run(recipe: Recipe) -> Dict[str, float]:
-    """Setup, train, save; always tears the engine down; then the post-training evals (rank 0)."""
+def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None) -> Dict[str, float]:
+    """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a
+    ``final/`` model and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher
+    passes the post-training evals); its result goes into the returned summary as ``post_training_eval``."""
     trainer = Trainer(recipe)
     try:
         trainer.setup()
@@ -425,25 +449,7 @@ def run(recipe: Recipe) -> Dict[str, float]:
         is_main = getattr(trainer, "is_main", False)
         trainer.close()
     final = Path(recipe.output_dir) / "final"
-    if is_main and recipe.eval.after_training and summary.get("updates", 0) >= recipe.train.max_steps and final.exists():
-        summary["post_training_eval"] = post_training_eval(recipe, final)
+    if (after_training is not None and is_main and recipe.eval.after_training
+            and summary.get("updates", 0) >= recipe.train.max_steps and final.exists()):
+        summary["post_training_eval"] = after_training(recipe, final)
     return summary
-
-
-def post_training_eval(recipe: Recipe, model_dir: Path) -> Dict[str, object]:
-    """The enabled ``eval.math500`` / ``eval.alpaca_eval`` / ``eval.data_quality`` blocks on ``final/``;
-    results in ``output_dir/eval/*.json``. A failing block is reported, not raised: training succeeded."""
-    from .config import POST_TRAINING_EVALS
-
-    enabled = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
-    if not enabled:
-        return {}
-    from eval.run_from_recipe import run_post_training_eval
-
-    print(f"post-training evals: {', '.join(enabled)} on {model_dir}", flush=True)
-    results = run_post_training_eval(recipe, model_dir=model_dir, output_dir=recipe.output_dir, raise_on_error=False)
-    failed = [b for b in enabled if isinstance(results.get(b), dict) and "error" in results[b]]
-    for block in failed:
-        print(f"post-training eval `{block}` failed: {results[block]['error']}", flush=True)
-    print(f"post-training eval results in {results.get('eval_dir')}", flush=True)
-    return {b: ("failed" if b in failed else "ok") for b in enabled}

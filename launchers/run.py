@@ -17,6 +17,7 @@ import faulthandler
 import os
 import sys
 from pathlib import Path
+from typing import Dict
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
@@ -64,6 +65,26 @@ def validate(recipe, world_size=None) -> str:
     return "\n".join(lines)
 
 
+def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
+    """The enabled ``eval.math500`` / ``eval.alpaca_eval`` / ``eval.data_quality`` blocks on ``final/``
+    (rank 0, after training, engines torn down); results in ``output_dir/eval/*.json``. A failing block
+    is reported, not raised: training succeeded."""
+    from hl_core.config import POST_TRAINING_EVALS
+
+    enabled = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
+    if not enabled:
+        return {}
+    from eval.run_from_recipe import run_post_training_eval
+
+    print(f"post-training evals: {', '.join(enabled)} on {model_dir}", flush=True)
+    results = run_post_training_eval(recipe, model_dir=model_dir, output_dir=recipe.output_dir, raise_on_error=False)
+    failed = [b for b in enabled if isinstance(results.get(b), dict) and "error" in results[b]]
+    for block in failed:
+        print(f"post-training eval `{block}` failed: {results[block]['error']}", flush=True)
+    print(f"post-training eval results in {results.get('eval_dir')}", flush=True)
+    return {b: ("failed" if b in failed else "ok") for b in enabled}
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after flags
     rank = int(os.environ.get("RANK", "0"))
@@ -86,7 +107,7 @@ def main(argv=None) -> int:
             return 0
         from hl_core.trainer import run
 
-        run(recipe)
+        run(recipe, after_training=post_training_eval)
         return 0
     except UserError as exc:
         if rank == 0:

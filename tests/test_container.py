@@ -213,7 +213,7 @@ def _ignored(path: str, patterns) -> bool:
 
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
     patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
-    for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config.py",
+    for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config/__init__.py",
                    "launchers/run.py", "launchers/slurm.py", "recipes/tiny/humanline_dpo.yaml",
                    "tests/fixtures/tiny/model/config.json", "eval/__init__.py"):
         assert not _ignored(needed, patterns), needed

@@ -125,15 +125,6 @@ class Engine:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def all_keys(self, local: Dict[str, Any]) -> list:
-        """Sorted union of metric names over all ranks (ranks may report different keys)."""
-        keys = set(local)
-        if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
-            gathered = [None] * self.world_size
-            torch.distributed.all_gather_object(gathered, sorted(keys))
-            keys = set().union(*map(set, gathered))
-        return sorted(keys)
-
     def barrier(self) -> None:
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.barrier()

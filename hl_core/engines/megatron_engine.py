@@ -9,12 +9,14 @@ none.
 Weights. ``model.random_init`` builds the Hugging Face model from its config with ``train.seed``
 (exactly as the DeepSpeed engine does) and converts it; otherwise each rank reads only its own
 stage's tensors from the HF safetensors (``megatron_convert.LazyHFCheckpoint``) and slices its TP
-part. ``save_hf`` gathers the shards to rank 0 and merges them back into a HF directory.
+part. Resumable checkpoints and ``save_hf`` (which gathers the shards to rank 0 and merges them back
+into a HF directory) are in ``megatron_checkpoint.py``, a mixin of this engine.
 
 Log-probs. ``token_logps`` returns ``[N, T]`` float32 aligned like ``sequence_token_logps``
 (``out[:, 0] = 0``), identical on every rank of the model-parallel group. The log-softmax is
 vocab-parallel (megatron-core's ``vocab_parallel_cross_entropy``: a max and two sums all-reduced
-over the TP group; full-vocabulary logits are never gathered), chunked over the sequence.
+over the TP group; full-vocabulary logits are never gathered), chunked over the sequence
+(``megatron_logps.py``, with the pipeline schedule's forward/backward below).
 
 Pipeline parallel (pp > 1): the trainer computes the loss from log-probs (``token_logps`` ->
 transform -> objective -> ``backward``), while Megatron's schedules fuse forward and backward.
@@ -41,10 +43,8 @@ all-reduce between first and last stage, and a model-parallel grad norm done her
 from __future__ import annotations
 
 import gc
-import json
 import os
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 import torch
@@ -55,92 +55,10 @@ from ..objectives import reference_needed
 from ..modeling import DTYPES
 from .base import Engine, launch_environment, lr_lambda
 from . import megatron_cpu
-from .megatron_convert import LazyHFCheckpoint, hf_state_dict, hf_to_mcore, mcore_to_hf, save_hf_directory
+from .megatron_checkpoint import LAYOUT_FILE, MegatronCheckpointing, _resolve_weights_dir
+from .megatron_convert import LazyHFCheckpoint, hf_state_dict, hf_to_mcore
+from .megatron_logps import pipeline_token_logps, vocab_parallel_token_logps
 from .megatron_specs import build_gpt_model, causal_mask, logits_transform, transformer_config, uses_transformer_engine
-
-LAYOUT_FILE = "megatron_layout.json"
-
-
-# ------------------------------------------------------------------------------------------------
-# vocab-parallel token log-probs
-# ------------------------------------------------------------------------------------------------
-
-
-def vocab_parallel_token_logps(logits, input_ids, chunk_size: int = 128, temperature: float = 1.0, transform=None):
-    """``[N, T, V/tp]`` vocab-parallel logits -> ``[N, T]`` float32 log-probs, ``out[:, 0] = 0``,
-    ``out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` over the full vocabulary.
-
-    Uses megatron-core's vocab-parallel cross entropy (max / sum-exp / target logit all-reduced
-    over the TP group), a sequence chunk at a time, so at most ``[N, chunk, V/tp]`` is up-cast.
-    """
-    from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
-
-    labels = input_ids[:, 1:]
-    steps = labels.shape[1]
-    pieces = []
-    for start in range(0, steps, chunk_size):
-        end = min(start + chunk_size, steps)
-        chunk = logits[:, start:end].to(torch.float32, copy=True)  # the kernel works in place
-        if transform is not None:
-            chunk = transform(chunk)
-        if temperature != 1.0:
-            chunk = chunk / temperature
-        pieces.append(-vocab_parallel_cross_entropy(chunk, labels[:, start:end]))
-    shifted = torch.cat(pieces, dim=1) if pieces else logits.new_zeros(labels.shape, dtype=torch.float32)
-    return torch.cat([shifted.new_zeros(shifted.shape[0], 1), shifted], dim=1)
-
-
-def pipeline_token_logps(model, input_ids, *, num_microbatches: int, temperature: float = 1.0, chunk_size: int = 128,
-                         transform=None, attention_mask=None, grad_logps: Optional[torch.Tensor] = None):
-    """Megatron's pipeline schedule (1F1B) over one batch of ``input_ids`` split into ``num_microbatches``.
-
-    Forward-only (``grad_logps is None``): returns the ``[N, T]`` log-probs, broadcast from the last
-    stage to every rank of the pipeline group. Otherwise runs forward+backward with the surrogate loss
-    ``sum(logps * grad_logps)`` on the last stage (its parameter gradient is ``sum_t g_t dlogp_t/dtheta``);
-    gradients accumulate into the parameters and ``None`` is returned.
-    """
-    from megatron.core import parallel_state as ps
-    from megatron.core.pipeline_parallel import get_forward_backward_func
-
-    forward_only = grad_logps is None
-    rows, seq_len = input_ids.shape
-    if rows % num_microbatches:
-        raise ValueError(f"{rows} rows do not split into {num_microbatches} pipeline micro-batches")
-    mbs = rows // num_microbatches
-    device = input_ids.device
-    pieces = [
-        {"ids": input_ids[i * mbs : (i + 1) * mbs],
-         "grad": None if forward_only else grad_logps[i * mbs : (i + 1) * mbs].to(device)}
-        for i in range(num_microbatches)
-    ]
-    position_ids = torch.arange(seq_len, device=device)[None].expand(mbs, -1)
-
-    def forward_step(data_iterator, chunk_model):
-        piece = next(data_iterator)
-        output = chunk_model(piece["ids"], position_ids, attention_mask)
-
-        def loss_func(logits):
-            logps = vocab_parallel_token_logps(logits, piece["ids"], chunk_size, temperature, transform)
-            if forward_only:
-                return logps.sum() * 0.0, {"logps": logps.detach()}
-            # the schedule divides each micro-batch's loss by their number: undo it (the caller scaled already)
-            return (logps * piece["grad"]).sum() * num_microbatches, {}
-
-        return output, loss_func
-
-    with torch.set_grad_enabled(not forward_only):
-        outputs = get_forward_backward_func()(
-            forward_step_func=forward_step, data_iterator=iter(pieces), model=[model],
-            num_microbatches=num_microbatches, seq_length=seq_len, micro_batch_size=mbs, forward_only=forward_only,
-        )
-    if not forward_only:
-        return None
-    if ps.is_pipeline_last_stage():
-        logps = torch.cat([o["logps"] for o in outputs], dim=0)
-    else:
-        logps = torch.empty(rows, seq_len, dtype=torch.float32, device=device)
-    torch.distributed.broadcast(logps, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
-    return logps
 
 
 def allreduce_tied_embedding_grads(model) -> None:
@@ -172,7 +90,7 @@ def _init_distributed(backend: Optional[str]) -> None:
         torch.distributed.init_process_group(backend=launch_environment(backend))
 
 
-class MegatronEngine(Engine):
+class MegatronEngine(MegatronCheckpointing, Engine):
     def __init__(self, recipe, tokenizer):
         from megatron.core import parallel_state as ps
         from megatron.core import tensor_parallel
@@ -259,19 +177,6 @@ class MegatronEngine(Engine):
             source = LazyHFCheckpoint(_resolve_weights_dir(model_cfg.name_or_path))
         shard = hf_to_mcore(source, self.hf_config, self.tp, self.pp, ranks=[(self.pp_rank, self.tp_rank)], te=self.te)
         self._copy_shard(model, shard[(self.pp_rank, self.tp_rank)])
-
-    @torch.no_grad()
-    def _copy_shard(self, model, shard: Dict[str, torch.Tensor]) -> None:
-        params = dict(model.named_parameters())
-        if set(params) != set(shard):
-            raise RecipeError(
-                "The converted checkpoint does not match the megatron-core model "
-                f"(only in model: {sorted(set(params) - set(shard))[:5]}, only in checkpoint: {sorted(set(shard) - set(params))[:5]})."
-            )
-        for name, param in params.items():
-            if tuple(param.shape) != tuple(shard[name].shape):
-                raise RecipeError(f"Shape mismatch for `{name}`: model {tuple(param.shape)}, checkpoint {tuple(shard[name].shape)}.")
-            param.copy_(shard[name].to(param.dtype))
 
     def _build_optimizer(self, policy) -> None:
         train = self.recipe.train
@@ -450,87 +355,6 @@ class MegatronEngine(Engine):
         for _, pol, ref in self._pairs:
             ref.data.copy_(pol.data)
 
-    # ------------------------------------------------------------------------------------------ checkpoints
-    def _shard_file(self, directory: Path) -> Path:
-        return directory / f"mp_rank_pp{self.pp_rank:03d}_tp{self.tp_rank:02d}.pt"
-
-    def _optimizer_file(self, directory: Path) -> Path:
-        return directory / f"optim_pp{self.pp_rank:03d}_tp{self.tp_rank:02d}.pt"
-
-    def _local_state(self, module) -> Dict[str, torch.Tensor]:
-        return {name: p.detach().cpu().clone() for name, p in module.named_parameters()}
-
-    def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
-        """Per (pp, tp) shard: policy, reference (when syncing) and optimizer state, written by data-parallel
-        rank 0 (the CPU optimizer is replicated over data parallel; the GPU distributed optimizer's
-        parameter state is gathered over data parallel by megatron-core's ``save_parameter_state``).
-        Rank 0 writes the client state, the layout and ``latest``."""
-        path = Path(directory) / tag
-        # every rank enters before anything is written: the trainer looks for an existing tag directory
-        # on each rank to decide whether to save, so creating it early would race with that check
-        self.barrier()
-        if self.rank == 0:
-            path.mkdir(parents=True, exist_ok=True)
-        self.barrier()
-        if self.dp_rank == 0:
-            state = {"policy": self._local_state(self.policy_module), "updates_done": self.updates_done,
-                     "micro_steps": self._micro_steps}
-            if self.recipe.humanline.sync_every is not None:
-                state["reference"] = self._local_state(self.reference)
-            state["optimizer"] = self.optimizer.state_dict()  # GPU: the non-parameter part (steps, groups)
-            torch.save(state, self._shard_file(path))
-        if not self.cpu:  # the distributed optimizer's parameter state, gathered to data-parallel rank 0
-            self.optimizer.save_parameter_state(str(self._optimizer_file(path)))
-        if self.rank == 0:
-            torch.save(client_state, path / "client_state.pt")
-            (path / LAYOUT_FILE).write_text(json.dumps({"tp": self.tp, "pp": self.pp, "world_size": self.world_size}))
-            (Path(directory) / "latest").write_text(tag)
-        self.barrier()
-
-    def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
-        if tag is None:
-            tag = (Path(directory) / "latest").read_text().strip()
-        path = Path(directory) / tag
-        layout_file = path / LAYOUT_FILE
-        if not layout_file.exists():
-            raise RecipeError(f"No megatron checkpoint found in `{path}`. Fix: check `checkpoint.resume`.")
-        layout = json.loads(layout_file.read_text())
-        if (layout["tp"], layout["pp"]) != (self.tp, self.pp) or (not self.cpu and layout["world_size"] != self.world_size):
-            raise RecipeError(
-                f"Checkpoint `{path}` was written with tp={layout['tp']}, pp={layout['pp']} "
-                f"({layout['world_size']} processes); this run has tp={self.tp}, pp={self.pp} ({self.world_size}). "
-                "Fix: resume with the same `parallel` layout, or export with save_hf and start a new run from it."
-            )
-        state = torch.load(self._shard_file(path), map_location="cpu", weights_only=True)
-        self._copy_shard(self.policy_module, state["policy"])
-        if self.recipe.humanline.sync_every is not None:
-            if "reference" not in state:
-                raise RecipeError(
-                    f"Checkpoint `{path}` has no reference shard, but this run syncs the reference. "
-                    "Fix: resume from a checkpoint written by a syncing run."
-                )
-            self._copy_shard(self.reference, state["reference"])
-        self.updates_done = int(state["updates_done"])
-        self._micro_steps = int(state["micro_steps"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        if not self.cpu:
-            self.optimizer.load_parameter_state(str(self._optimizer_file(path)))
-        return torch.load(path / "client_state.pt", map_location="cpu", weights_only=True) or {}
-
-    def save_hf(self, directory: str) -> None:
-        """Gather every (pp, tp) policy shard to rank 0 (data-parallel rank 0 ranks send), merge, write."""
-        local = self._local_state(self.policy_module) if self.dp_rank == 0 else None
-        if self.dtype != torch.float32 and local is not None:
-            local = {k: v.to(self.dtype) for k, v in local.items()}
-        item = ((self.pp_rank, self.tp_rank), local)
-        gathered = [None] * self.world_size if self.rank == 0 else None
-        torch.distributed.gather_object(item, gathered, dst=0)
-        if self.rank == 0:
-            shards = {key: sd for key, sd in gathered if sd is not None}
-            hf = mcore_to_hf(shards, self.hf_config, self.tp, self.pp, te=self.te)
-            save_hf_directory(hf, self.hf_config, directory, self.tokenizer)
-        self.barrier()
-
     def generation_module(self):
         raise RecipeError(
             "Online and sparse rollouts (`rollout.every`) generate with the policy, which the megatron engine "
@@ -552,12 +376,4 @@ class MegatronEngine(Engine):
                 torch.distributed.destroy_process_group()
 
 
-def _resolve_weights_dir(name_or_path: str) -> str:
-    if Path(name_or_path).is_dir():
-        return name_or_path
-    from huggingface_hub import snapshot_download
-
-    return snapshot_download(name_or_path, allow_patterns=["*.safetensors", "*.json"])
-
-
-__all__ = ["MegatronEngine", "vocab_parallel_token_logps"]
+__all__ = ["LAYOUT_FILE", "MegatronEngine", "pipeline_token_logps", "vocab_parallel_token_logps"]

@@ -1,15 +1,16 @@
 """Objectives: pure functions over per-token log-ratios, each returning ``(loss, metrics)``.
 
 The registry maps the recipe's ``objective.name`` to an ``ObjectiveSpec`` (the loss function, the
-kind of data it consumes). Humanline is never re-implemented here: the trainer hands each objective
+kind of data it consumes, the metric keys it reports). Humanline is never re-implemented here: the trainer hands each objective
 log-ratios already transformed by ``hl_core.humanline``.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable, Dict, Optional
+from typing import Callable, Dict, Optional, Tuple
 
+from . import dpo, grpo, kto, sft
 from .dpo import dpo_batch_loss, dpo_loss
 from .base import ObjectiveInputs
 from .grpo import group_advantages, grpo_batch_loss, grpo_loss
@@ -30,6 +31,8 @@ class ObjectiveSpec:
     logps_at_sampling_temperature: bool = False
     # False for objectives that never look at the reference (SFT): its forward pass is skipped
     needs_reference: bool = True
+    # every metric ``batch_loss`` may report: the trainer reduces this fixed set (reporting another is an error)
+    metric_keys: Tuple[str, ...] = ()
 
 
 OBJECTIVES: Dict[str, ObjectiveSpec] = {}
@@ -39,10 +42,16 @@ def register_objective(spec: ObjectiveSpec) -> None:
     OBJECTIVES[spec.name] = spec
 
 
-register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss))
-register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss))
-register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, True, True))
-register_objective(ObjectiveSpec("sft", sft_loss, "sft", sft_batch_loss, needs_reference=False))
+register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss, metric_keys=dpo.METRIC_KEYS))
+register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss, metric_keys=kto.METRIC_KEYS))
+register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, True, True, metric_keys=grpo.METRIC_KEYS))
+register_objective(ObjectiveSpec("sft", sft_loss, "sft", sft_batch_loss, needs_reference=False, metric_keys=sft.METRIC_KEYS))
+
+
+def needs_old_logps(recipe) -> bool:
+    """Rollouts: whether the objective's ratio is against the behaviour policy's log-probs, kept at sampling
+    time (standard GRPO); humanline GRPO takes the ratio against the synced reference instead."""
+    return OBJECTIVES[recipe.objective.name].uses_behaviour_logps and not recipe.humanline.enabled
 
 
 def reference_needed(recipe) -> bool:
@@ -53,8 +62,6 @@ def reference_needed(recipe) -> bool:
     """
     if not OBJECTIVES[recipe.objective.name].needs_reference:
         return False
-    from ..rollout import needs_old_logps
-
     behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
     return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
 
@@ -63,6 +70,7 @@ __all__ = [
     "ObjectiveSpec",
     "OBJECTIVES",
     "register_objective",
+    "needs_old_logps",
     "reference_needed",
     "dpo_loss",
     "kto_loss",

@@ -12,6 +12,11 @@ import torch.nn.functional as F
 
 from .base import weighted_mean
 
+# every metric ``dpo_batch_loss`` reports (the trainer reduces exactly these over micro-batches and ranks)
+METRIC_KEYS = (
+    "rewards/chosen", "rewards/rejected", "rewards/margin", "rewards/accuracy", "policy/accuracy", "policy/margin",
+)
+
 
 def sequence_logratio(logratios: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of per-token log-ratios over the non-masked tokens: ``[B, T] -> [B]``."""

@@ -18,6 +18,12 @@ import torch
 
 AGGREGATIONS = ("token", "sequence")
 
+# every metric ``grpo_batch_loss`` reports (``kl/mean`` only when the run has a reference)
+METRIC_KEYS = (
+    "clip/low_frac", "clip/high_frac", "clip/frac", "ratio/mean", "advantages/mean", "advantages/std",
+    "advantages/min", "advantages/max", "kl/mean", "policy/adv_logp",
+)
+
 
 def group_advantages(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
     """``(score - mean(group)) / (std(group) + eps)`` per group, population std (``unbiased=False``).

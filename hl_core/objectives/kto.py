@@ -18,6 +18,12 @@ import torch
 from .base import weighted_mean
 from .dpo import sequence_logratio
 
+# every metric ``kto_batch_loss`` reports; the per-kind rewards and ``policy/margin`` only when the batch
+# holds that kind (both kinds), so some micro-batches leave them out
+METRIC_KEYS = (
+    "kto/z0", "count/desirable", "count/undesirable", "rewards/desirable", "rewards/undesirable", "policy/margin",
+)
+
 
 def mismatched_pairs(
     prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]

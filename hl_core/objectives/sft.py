@@ -11,6 +11,8 @@ from typing import Dict, Tuple
 
 import torch
 
+METRIC_KEYS = ("sft/nll", "sft/ppl")  # every metric ``sft_batch_loss`` reports
+
 
 def sft_loss(policy_logps: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Mean negative log-likelihood per completion token; metrics ``sft/nll`` and ``sft/ppl``."""

@@ -35,6 +35,10 @@ def is_rollout_step(updates_done: int, every: Optional[int]) -> bool:
 class RolloutSource:
     """Produces the training micro-batches of each update from fresh (or buffered) generations."""
 
+    # the metrics ``before_step`` reports (besides the ``rollout`` flag) and those ``evaluate`` reports
+    METRIC_KEYS = ("rollout_time_s", "reward_mean", "reward_std", "gen_len_mean", "gen_len_max", "pairs_kept_frac")
+    EVAL_METRIC_KEYS = ("reward", "gen_len")
+
     def __init__(self, recipe, engine, tokenizer, prompts, collate, data_kind: str, positions, needs_old_logps: bool,
                  logps_temperature: float):
         self.recipe, self.engine, self.tokenizer = recipe, engine, tokenizer
@@ -202,10 +206,3 @@ def _unpaired_examples(out: list, prompt_ids, completions, scores, threshold) ->
 
 
 EXAMPLE_BUILDERS = {"grouped": _group_examples, "paired": _pair_examples, "unpaired": _unpaired_examples}
-
-
-def needs_old_logps(recipe) -> bool:
-    """Standard GRPO keeps behaviour log-probs; humanline GRPO takes the ratio against the synced reference."""
-    from ..objectives import OBJECTIVES
-
-    return OBJECTIVES[recipe.objective.name].uses_behaviour_logps and not recipe.humanline.enabled

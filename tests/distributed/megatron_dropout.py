@@ -15,7 +15,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-import hl_core.engines.megatron_engine as megatron_engine  # noqa: E402
+import hl_core.engines.megatron_logps as megatron_logps  # noqa: E402
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
 
@@ -30,7 +30,7 @@ trainer = Trainer(recipe)
 trainer.setup()
 engine = trainer.engine
 seen = []
-original = megatron_engine.vocab_parallel_token_logps
+original = megatron_logps.vocab_parallel_token_logps
 
 
 def recording(logits, input_ids, *args, **kwargs):
@@ -39,7 +39,7 @@ def recording(logits, input_ids, *args, **kwargs):
     return out
 
 
-megatron_engine.vocab_parallel_token_logps = recording
+megatron_logps.vocab_parallel_token_logps = recording
 
 
 def one_update():

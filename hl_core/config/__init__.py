@@ -1,0 +1,46 @@
+"""The recipe schema: typed (pydantic v2), inheritable (``defaults:``), overridable (``a.b=c``).
+
+A recipe is a YAML file whose top-level groups are ``model``, ``data``, ``objective``, ``humanline``,
+``engine``, ``parallel``, ``train``, ``checkpoint``, ``eval``, ``logging``, ``rollout``, ``cluster`` and
+``output_dir``. ``load_recipe(path, overrides)`` reads it with ``yaml.safe_load``, merges the files
+named in its ``defaults:`` list (paths relative to the recipe; later files and the recipe itself win),
+applies command-line overrides, and validates. Every mistake raises ``RecipeError`` with one paragraph
+that names the key and the fix.
+
+The package, by concern:
+
+* ``sections.py`` / ``sections_run.py``: the groups (training; evaluation, logging, rollout, cluster);
+  ``schema.py``: ``Recipe``, the top level;
+* ``checks.py``: cross-field checks (``check_recipe``) and the batch layout for a world size;
+* ``load.py``: YAML, ``defaults:`` inheritance, overrides and the wording of validation errors;
+* ``keys_doc.py``: the generator of ``docs/recipe-keys.md`` (``python -m hl_core.config``).
+"""
+
+from pathlib import Path
+
+from .checks import _looks_local, batch_layout, check_recipe
+from .keys_doc import _type_name, recipe_keys_markdown
+from .load import (
+    _describe_error, _model_for_loc, _read_yaml, _resolve_defaults, _unwrap_model, apply_overrides, deep_merge,
+    load_recipe, parse_override, recipe_to_yaml, validate_recipe_dict,
+)
+from .schema import Recipe
+from .sections import (
+    OBJECTIVE_CONFIGS, CheckpointConfig, DataConfig, DataSource, DPOObjective, EngineConfig, GRPOObjective,
+    HumanlineConfig, KTOObjective, ModelConfig, ObjectiveConfig, ParallelConfig, SFTObjective, TrainConfig, _Section,
+)
+from .sections_run import (
+    POST_TRAINING_EVALS, AlpacaEvalConfig, ClusterConfig, DataQualityEvalConfig, EvalConfig, LoggingConfig,
+    Math500EvalConfig, RewardConfig, RolloutConfig, WandbConfig, _GenerationEval,
+)
+
+REPO_ROOT = Path(__file__).resolve().parent.parent.parent
+
+__all__ = [
+    "REPO_ROOT", "Recipe", "load_recipe", "check_recipe", "batch_layout", "recipe_to_yaml", "recipe_keys_markdown",
+    "apply_overrides", "deep_merge", "parse_override", "validate_recipe_dict", "POST_TRAINING_EVALS",
+    "OBJECTIVE_CONFIGS", "ObjectiveConfig", "DPOObjective", "KTOObjective", "GRPOObjective", "SFTObjective",
+    "ModelConfig", "DataSource", "DataConfig", "HumanlineConfig", "EngineConfig", "ParallelConfig", "TrainConfig",
+    "CheckpointConfig", "Math500EvalConfig", "AlpacaEvalConfig", "DataQualityEvalConfig", "EvalConfig",
+    "WandbConfig", "LoggingConfig", "RewardConfig", "RolloutConfig", "ClusterConfig",
+]

@@ -1,0 +1,115 @@
+"""Cross-field checks of a validated recipe: each names the keys involved and the fix."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Optional, Tuple
+
+from ..errors import RecipeError
+from .schema import Recipe
+
+
+def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
+    """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks."""
+    hl = recipe.humanline
+    if hl.sync_every is not None and recipe.train.cache_reference_logps:
+        raise RecipeError(
+            "`train.cache_reference_logps: true` cannot be combined with `humanline.sync_every` "
+            f"({hl.sync_every}): syncing changes the reference, so cached reference log-probs go stale. "
+            "Fix: set `train.cache_reference_logps=false`, or `humanline.sync_every=null` for a frozen reference."
+        )
+    if recipe.engine.name == "megatron":
+        import importlib.util
+
+        if importlib.util.find_spec("megatron.core") is None:
+            raise RecipeError(
+                "`engine.name: megatron` needs the `megatron-core` package. "
+                "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
+            )
+    if recipe.objective.name == "sft" and (hl.enabled or recipe.rollout.every is not None):
+        raise RecipeError(
+            "`objective.name: sft` trains on demonstrations only: it uses no reference (so no humanline "
+            "transform or syncing) and no rollouts. Fix: set `humanline.transform=none humanline.sync_every=null "
+            "rollout.every=null`."
+        )
+    if recipe.engine.name == "megatron" and recipe.rollout.every is not None:
+        raise RecipeError(
+            f"`rollout.every: {recipe.rollout.every}` needs generation, which the Megatron engine does not do yet. "
+            "Fix: use `engine.name=deepspeed` for online/sparse recipes, or `rollout.every=null`."
+        )
+    if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
+        raise RecipeError(
+            f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "
+            "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
+        )
+    reward = recipe.rollout.reward
+    if recipe.rollout.every is not None:
+        if reward.kind == "reward_model" and not reward.model:
+            raise RecipeError(
+                "`rollout.reward.kind: reward_model` needs `rollout.reward.model` (a sequence-classification model "
+                "name or directory). Fix: set it, or use `rollout.reward.kind=math`."
+            )
+        if reward.kind == "callable" and not reward.function:
+            raise RecipeError(
+                "`rollout.reward.kind: callable` needs `rollout.reward.function` (`package.module:function`)."
+            )
+        if recipe.train.cache_reference_logps:
+            raise RecipeError(
+                "`train.cache_reference_logps` cannot be used with rollouts (`rollout.every`): completions are new "
+                "every rollout. Fix: set `train.cache_reference_logps=false`."
+            )
+    if recipe.eval.every is not None and recipe.data.eval is None and recipe.data.eval_fraction == 0.0:
+        raise RecipeError(
+            f"`eval.every: {recipe.eval.every}` needs held-out data. Fix: set `data.eval.path` (or `data.eval.name`), "
+            "or `data.eval_fraction` (e.g. 0.05), or `eval.every=null`."
+        )
+    resume = recipe.checkpoint.resume
+    if resume not in ("auto", "never") and not Path(resume).exists():
+        raise RecipeError(
+            f"`checkpoint.resume: {resume}` is neither `auto`, `never` nor an existing checkpoint path. "
+            "Fix: point it at a directory under `<output_dir>/checkpoints/`, or use `auto`."
+        )
+    for key, source in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
+        if source is not None and source.path is not None and not Path(source.path).exists():
+            raise RecipeError(
+                f"`{key}.path: {source.path}` does not exist (looked relative to {os.getcwd()}). "
+                "Fix: give an existing .jsonl/.json/.parquet file, or use `name` for a Hugging Face dataset."
+            )
+    if _looks_local(recipe.model.name_or_path) and not Path(recipe.model.name_or_path).exists():
+        written_by_a_run = Path(recipe.model.name_or_path).name == "final"
+        raise RecipeError(
+            f"`model.name_or_path: {recipe.model.name_or_path}` looks like a local directory but does not exist. "
+            + ("It is the `final/` model of another run: train that run first (for `recipes/repro/*`: "
+               "`python launchers/run.py recipes/repro/warmup.yaml`), or point the key at its output. "
+               if written_by_a_run else "")
+            + "Fix: give an existing model directory, or a Hugging Face name such as `meta-llama/Meta-Llama-3-8B-Instruct`."
+        )
+    if world_size is not None:
+        batch_layout(recipe, world_size)
+
+
+def _looks_local(name: str) -> bool:
+    return name.startswith((".", "/", "~")) or name.count("/") != 1 or Path(name).exists()
+
+
+def batch_layout(recipe: Recipe, world_size: int) -> Tuple[int, int]:
+    """Return ``(data_parallel_size, gradient_accumulation_steps)`` for this world size."""
+    model_parallel = recipe.parallel.tp * recipe.parallel.pp
+    if world_size % model_parallel:
+        raise RecipeError(
+            f"world size {world_size} is not a multiple of `parallel.tp` x `parallel.pp` = {model_parallel}. "
+            "Fix: change the number of processes or the parallel layout."
+        )
+    dp = world_size // model_parallel
+    train = recipe.train
+    if train.global_batch_size is None:
+        return dp, train.gradient_accumulation_steps or 1
+    per_update = train.micro_batch_size * dp
+    if train.global_batch_size % per_update:
+        raise RecipeError(
+            f"`train.global_batch_size` ({train.global_batch_size}) must be a multiple of `train.micro_batch_size` "
+            f"({train.micro_batch_size}) x data-parallel size ({dp}) = {per_update}. "
+            "Fix: adjust one of them or the number of processes."
+        )
+    return dp, train.global_batch_size // per_update

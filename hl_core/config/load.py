@@ -1,0 +1,187 @@
+"""Loading: YAML (``safe_load``), ``defaults:`` inheritance, ``a.b=c`` overrides, and validation whose
+errors name the key path and the fix."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from ..errors import RecipeError, did_you_mean
+from .schema import Recipe
+from .sections import OBJECTIVE_CONFIGS, DPOObjective
+
+
+def _read_yaml(path: Path) -> Dict[str, Any]:
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        raise RecipeError(f"Recipe file `{path}` not found. Fix: check the path (recipes live under recipes/).")
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
+        problem = getattr(exc, "problem", None) or str(exc)
+        raise RecipeError(f"Recipe `{where}` is not valid YAML ({problem}). Fix the syntax at that line.")
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise RecipeError(f"Recipe `{path}` must be a YAML mapping of groups (model:, data:, ...), got {type(data).__name__}.")
+    return data
+
+
+def deep_merge(base: Dict[str, Any], override: Dict[str, Any]) -> Dict[str, Any]:
+    """Recursively merge mappings; values in ``override`` win, lists are replaced whole."""
+    merged = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = deep_merge(merged[key], value)
+        else:
+            merged[key] = copy.deepcopy(value)
+    return merged
+
+
+def _resolve_defaults(path: Path, stack: Tuple[Path, ...] = ()) -> Dict[str, Any]:
+    path = path.resolve()
+    if path in stack:
+        chain = " -> ".join(str(p) for p in stack + (path,))
+        raise RecipeError(f"`defaults:` inheritance loops ({chain}). Fix: remove one of the references.")
+    data = _read_yaml(path)
+    bases = data.pop("defaults", []) or []
+    if isinstance(bases, str):
+        bases = [bases]
+    if not isinstance(bases, list) or not all(isinstance(b, str) for b in bases):
+        raise RecipeError(f"`defaults` in `{path}` must be a list of recipe file paths (relative to that file).")
+    merged: Dict[str, Any] = {}
+    for base in bases:
+        base_path = (path.parent / base)
+        if not base_path.exists():
+            raise RecipeError(
+                f"`defaults` in `{path}` names `{base}`, which does not exist at `{base_path}`. "
+                "Fix: paths in `defaults` are relative to the recipe file."
+            )
+        merged = deep_merge(merged, _resolve_defaults(base_path, stack + (path,)))
+    return deep_merge(merged, data)
+
+
+def parse_override(text: str) -> Tuple[List[str], Any]:
+    """``"train.lr=1e-5"`` -> ``(["train", "lr"], 1e-5)``; the value is parsed as YAML."""
+    if "=" not in text:
+        raise RecipeError(
+            f"Command-line override `{text}` has no `=`. Fix: write overrides as `group.key=value`, e.g. `train.lr=1e-5`."
+        )
+    key, raw = text.split("=", 1)
+    parts = key.strip().split(".")
+    if not all(parts):
+        raise RecipeError(f"Command-line override `{text}` has an empty key part. Fix: e.g. `engine.zero_stage=3`.")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else None
+    except yaml.YAMLError:
+        value = raw
+    return parts, value
+
+
+def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str, Any]:
+    data = copy.deepcopy(data)
+    for text in overrides:
+        parts, value = parse_override(text)
+        node = data
+        for i, part in enumerate(parts[:-1]):
+            child = node.get(part)
+            if child is None:
+                child = node[part] = {}
+            if i == 0 and part == "objective" and isinstance(child, str):
+                child = node[part] = {"name": child}  # `objective: kto` shorthand, then `objective.beta=...`
+            if not isinstance(child, dict):
+                raise RecipeError(
+                    f"Override `{text}`: `{'.'.join(parts[: i + 1])}` is a value, not a group, so it has no `{parts[i + 1]}`."
+                )
+            node = child
+        node[parts[-1]] = value
+    return data
+
+
+def _model_for_loc(loc: Sequence[Any], objective: Optional[str] = None):
+    """The schema class at ``loc`` (``objective`` picks the objective's own class)."""
+    if list(loc[:1]) == ["objective"]:
+        model, loc = OBJECTIVE_CONFIGS.get(objective, DPOObjective), loc[1:]
+    else:
+        model = Recipe
+    for part in loc:
+        fields = getattr(model, "model_fields", None)
+        if not fields or part not in fields:
+            return None
+        annotation = fields[part].annotation
+        model = _unwrap_model(annotation)
+        if model is None:
+            return None
+    return model
+
+
+def _unwrap_model(annotation):
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _unwrap_model(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _describe_error(err: Dict[str, Any]) -> str:
+    loc, objective = list(err["loc"]), None
+    if len(loc) >= 2 and loc[0] == "objective" and loc[1] in OBJECTIVE_CONFIGS:
+        objective, loc = loc[1], ["objective", *loc[2:]]  # drop the union tag pydantic adds
+    key = ".".join(str(p) for p in loc) or "(recipe)"
+    kind = err["type"]
+    given = err.get("input")
+    if kind == "extra_forbidden":
+        parent = _model_for_loc(loc[:-1], objective)
+        choices = list(parent.model_fields) if parent else []
+        hint = did_you_mean(str(loc[-1]), choices)
+        known = f" Known keys here: {', '.join(choices)}." if choices else ""
+        scope = f" for objective `{objective}`" if objective else ""
+        return f"Unknown recipe key `{key}`{scope}.{hint}{known} Fix: remove it or correct the spelling."
+    if kind == "missing":
+        field = _model_for_loc(loc[:-1], objective)
+        desc = ""
+        if field is not None and loc[-1] in field.model_fields:
+            desc = field.model_fields[loc[-1]].description or ""
+        return f"Missing required recipe key `{key}`" + (f" ({desc})" if desc else "") + f". Fix: add `{key}` to the recipe or its `defaults`."
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, ") :]
+    shown = repr(given) if not isinstance(given, dict) else "a mapping"
+    return f"Recipe key `{key}` is invalid: {msg} (got {shown}). Fix: correct `{key}` in the recipe or override it with `{key}=...`."
+
+
+def validate_recipe_dict(data: Dict[str, Any], source: str = "recipe") -> Recipe:
+    try:
+        return Recipe.model_validate(data)
+    except ValidationError as exc:
+        errors = exc.errors()
+        first = _describe_error(errors[0])
+        more = ""
+        if len(errors) > 1:
+            others = "; ".join(_describe_error(e) for e in errors[1:4])
+            more = f" ({len(errors) - 1} more problem(s): {others})"
+        raise RecipeError(f"{source}: {first}{more}")
+
+
+def load_recipe(path: Union[str, Path], overrides: Sequence[str] = ()) -> Recipe:
+    """Read, inherit, override and validate a recipe (no cross-field checks: see ``check_recipe``)."""
+    path = Path(path)
+    data = _resolve_defaults(path)
+    data = apply_overrides(data, overrides)
+    data.setdefault("name", path.stem)
+    if "output_dir" not in data:
+        data["output_dir"] = str(Path("runs") / data["name"])
+    return validate_recipe_dict(data, source=str(path))
+
+
+def recipe_to_yaml(recipe: Recipe) -> str:
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)

@@ -1,0 +1,257 @@
+"""The recipe groups that shape training: model, data, objective, humanline, engine, parallel, train, checkpoint.
+
+Every group is a strict pydantic model (``_Section``: unknown keys are errors); the top level, ``Recipe``,
+is in ``schema.py``, the groups around training (eval, logging, rollout, cluster) in ``sections_run.py``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from ..errors import did_you_mean
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+
+
+class ModelConfig(_Section):
+    """The policy model (the reference starts as a copy of it) and its tokenizer."""
+
+    name_or_path: str = Field(
+        description="Hugging Face model name or local directory (config.json [+ weights] + tokenizer)."
+    )
+    tokenizer: Optional[str] = Field(None, description="Tokenizer name or directory; defaults to `name_or_path`.")
+    random_init: bool = Field(
+        False,
+        description="Build the model from its config.json with random weights (seeded by `train.seed`) "
+        "instead of loading weights; for tests and the CPU demo.",
+    )
+    trust_remote_code: bool = Field(
+        False, description="Allow custom modelling code from the model repository. Off unless you trust it."
+    )
+    attn_implementation: Optional[str] = Field(
+        "sdpa", description="transformers attention backend: `eager`, `sdpa` or `flash_attention_2`."
+    )
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
+    config_overrides: Dict[str, Any] = Field(
+        default_factory=dict,
+        description="Values set on the model's config before building it, e.g. `{hidden_size: 256}` with "
+        "`random_init` for a larger benchmark model, or `{attention_dropout: 0.0}`.",
+    )
+
+
+class DataSource(_Section):
+    """One data source: a local file (`path`) or a Hugging Face dataset (`name`)."""
+
+    path: Optional[str] = Field(None, description="Local `.jsonl`, `.json` or `.parquet` file.")
+    name: Optional[str] = Field(None, description="Hugging Face dataset name (used when `path` is not set).")
+    split: str = Field("train", description="Split to read from a Hugging Face dataset.")
+    config: Optional[str] = Field(None, description="Hugging Face dataset configuration name.")
+    limit: Optional[int] = Field(None, ge=1, description="Use only the first `limit` rows.")
+
+    @model_validator(mode="after")
+    def _one_source(self):
+        if (self.path is None) == (self.name is None):
+            raise ValueError("set exactly one of `path` (a local file) or `name` (a Hugging Face dataset)")
+        return self
+
+
+class DataConfig(_Section):
+    """Training and held-out data, row format, chat template and truncation."""
+
+    train: DataSource = Field(description="Training data source.")
+    eval: Optional[DataSource] = Field(None, description="Held-out data source for `eval.every`.")
+    eval_fraction: float = Field(
+        0.0, ge=0.0, lt=1.0, description="Hold out this fraction of `train` for evaluation when `eval` is unset."
+    )
+    format: Literal["auto", "plain", "messages"] = Field(
+        "auto",
+        description="Row format: `plain` (prompt/chosen/rejected strings), `messages` (chosen/rejected as "
+        "chat message lists, UltraFeedback style) or `auto` (detected per row).",
+    )
+    max_length: int = Field(1024, ge=8, description="Maximum prompt + completion tokens per sequence.")
+    max_prompt_length: int = Field(512, ge=1, description="Prompt tokens kept (the most recent) when truncating.")
+    chat_template: str = Field(
+        "auto", description="`auto` (the tokenizer's chat template), `none` (contents joined by blank lines), "
+        "`raw` (contents concatenated as they are), or a Jinja template string."
+    )
+    shuffle: bool = Field(True, description="Shuffle training data each epoch (seeded by `train.seed`).")
+
+    @model_validator(mode="after")
+    def _lengths(self):
+        if self.max_prompt_length >= self.max_length:
+            raise ValueError(
+                f"`max_prompt_length` ({self.max_prompt_length}) must be smaller than `max_length` "
+                f"({self.max_length}) so the completion keeps at least one token"
+            )
+        return self
+
+
+class DPOObjective(_Section):
+    """DPO: `-logsigmoid(beta * (sum_t d_chosen - sum_t d_rejected))`; consumes preference pairs."""
+
+    name: Literal["dpo"] = Field(description="`dpo`.")
+    beta: float = Field(0.1, gt=0, description="Inverse temperature on the summed log-ratio reward.")
+
+
+class KTOObjective(_Section):
+    """KTO: `w_D (1 - sigmoid(beta (r - z0)))` / `w_U (1 - sigmoid(beta (z0 - r)))`; consumes labelled completions
+    (preference pairs are split into one desirable and one undesirable example)."""
+
+    name: Literal["kto"] = Field(description="`kto`.")
+    beta: float = Field(0.1, gt=0, description="Inverse temperature on the summed log-ratio reward.")
+    desirable_weight: float = Field(1.0, gt=0, description="w_D, weight of desirable examples.")
+    undesirable_weight: float = Field(1.0, gt=0, description="w_U, weight of undesirable examples.")
+
+
+class GRPOObjective(_Section):
+    """GRPO: clipped surrogate with group-normalised advantages and an optional k3 KL term; consumes
+    prompt groups with scores (preference pairs become groups of two)."""
+
+    name: Literal["grpo"] = Field(description="`grpo`.")
+    eps_low: float = Field(0.2, ge=0, lt=1, description="PPO clip: ratio floor `1 - eps_low`.")
+    eps_high: float = Field(0.2, ge=0, description="PPO clip: ratio ceiling `1 + eps_high`.")
+    beta_kl: float = Field(
+        0.0, ge=0,
+        description="Weight of the k3 KL penalty against the reference (MATH: 1e-4). At 0, standard rollout GRPO "
+        "(ratio against the behaviour policy) builds no reference model.",
+    )
+    aggregation: Literal["token", "sequence"] = Field(
+        "token", description="`token`: sum over completion tokens / their count; `sequence`: mean of per-sequence means."
+    )
+    advantage_eps: float = Field(1e-4, gt=0, description="`eps` in `(score - mean) / (std + eps)`.")
+
+
+class SFTObjective(_Section):
+    """SFT: mean negative log-likelihood of the completion tokens (warm-up runs); no reference, no humanline."""
+
+    name: Literal["sft"] = Field(description="`sft`.")
+
+
+OBJECTIVE_CONFIGS = {"dpo": DPOObjective, "kto": KTOObjective, "grpo": GRPOObjective, "sft": SFTObjective}
+ObjectiveConfig = Annotated[
+    Union[DPOObjective, KTOObjective, GRPOObjective, SFTObjective], Field(discriminator="name")
+]
+
+
+class HumanlineConfig(_Section):
+    """Humanline: per-token log-ratio transform (clip/sample/none) and reference syncing."""
+
+    transform: str = Field(
+        "none",
+        description="Per-token log-ratio transform: `clip` (asymmetric clamp), `sample` (token rejection) "
+        "or `none` (plain objective).",
+    )
+    sync_every: Optional[int] = Field(
+        None, ge=1, description="Overwrite the reference with the policy every k optimizer updates; null = never."
+    )
+    log_eps_P: float = Field(-1.5, le=0, description="Lower clip bound on the per-token log-ratio (<= 0).")
+    log_eps_R: float = Field(1.5, ge=0, description="Upper clip bound on the per-token log-ratio (>= 0).")
+    gamma_P: float = Field(0.5, gt=0, description="Beta(gamma_P, beta_P) draw for the policy-side rejection test.")
+    gamma_R: float = Field(0.01, gt=0, description="Beta(gamma_R, beta_R) draw for the reference-side rejection test.")
+    beta_P: float = Field(1.0, gt=0, description="Second Beta parameter of the policy-side test.")
+    beta_R: float = Field(1.0, gt=0, description="Second Beta parameter of the reference-side test.")
+
+    @field_validator("transform")
+    @classmethod
+    def _known(cls, transform):
+        from ..humanline import transform_names
+
+        names = transform_names()
+        if transform not in names:
+            raise ValueError(
+                f"unknown transform `{transform}`.{did_you_mean(transform, names)} Choose one of: {', '.join(names)}"
+            )
+        return transform
+
+    @property
+    def enabled(self) -> bool:
+        return self.transform != "none" or self.sync_every is not None
+
+
+class EngineConfig(_Section):
+    """The training engine and its precision/sharding settings."""
+
+    name: Literal["deepspeed", "megatron"] = Field("deepspeed", description="Training engine.")
+    zero_stage: Literal[0, 1, 2, 3] = Field(
+        0, description="DeepSpeed ZeRO stage (0-3). The Megatron engine shards by `parallel` instead (set 0 there)."
+    )
+    precision: Literal["fp32", "bf16"] = Field("bf16", description="Parameter/compute precision.")
+    zero3_param_persistence_threshold: int = Field(
+        100000, ge=0, description="ZeRO-3: parameters with fewer elements stay whole on every rank."
+    )
+    dist_backend: Optional[Literal["nccl", "gloo"]] = Field(
+        None, description="torch.distributed backend; default nccl on GPU, gloo on CPU."
+    )
+
+
+class ParallelConfig(_Section):
+    """Model-parallel layout (data-parallel size = world size / (tp x pp))."""
+
+    tp: int = Field(1, ge=1, description="Tensor-parallel size (Megatron engine).")
+    pp: int = Field(1, ge=1, description="Pipeline-parallel size (Megatron engine).")
+    pipeline_microbatches: Optional[int] = Field(
+        None, ge=1, description="Megatron pp > 1: pipeline micro-batches per micro-batch (default: up to 2 x pp)."
+    )
+
+
+class TrainConfig(_Section):
+    """Optimisation: steps, learning rate, batch sizes, clipping, seed."""
+
+    max_steps: int = Field(ge=1, description="Number of optimizer updates.")
+    lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
+    micro_batch_size: int = Field(1, ge=1, description="Examples (pairs for DPO) per rank per forward/backward.")
+    gradient_accumulation_steps: Optional[int] = Field(
+        None, ge=1, description="Micro-batches per optimizer update; derived from `global_batch_size` when unset."
+    )
+    global_batch_size: Optional[int] = Field(
+        None, ge=1, description="Examples per optimizer update over all ranks (micro x accumulation x data-parallel)."
+    )
+    warmup_steps: int = Field(0, ge=0, description="Linear warm-up steps from 0 to `lr`.")
+    lr_schedule: Literal["constant", "linear", "cosine"] = Field(
+        "constant", description="Learning-rate shape after warm-up."
+    )
+    max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient-norm clip; null disables it.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    adam_betas: Tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
+    seed: int = Field(42, description="Seed for model init, data order and sampling.")
+    deterministic: bool = Field(
+        False, description="`torch.use_deterministic_algorithms(True)`: bit-repeatable runs (the reproduction "
+        "study sets it), at some speed cost on GPU.",
+    )
+    num_threads: Optional[int] = Field(
+        None, ge=1, description="CPU threads per process (`torch.set_num_threads`); null = torch's default.",
+    )
+    stop_after: Optional[int] = Field(
+        None, ge=1,
+        description="Stop this invocation after N updates with a resumable checkpoint (time-boxed jobs); "
+        "rerun with `checkpoint.resume: auto` to continue.",
+    )
+    cache_reference_logps: bool = Field(
+        False, description="Precompute reference log-probs once (only valid with a frozen reference)."
+    )
+    logps_chunk_size: int = Field(128, ge=1, description="Sequence chunk for the float32 log-softmax.")
+
+    @model_validator(mode="after")
+    def _batch(self):
+        if self.global_batch_size is not None and self.gradient_accumulation_steps is not None:
+            raise ValueError("set either `gradient_accumulation_steps` or `global_batch_size`, not both")
+        if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
+            raise ValueError(
+                f"`global_batch_size` ({self.global_batch_size}) must be a multiple of `micro_batch_size` "
+                f"({self.micro_batch_size})"
+            )
+        return self
+
+
+class CheckpointConfig(_Section):
+    """Resumable checkpoints and the final Hugging Face export."""
+
+    save_every: Optional[int] = Field(None, ge=1, description="Save a resumable checkpoint every N updates.")
+    keep_last: int = Field(2, ge=1, description="Resumable checkpoints kept on disk.")
+    resume: str = Field("auto", description="`auto` (latest checkpoint in output_dir if any), `never`, or a path.")
+    save_final: bool = Field(True, description="Write `final/`, a Hugging Face model directory, at the end.")

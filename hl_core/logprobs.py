@@ -10,7 +10,6 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-import torch.utils.checkpoint
 
 DEFAULT_CHUNK = 128
 
@@ -23,35 +22,96 @@ def token_logps(
 ) -> torch.Tensor:
     """Gathered log-softmax of ``labels`` under ``logits``: ``[B, T, V], [B, T] -> [B, T]`` (float32).
 
-    Equal to ``logits.float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]`` to 1e-5.
-    Labels outside ``[0, V)`` (e.g. -100 padding) give 0.
+    Equal to ``(logits.float() / temperature).log_softmax(-1).gather(-1, labels[..., None])[..., 0]`` to 1e-5.
+    Labels outside ``[0, V)`` (e.g. -100 padding) give 0 and no gradient.
+
+    Memory: besides the logits themselves, autograd keeps one float32 log-sum-exp per token; the backward
+    writes the gradient straight into one tensor shaped like the logits, a sequence chunk at a time. At
+    most one ``[B, chunk, V]`` float32 block is live in either pass.
     """
     if logits.dim() != 3 or labels.shape != logits.shape[:2]:
         raise ValueError(f"expected logits [B, T, V] and labels [B, T], got {tuple(logits.shape)}, {tuple(labels.shape)}")
     vocab = logits.shape[-1]
     valid = (labels >= 0) & (labels < vocab)
     safe_labels = torch.where(valid, labels, torch.zeros_like(labels))
-    # With autograd on, each chunk is recomputed in backward (activation checkpointing), so the float32
-    # up-cast and its log-sum-exp are never kept for all chunks at once: peak extra memory stays at
-    # one [B, chunk, V] float32 block in the forward and in the backward pass.
-    checkpointed = torch.is_grad_enabled() and logits.requires_grad
-    pieces = []
-    for start in range(0, logits.shape[1], chunk_size):
-        args = (logits[:, start : start + chunk_size], safe_labels[:, start : start + chunk_size], temperature)
-        if checkpointed:
-            pieces.append(torch.utils.checkpoint.checkpoint(_chunk_logps, *args, use_reentrant=False))
-        else:
-            pieces.append(_chunk_logps(*args))
-    out = torch.cat(pieces, dim=1) if pieces else logits.new_zeros(labels.shape, dtype=torch.float32)
+    out = _ChunkedTokenLogps.apply(logits, safe_labels, int(chunk_size), float(temperature))
     return out * valid.to(out.dtype)
 
 
-def _chunk_logps(logits_chunk: torch.Tensor, labels_chunk: torch.Tensor, temperature: float) -> torch.Tensor:
-    chunk = logits_chunk.float()
+def _float_chunk(logits: torch.Tensor, start: int, end: int, temperature: float) -> torch.Tensor:
+    """A float32 copy of ``logits[:, start:end]`` divided by ``temperature`` (safe to modify in place)."""
+    chunk = logits[:, start:end].to(torch.float32, copy=True)
     if temperature != 1.0:
-        chunk = chunk / temperature
-    picked = chunk.gather(-1, labels_chunk[..., None]).squeeze(-1)
-    return picked - torch.logsumexp(chunk, dim=-1)
+        chunk.div_(temperature)
+    return chunk
+
+
+class _ChunkedTokenLogps(torch.autograd.Function):
+    """``logp[b, t] = z[b, t, y] - logsumexp_v z[b, t, v]`` with ``z = logits / temperature``, chunked over T.
+
+    Backward: ``d logp / d logits[b, t, v] = (1[v = y] - softmax(z)[b, t, v]) / temperature``, rebuilt from the
+    saved log-sum-exp one chunk at a time (no recomputation graph, no per-chunk full-size gradients).
+
+    Vocab-parallel (``group`` given): each rank holds the vocabulary slice starting at ``vocab_start``; the
+    max, the sum of exponentials and the label's logit are all-reduced over ``group`` in the forward, and
+    the backward needs no communication (each rank's gradient is its own slice's).
+    """
+
+    @staticmethod
+    def forward(ctx, logits, labels, chunk_size: int, temperature: float, group=None, vocab_start: int = 0):
+        rows, steps = labels.shape
+        local_vocab = logits.shape[-1]
+        out = torch.empty(rows, steps, dtype=torch.float32, device=logits.device)
+        lse = torch.empty(rows, steps, dtype=torch.float32, device=logits.device)
+        local_labels = labels - vocab_start
+        here = (local_labels >= 0) & (local_labels < local_vocab)  # the label's logit is on this rank
+        local_labels = torch.where(here, local_labels, torch.zeros_like(local_labels))
+        for start in range(0, steps, chunk_size):
+            end = min(start + chunk_size, steps)
+            chunk = _float_chunk(logits, start, end, temperature)
+            picked = chunk.gather(-1, local_labels[:, start:end, None]).squeeze(-1)
+            if group is None:
+                lse[:, start:end] = torch.logsumexp(chunk, dim=-1)
+            else:
+                top = chunk.amax(dim=-1)
+                torch.distributed.all_reduce(top, op=torch.distributed.ReduceOp.MAX, group=group)
+                sums = torch.exp(chunk - top[..., None]).sum(dim=-1)
+                picked = picked * here[:, start:end]
+                stats = torch.stack([sums, picked])
+                torch.distributed.all_reduce(stats, group=group)
+                lse[:, start:end] = top + torch.log(stats[0])
+                picked = stats[1]
+            out[:, start:end] = picked - lse[:, start:end]
+        ctx.save_for_backward(logits, local_labels, here, lse)
+        ctx.chunk_size, ctx.temperature = chunk_size, temperature
+        return out
+
+    @staticmethod
+    def backward(ctx, grad_out):
+        logits, local_labels, here, lse = ctx.saved_tensors
+        grad = torch.empty_like(logits)
+        grad_out = grad_out.to(torch.float32)
+        steps = local_labels.shape[1]
+        for start in range(0, steps, ctx.chunk_size):
+            end = min(start + ctx.chunk_size, steps)
+            g = grad_out[:, start:end, None]
+            chunk = _float_chunk(logits, start, end, ctx.temperature)
+            chunk.sub_(lse[:, start:end, None]).exp_().mul_(-g)  # -softmax * g
+            chunk.scatter_add_(-1, local_labels[:, start:end, None], g * here[:, start:end, None])  # + g at the label
+            if ctx.temperature != 1.0:
+                chunk.div_(ctx.temperature)
+            grad[:, start:end] = chunk
+        return grad, None, None, None, None, None
+
+
+def vocab_parallel_logps(logits, labels, chunk_size: int, temperature: float, group, vocab_start: int,
+                         vocab_size: int) -> torch.Tensor:
+    """:func:`token_logps` over vocab-parallel logits ``[B, T, V/tp]`` (this rank's slice starts at
+    ``vocab_start`` of ``vocab_size``); identical on every rank of ``group``."""
+    valid = (labels >= 0) & (labels < vocab_size)
+    safe_labels = torch.where(valid, labels, torch.full_like(labels, -1))  # -1: on no rank's slice
+    out = _ChunkedTokenLogps.apply(logits, safe_labels, int(chunk_size), float(temperature), group, int(vocab_start))
+    return out * valid.to(out.dtype)
 
 
 def sequence_token_logps(
@@ -67,8 +127,12 @@ def sequence_token_logps(
     mask to keep only completion tokens.
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
-    shifted = token_logps(logits[:, :-1], input_ids[:, 1:], chunk_size=chunk_size, temperature=temperature)
-    return torch.cat([shifted.new_zeros(shifted.shape[0], 1), shifted], dim=1)
+    # score position t's logits against token t + 1 over the whole (unsliced) logits tensor, the last
+    # position against an invalid label: slicing the logits would make autograd allocate a second
+    # logits-sized gradient for the slice
+    labels = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.shape[0], 1), -1)], dim=1)
+    shifted = token_logps(logits, labels, chunk_size=chunk_size, temperature=temperature)
+    return torch.cat([shifted.new_zeros(shifted.shape[0], 1), shifted[:, :-1]], dim=1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:

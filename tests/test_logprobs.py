@@ -87,3 +87,24 @@ def test_chunking_keeps_peak_memory_down():
     with torch.autograd.graph.saved_tensors_hooks(pack_naive, lambda t: t):
         logits.float().log_softmax(-1).gather(-1, labels[..., None]).sum()
     assert sum(saved) < 0.6 * sum(naive), (sum(saved), sum(naive))
+
+
+def test_gradient_of_bf16_logits_with_invalid_labels_matches_float64():
+    """The hand-written backward: bf16 logits get a bf16 gradient equal (to bf16 rounding) to the float64
+    gradient of the plain log-softmax; padding labels get no gradient at all."""
+    gen = torch.Generator().manual_seed(3)
+    base = torch.randn(2, 11, 70, generator=gen) * 3
+    labels = torch.randint(0, 70, (2, 11), generator=gen)
+    labels[0, 4] = -100
+    labels[1, 10] = 70  # out of range: padding too
+    weights = torch.randn(2, 11, generator=gen)
+    a = base.to(torch.bfloat16).requires_grad_(True)
+    (token_logps(a, labels, chunk_size=3, temperature=1.3) * weights).sum().backward()
+    b = base.to(torch.bfloat16).double().requires_grad_(True)
+    valid = (labels >= 0) & (labels < 70)
+    ref = (b / 1.3).log_softmax(-1).gather(-1, labels.clamp(0, 69)[..., None])[..., 0] * valid
+    (ref * weights.double()).sum().backward()
+    assert a.grad.dtype == torch.bfloat16
+    assert torch.allclose(a.grad.double(), b.grad, atol=2e-2 * b.grad.abs().max().item())
+    assert torch.all(a.grad[0, 4] == 0) and torch.all(a.grad[1, 10] == 0)
+    assert a.grad[0, 3].abs().sum() > 0

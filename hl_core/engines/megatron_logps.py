@@ -8,14 +8,29 @@ from typing import Optional
 
 import torch
 
+from ..logprobs import vocab_parallel_logps
+
 
 def vocab_parallel_token_logps(logits, input_ids, chunk_size: int = 128, temperature: float = 1.0, transform=None):
     """``[N, T, V/tp]`` vocab-parallel logits -> ``[N, T]`` float32 log-probs, ``out[:, 0] = 0``,
     ``out[:, t] = log p(input_ids[:, t] | input_ids[:, :t])`` over the full vocabulary.
 
-    Uses megatron-core's vocab-parallel cross entropy (max / sum-exp / target logit all-reduced
-    over the TP group), a sequence chunk at a time, so at most ``[N, chunk, V/tp]`` is up-cast.
+    The max, the sum of exponentials and the target logit are all-reduced over the TP group, a sequence
+    chunk at a time (``hl_core.logprobs.vocab_parallel_logps``: autograd keeps the logits and one float32
+    log-sum-exp per token, and the backward writes the gradient slice by slice). With an element-wise
+    ``transform`` of the logits (Gemma 2's soft-capping), megatron-core's vocab-parallel cross entropy is
+    used instead, which keeps a float32 softmax of every chunk for its backward.
     """
+    from megatron.core import parallel_state as ps
+
+    if transform is None:
+        labels = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.shape[0], 1), -1)], dim=1)
+        tp = ps.get_tensor_model_parallel_world_size()
+        local = logits.shape[-1]
+        group = ps.get_tensor_model_parallel_group() if tp > 1 else None
+        out = vocab_parallel_logps(logits, labels, chunk_size, temperature, group,
+                                   ps.get_tensor_model_parallel_rank() * local, local * tp)
+        return torch.cat([out.new_zeros(out.shape[0], 1), out[:, :-1]], dim=1)
     from megatron.core.tensor_parallel import vocab_parallel_cross_entropy
 
     labels = input_ids[:, 1:]
@@ -23,9 +38,7 @@ def vocab_parallel_token_logps(logits, input_ids, chunk_size: int = 128, tempera
     pieces = []
     for start in range(0, steps, chunk_size):
         end = min(start + chunk_size, steps)
-        chunk = logits[:, start:end].to(torch.float32, copy=True)  # the kernel works in place
-        if transform is not None:
-            chunk = transform(chunk)
+        chunk = transform(logits[:, start:end].to(torch.float32, copy=True))  # the kernel works in place
         if temperature != 1.0:
             chunk = chunk / temperature
         pieces.append(-vocab_parallel_cross_entropy(chunk, labels[:, start:end]))

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from bench.memprobe import CudaProbe, phase_memory
 from bench.shapes import REPO, forward_flops_per_token, spec_of, write_model_dir, write_prompts, write_rows
 
 RESULT_PREFIX = "GPU_CHECK_RESULT "
@@ -159,7 +160,7 @@ def _measure(trainer, recipe, run: dict) -> dict:
     measured = rows[run["warmup"]:]
     result["peak_gib"] = torch.cuda.max_memory_allocated(engine.device) / GIB if cuda else None
     if cuda:  # the extra updates come after the peak is read: the instrumented one resets it per call
-        result["phase_gib"] = _phase_memory(trainer)
+        result["phase_gib"] = phase_memory(trainer, CudaProbe(engine.device))
     if run.get("profile_dir"):
         _profile(trainer, Path(run["profile_dir"]) / f"{run['id']}.txt", cuda)
     step_s = sum(r["step_time_s"] for r in measured)
@@ -186,40 +187,6 @@ def _measure(trainer, recipe, run: dict) -> dict:
         passes = 3 + (1 if engine.has_reference else 0)  # policy forward + backward, reference forward
         result.update(mean_seq_len=mean_len, flops_per_token=passes * forward_flops_per_token(spec, mean_len))
     return result
-
-
-def _phase_memory(trainer) -> dict:
-    """One more update with each engine call instrumented: GiB allocated before and after it and the peak
-    inside it (the largest over the update's calls of that kind). The calls themselves are unchanged."""
-    import torch
-
-    engine, phases = trainer.engine, {}
-
-    def wrap(name, call):
-        def instrumented(*args, **kwargs):
-            torch.cuda.synchronize(engine.device)
-            torch.cuda.reset_peak_memory_stats(engine.device)
-            before = torch.cuda.memory_allocated(engine.device)
-            out = call(*args, **kwargs)
-            torch.cuda.synchronize(engine.device)
-            key = f"{name}:{args[1] if len(args) > 1 else kwargs.get('model', 'policy')}" if name == "token_logps" else name
-            peak, after = torch.cuda.max_memory_allocated(engine.device), torch.cuda.memory_allocated(engine.device)
-            old = phases.get(key, {"peak": 0.0})
-            phases[key] = {"before": before / GIB, "peak": max(old["peak"], peak / GIB), "after": after / GIB}
-            return out
-
-        return instrumented
-
-    names = [n for n in ("token_logps", "backward", "step", "sync_reference") if hasattr(engine, n)]
-    originals = {n: getattr(engine, n) for n in names}
-    for name in names:
-        setattr(engine, name, wrap(name, originals[name]))
-    try:
-        trainer.train_step()
-    finally:
-        for name in names:
-            delattr(engine, name)  # back to the class's methods
-    return phases
 
 
 def _profile(trainer, path: Path, cuda: bool) -> None:

@@ -1,0 +1,107 @@
+"""What ``bench/realistic_shapes.py`` runs in each measured process (one process per measurement, or two
+under torchrun; every rank writes ``<out>/rank<r>.json``). Memory is the process's resident set
+(``bench.memprobe.RssProbe``) with glibc returning large blocks at once (``CPU_ALLOCATOR_ENV``)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from bench.memprobe import GIB, RssProbe, phase_memory
+
+BYTES = {"fp32": 4, "bf16": 2}
+
+
+def _write(out: Path, rank: int, result: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    (out / f"rank{rank}.json").write_text(json.dumps(result))
+
+
+# --------------------------------------------------------------------------------------- log-probs
+def logprobs(vocab: int, rows: int, steps: int, chunk: int, impl: str, out: Path) -> None:
+    """Forward + backward of token log-probs over bf16 logits ``[rows, steps, vocab]``: peak bytes held
+    beyond the logits themselves, and the values and gradients (written for the parent to compare)."""
+    import torch
+
+    from hl_core.logprobs import token_logps
+
+    torch.manual_seed(0)
+    probe = RssProbe()
+    logits = (torch.randn(rows, steps, vocab) * 2).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, vocab, (rows, steps))
+    weights = torch.randn(rows, steps)
+    base = probe.current()
+    probe.reset_peak()
+    if impl == "ours":
+        values = token_logps(logits, labels, chunk_size=chunk)
+    else:  # the plain way: one float32 log-softmax over the whole [B, T, V]
+        values = logits.float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]
+    (values * weights).sum().backward()
+    peak = probe.peak() - base
+    torch.save({"values": values.detach(), "grad": logits.grad.float()[:, :8]}, out.with_suffix(f".{impl}.pt"))
+    _write(out, 0, {"impl": impl, "vocab": vocab, "logits": rows * steps * vocab, "peak_bytes": peak})
+
+
+# --------------------------------------------------------------------------------------- training
+def train(recipe_path: str, overrides: list, out: Path) -> None:
+    """Two updates of the recipe through our trainer and engine (the first allocates the optimizer states),
+    then one instrumented update. Writes per-rank memory at rest, per engine call, and the plan."""
+    import torch
+
+    from hl_core.config import load_recipe
+    from hl_core.model_specs import resolve_spec
+    from hl_core.plan import memory_plan
+    from hl_core.trainer import Trainer
+
+    torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("WORLD_SIZE", "1"))))
+    recipe = load_recipe(recipe_path, overrides)
+    probe = RssProbe()
+    trainer = Trainer(recipe)
+    base = probe.current()  # interpreter, torch, deepspeed and megatron modules: before any model exists
+    trainer.setup()
+    setup = probe.current() - base
+    rows = [trainer.train_step() for _ in range(2)]
+    rest = probe.current() - base
+    phases = phase_memory(trainer, probe, base)
+    engine = trainer.engine
+    spec = resolve_spec(recipe.model)
+    plan = memory_plan(recipe, world_size=engine.world_size, spec=spec, distributed_optimizer=False)
+    batch = trainer.source.batches(0)[0] if hasattr(trainer.source, "dataset") else None
+    seq_len = int(batch["input_ids"].shape[1]) if batch is not None else recipe.data.max_length
+    result = dict(rank=engine.rank, setup_gib=setup / GIB, rest_gib=rest / GIB, phases=phases, plan_gib=plan["gib"],
+                  plan_sequences=plan["sequences_per_micro_batch"], seq_len=seq_len, vocab=spec.vocab_size,
+                  tp=engine.__dict__.get("tp", 1), params=spec.num_params(), losses=[r["loss"] for r in rows])
+    trainer.close()
+    _write(out, result["rank"], result)
+
+
+# --------------------------------------------------------------------------------------- forward only
+def forward(model_dir: str, attn: str, precision: str, rows: int, steps: int, out: Path) -> None:
+    """The shapes too large to train here with Adam: the policy's forward + backward through our log-probs
+    (no optimizer, no reference). Activations kept by the forward, and the backward's peak."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from hl_core.logprobs import sequence_token_logps
+
+    torch.set_num_threads(os.cpu_count() or 2)
+    probe = RssProbe()
+    base = probe.current()
+    config = AutoConfig.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
+    model = model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
+    model.config.use_cache = False
+    weights = probe.current() - base
+    ids = torch.randint(3, 400, (rows, steps))
+    before = probe.current()
+    probe.reset_peak()
+    logps = sequence_token_logps(model, ids, torch.ones_like(ids))
+    kept = probe.current() - before
+    forward_peak = probe.peak() - before
+    probe.reset_peak()
+    logps.sum().backward()
+    backward_peak = probe.peak() - before
+    _write(out, 0, dict(weights_gib=weights / GIB, kept_gib=kept / GIB, forward_peak_gib=forward_peak / GIB,
+                        backward_peak_gib=backward_peak / GIB, rows=rows, steps=steps, vocab=config.vocab_size,
+                        bytes=BYTES[precision]))

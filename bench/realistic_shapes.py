@@ -42,7 +42,8 @@ from bench.memprobe import CPU_ALLOCATOR_ENV, GIB  # noqa: E402
 from bench.shapes import spec_of, write_model_dir, write_rows  # noqa: E402
 
 VOCABS = {"llama3 (128k)": 128256, "qwen2.5 (152k)": 151936, "gemma2 (256k)": 256000}
-LOGPROB_BATCH = dict(rows=2, steps=1024, chunk=128)  # two sequences of the GPU check's length, the default chunk
+LOGPROB_BATCH = dict(rows=2, steps=1024, chunk=128)  # two sequences of the GPU check's length; 2 x 128 positions
+# = the default `train.logps_chunk_tokens` (256) per float32 block
 TRAIN_SHAPES = ("llama3.2-1b", "qwen2.5-1.5b")
 FORWARD_SHAPES = (("llama3-8b", "sdpa"), ("gemma2-27b", "eager"))
 SEQ, PROMPT = 160, 16
@@ -136,7 +137,7 @@ def compare(shape: str, label: str, recipe: str, ranks: list, per_logit: dict) -
     if not pipeline:  # pp's policy forward runs forward-only (recomputed in backward): nothing to split
         policy = ph["token_logps:policy"]
         measured["gradients"] = ph["backward"]["after"] - policy["before"]
-        predicted["gradients"] = plan["gradients"] - (plan["resident"] - plan["weights"] - plan["optimizer"] - plan["reference"])
+        predicted["gradients"] = plan["backward_gradients"]
         measured["activations"] = policy["after"] - policy["before"] - logits_tensor
         predicted["activations"] = plan["activations_full"]
         extra = per_logit.get(r["vocab"]) if precision_bytes == 2 else None  # measured for bf16 logits only

@@ -66,7 +66,8 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     phases = phase_memory(trainer, probe, base)
     engine = trainer.engine
     spec = resolve_spec(recipe.model)
-    plan = memory_plan(recipe, world_size=engine.world_size, spec=spec, distributed_optimizer=False)
+    # the megatron engine's CPU path: a torch optimizer replicated over data parallel, gradients in .grad
+    plan = memory_plan(recipe, world_size=engine.world_size, spec=spec, distributed_optimizer=False, megatron_gpu=False)
     batch = trainer.source.batches(0)[0] if hasattr(trainer.source, "dataset") else None
     seq_len = int(batch["input_ids"].shape[1]) if batch is not None else recipe.data.max_length
     result = dict(rank=engine.rank, setup_gib=setup / GIB, rest_gib=rest / GIB, phases=phases, plan_gib=plan["gib"],

@@ -14,6 +14,12 @@ import torch
 DEFAULT_CHUNK = 128
 
 
+def chunk_positions(rows: int, chunk_tokens: int) -> int:
+    """Sequence positions per float32 block so that a block holds about ``chunk_tokens`` tokens over
+    ``rows`` sequences (``train.logps_chunk_tokens``): the block's memory does not grow with the rows."""
+    return max(1, int(chunk_tokens) // max(1, int(rows)))
+
+
 def token_logps(
     logits: torch.Tensor,
     labels: torch.Tensor,

@@ -58,6 +58,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .config import Recipe, batch_layout
 from .model_specs import ModelSpec, check_layout, resolve_spec
 from .objectives import reference_needed
+from .plan_terms import layer_activation_bytes, logits_bytes
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -122,8 +123,11 @@ def memory_plan(
     spec: Optional[ModelSpec] = None,
     group_size: Optional[int] = None,
     distributed_optimizer: bool = True,
+    megatron_gpu: bool = True,
 ) -> Dict[str, Any]:
-    """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes."""
+    """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes.
+    ``distributed_optimizer`` / ``megatron_gpu`` false: the megatron engine's CPU path (a torch optimizer
+    replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer)."""
     world = world_size if world_size is not None else world_size_of(recipe)
     check_layout(recipe, world)
     spec = spec or resolve_spec(recipe.model)
@@ -142,7 +146,9 @@ def memory_plan(
         opt_bytes = (12 if bf16 else 8) * shard
         optimizer = opt_bytes / dp if distributed_optimizer else opt_bytes
         reference = pb * shard
-        resident_grads = grads  # the contiguous main-grad buffer of megatron's DDP
+        # GPU: megatron's DDP allocates the main-grad buffer up front; CPU path: ``.grad`` in backward
+        resident_grads, backward_grads = (grads, 0.0) if megatron_gpu else (0.0, pb * shard)
+        step_grads = 0.0
         params_on_rank = shard
         notes.append(
             "megatron: optimizer states " + ("partitioned over dp (distributed optimizer)" if distributed_optimizer
@@ -157,46 +163,53 @@ def memory_plan(
             resident_grads = pb * P / dp  # the 16-bit gradient partition, allocated at start-up
             if bf16:
                 low += resident_grads
+            backward_grads = 0.0 if bf16 else pb * P / dp
             params_on_rank = P / dp
         else:
             weights = pb * P
             low = pb * P / dp if stage == 2 else pb * P
-            resident_grads = 0.0
+            resident_grads, backward_grads = 0.0, low  # compute-dtype gradients (ZeRO-2: this rank's partition)
             params_on_rank = P
         if bf16:
             master_grads = 4 * P if stage == 0 else 4 * P / dp
             grads = low + master_grads
             optimizer = 12 * P if stage == 0 else 12 * P / dp
         else:
+            master_grads = 0.0
             grads = low
             optimizer = 8 * P if stage == 0 else 8 * P / dp
+        step_grads = master_grads  # the float32 gradients the bf16 optimizer builds at the step
         reference = pb * P / dp if stage == 3 else pb * P
 
     if not reference_needed(recipe):
         reference = 0.0
         notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
 
-    # activations
+    # activations and logits (hl_core.plan_terms: counted tensor by tensor, checked against measurement)
     b = sequences_per_micro_batch(recipe, group_size)
-    s, h, a, V = recipe.data.max_length, spec.hidden_size, spec.num_heads, spec.vocab_size
+    s, h, V = recipe.data.max_length, spec.hidden_size, spec.vocab_size
     if engine == "megatron":  # fused attention (SDPA or TE) except Gemma 2's soft-capped local spec
         eager = spec.model_type == "gemma2"
     else:
         eager = (recipe.model.attn_implementation or "sdpa") == "eager"
-    score = 5 * a * s / h if eager else 0.0
     t = tp if engine == "megatron" else 1
-    per_layer = s * b * h * (10 + 24 / t + score / t) * (pb / 2)
+    per_layer = s * b * layer_activation_bytes(spec, pb, t, s, eager)
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
     in_flight = min(pp, accum) if engine == "megatron" else 1
     activations_full = per_layer * layers_on_rank * in_flight
-    activations_ckpt = (2 * (pb / 2) * s * b * h) * layers_on_rank * in_flight + per_layer
-    logits = 8 * b * s * V / t
+    activations_ckpt = (pb * s * b * h) * layers_on_rank * in_flight + per_layer  # layer inputs + one layer
+    keeps_softmax = engine == "megatron" and spec.model_type == "gemma2"
+    logits = logits_bytes(b, s, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax)
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
     model_states = weights + grads + optimizer
+    resident = weights + optimizer + reference + resident_grads
     activations = activations_ckpt if checkpointing else activations_full
-    total = model_states + reference + activations + logits
-    total_other = model_states + reference + (activations_full if checkpointing else activations_ckpt) + logits
+    other = activations_full if checkpointing else activations_ckpt
+    # the peak: in the backward (activations, logits and the gradients of earlier micro-batches held at
+    # once) or at the optimizer step (the float32 gradients of a bf16 optimizer), whichever is larger
+    total = resident + backward_grads + max(activations + logits, step_grads)
+    total_other = resident + backward_grads + max(other + logits, step_grads)
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
         notes.append("pipeline: embedding, logits and pp in-flight micro-batches summed for the worst stage")
@@ -208,7 +221,7 @@ def memory_plan(
 
     bytes_ = dict(
         weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
-        resident=weights + optimizer + reference + resident_grads,
+        resident=resident, backward_gradients=backward_grads, step_gradients=step_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
     )

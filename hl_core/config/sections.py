@@ -234,7 +234,11 @@ class TrainConfig(_Section):
     cache_reference_logps: bool = Field(
         False, description="Precompute reference log-probs once (only valid with a frozen reference)."
     )
-    logps_chunk_size: int = Field(128, ge=1, description="Sequence chunk for the float32 log-softmax.")
+    logps_chunk_tokens: int = Field(
+        256, ge=1,
+        description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "
+        "the log-probs' working memory is 4 x this x vocabulary bytes.",
+    )
 
     @model_validator(mode="after")
     def _batch(self):

@@ -22,7 +22,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
-from ..logprobs import sequence_token_logps
+from ..logprobs import chunk_positions, sequence_token_logps
 from ..modeling import build_policy_and_reference
 from ..objectives import reference_needed
 from .base import Engine, launch_environment, lr_lambda
@@ -122,7 +122,7 @@ class DeepSpeedEngine(Engine):
         engine = self.policy if model == "policy" else self.require_reference()
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
-        chunk = self.recipe.train.logps_chunk_size
+        chunk = chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens)
         if model == "policy":
             return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
         with torch.no_grad():

@@ -51,6 +51,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
+from ..logprobs import chunk_positions
 from ..objectives import reference_needed
 from ..modeling import DTYPES
 from .base import Engine, launch_environment, lr_lambda
@@ -223,7 +224,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         position_ids = torch.arange(seq_len, device=self.device)[None].expand_as(input_ids)
         logits = model(input_ids, position_ids, self._attention_mask(seq_len))
         return vocab_parallel_token_logps(
-            logits, input_ids, self.recipe.train.logps_chunk_size, temperature, self.logits_transform
+            logits, input_ids, chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens), temperature,
+            self.logits_transform,
         )
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
@@ -249,7 +251,9 @@ class MegatronEngine(MegatronCheckpointing, Engine):
     def _pipeline(self, net, input_ids, temperature: float, grad_logps: Optional[torch.Tensor] = None):
         return pipeline_token_logps(
             net, input_ids, num_microbatches=self._num_microbatches(input_ids.shape[0]), temperature=temperature,
-            chunk_size=self.recipe.train.logps_chunk_size, transform=self.logits_transform,
+            chunk_size=chunk_positions(input_ids.shape[0] // self._num_microbatches(input_ids.shape[0]),
+                                       self.recipe.train.logps_chunk_tokens),
+            transform=self.logits_transform,
             attention_mask=self._attention_mask(input_ids.shape[1]), grad_logps=grad_logps,
         )
 

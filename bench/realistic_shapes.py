@@ -100,7 +100,7 @@ def section_logprobs(work: Path) -> list:
     return results
 
 
-def section_train(work: Path, per_logit: dict) -> list:
+def section_train(work: Path) -> list:
     results = []
     for shape in TRAIN_SHAPES:
         spec = spec_of(shape, num_layers=2)
@@ -118,38 +118,43 @@ def section_train(work: Path, per_logit: dict) -> list:
             started = time.perf_counter()
             overrides = [*common, *extra, f"output_dir={out}/run", f"train.global_batch_size={dp}"]
             ranks = launch("train", dict(recipe_path=str(REPO / recipe), overrides=overrides), out, nproc=nproc)
-            row = compare(shape, label, recipe, ranks, per_logit)
+            row = compare(shape, label, recipe, ranks)
             row["wall_s"] = round(time.perf_counter() - started, 1)
             results.append(row)
             print(json.dumps(row), flush=True)
     return results
 
 
-def compare(shape: str, label: str, recipe: str, ranks: list, per_logit: dict) -> dict:
-    """Measured components of the most loaded rank beside the plan's, as GiB and measured/plan ratios."""
+def compare(shape: str, label: str, recipe: str, ranks: list) -> dict:
+    """Measured components of the most loaded rank beside the plan's, as GiB and measured/plan ratios.
+
+    The CPU adds one thing the plan (written for GPUs) leaves out: torch's AdamW steps CPU tensors one at a
+    time and makes two float32 temporaries the size of the tensor it steps (the largest parameter, or
+    DeepSpeed's flat float32 partition), which the fused GPU kernel does not; the peak's plan figure here
+    adds them (``cpu_step_temporaries``)."""
     r = max(ranks, key=lambda x: max(p["peak"] for p in x["phases"].values()))
     ph, plan = r["phases"], r["plan_gib"]
     precision_bytes = 4 if "fp32" in label else 2
-    pipeline = "pp=2" in label
     logits_tensor = r["plan_sequences"] * r["seq_len"] * r["vocab"] / r["tp"] * precision_bytes / GIB
-    measured = {"at rest": r["rest_gib"], "peak": max(p["peak"] for p in ph.values())}
-    predicted = {"at rest": plan["resident"], "peak": plan["total"]}
-    if not pipeline:  # pp's policy forward runs forward-only (recomputed in backward): nothing to split
-        policy = ph["token_logps:policy"]
-        measured["gradients"] = ph["backward"]["after"] - policy["before"]
-        predicted["gradients"] = plan["backward_gradients"]
+    cpu_step = 2 * 4 * r["largest_stepped_tensor"] / GIB
+    measured = {"at rest": r["rest_gib"], "logits": logits_tensor + r["logprobs_peak_gib"],
+                "peak": max(p["peak"] for p in ph.values())}
+    predicted = {"at rest": plan["resident"], "logits": plan["logits"], "peak": plan["total"] + cpu_step}
+    policy = ph["token_logps:policy"]
+    measured["gradients"] = ph["backward"]["after"] - policy["before"]
+    predicted["gradients"] = plan["backward_gradients"]
+    # pp runs its policy forward forward-only (recomputed in the backward), and ZeRO-3 keeps parameters
+    # gathered through the forward: for those the forward's growth is not the activations
+    if "pp=2" not in label and "ZeRO-3" not in label:
         measured["activations"] = policy["after"] - policy["before"] - logits_tensor
         predicted["activations"] = plan["activations_full"]
-        extra = per_logit.get(r["vocab"]) if precision_bytes == 2 else None  # measured for bf16 logits only
-        if extra is not None:
-            measured["logits"] = logits_tensor * (1 + extra / precision_bytes)
-            predicted["logits"] = plan["logits"]
     ratios = {k: measured[k] / predicted[k] if predicted[k] else None for k in measured}
     return {"section": "train", "shape": shape, "layout": label, "objective": Path(recipe).stem, "ranks": len(ranks),
-            "measured_gib": measured, "plan_gib": predicted, "ratio": ratios}
+            "measured_gib": measured, "plan_gib": predicted, "ratio": ratios, "cpu_step_temporaries_gib": cpu_step,
+            "phases": ph}
 
 
-def section_forward(work: Path, per_logit: dict) -> list:
+def section_forward(work: Path) -> list:
     from hl_core.config import load_recipe
     from hl_core.model_specs import resolve_spec
     from hl_core.plan import memory_plan
@@ -164,11 +169,8 @@ def section_forward(work: Path, per_logit: dict) -> list:
             f"data.max_length={steps}", f"train.micro_batch_size={rows // 2}", "output_dir=/tmp/unused"])
         plan = memory_plan(recipe, world_size=1, spec=resolve_spec(recipe.model))["gib"]
         logits_tensor = rows * steps * r["vocab"] * 2 / GIB
-        measured = {"activations": r["kept_gib"] - logits_tensor}
-        predicted = {"activations": plan["activations_full"]}
-        if r["vocab"] in per_logit:
-            measured["logits"] = logits_tensor * (1 + per_logit[r["vocab"]] / 2)
-            predicted["logits"] = plan["logits"]
+        measured = {"activations": r["kept_gib"] - logits_tensor, "logits": logits_tensor + r["logprobs_peak_gib"]}
+        predicted = {"activations": plan["activations_full"], "logits": plan["logits"]}
         row = {"section": "forward", "shape": shape, "layout": f"1 layer, bf16, {attn} attention, forward + backward",
                "measured_gib": measured, "plan_gib": predicted,
                "ratio": {k: measured[k] / predicted[k] for k in measured}}
@@ -212,11 +214,10 @@ def main(argv=None) -> int:
         work = Path(tmp)
         if "logprobs" in args.sections:
             results += section_logprobs(work)
-        per_logit = {VOCABS[r["vocab"]]: r["ours_bytes_per_logit"] for r in results if r["section"] == "logprobs"}
         if "train" in args.sections:
-            results += section_train(work, per_logit)
+            results += section_train(work)
         if "forward" in args.sections:
-            results += section_forward(work, per_logit)
+            results += section_forward(work)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text("".join(json.dumps(r) + "\n" for r in results))

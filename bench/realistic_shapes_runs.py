@@ -70,11 +70,32 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     plan = memory_plan(recipe, world_size=engine.world_size, spec=spec, distributed_optimizer=False, megatron_gpu=False)
     batch = trainer.source.batches(0)[0] if hasattr(trainer.source, "dataset") else None
     seq_len = int(batch["input_ids"].shape[1]) if batch is not None else recipe.data.max_length
+    tp = engine.__dict__.get("tp", 1)
+    optimized = [p for group in engine.optimizer.param_groups for p in group["params"]]
     result = dict(rank=engine.rank, setup_gib=setup / GIB, rest_gib=rest / GIB, phases=phases, plan_gib=plan["gib"],
-                  plan_sequences=plan["sequences_per_micro_batch"], seq_len=seq_len, vocab=spec.vocab_size,
-                  tp=engine.__dict__.get("tp", 1), params=spec.num_params(), losses=[r["loss"] for r in rows])
+                  plan_sequences=plan["sequences_per_micro_batch"], seq_len=seq_len, vocab=spec.vocab_size, tp=tp,
+                  params=spec.num_params(), losses=[r["loss"] for r in rows],
+                  largest_stepped_tensor=max(p.numel() for p in optimized) if optimized else 0)
     trainer.close()
+    # the log-probs alone at this run's shape: logits of one micro-batch in the compute dtype, forward + backward
+    result["logprobs_peak_gib"] = _logprobs_peak(plan["sequences_per_micro_batch"], seq_len, spec.vocab_size // tp,
+                                                 recipe.engine.precision, recipe.train.logps_chunk_tokens, probe)
     _write(out, result["rank"], result)
+
+
+def _logprobs_peak(rows: int, steps: int, vocab: int, precision: str, chunk_tokens: int, probe) -> float:
+    """GiB held beyond the logits while our token log-probs run forward and backward over them."""
+    import torch
+
+    from hl_core.logprobs import chunk_positions, token_logps
+
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    logits = torch.randn(rows, steps, vocab, dtype=dtype).requires_grad_(True)
+    labels = torch.randint(0, vocab, (rows, steps))
+    base = probe.current()
+    probe.reset_peak()
+    token_logps(logits, labels, chunk_size=chunk_positions(rows, chunk_tokens)).sum().backward()
+    return (probe.peak() - base) / GIB
 
 
 # --------------------------------------------------------------------------------------- forward only
@@ -90,8 +111,10 @@ def forward(model_dir: str, attn: str, precision: str, rows: int, steps: int, ou
     probe = RssProbe()
     base = probe.current()
     config = AutoConfig.from_pretrained(model_dir)
-    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn, dtype=torch.float32)
-    model = model.to({"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
+    # initialised in the compute dtype directly: a float32 copy of Gemma-2-27B's 256k x 4608 embedding
+    # alone would take 4.4 GiB more
+    model = AutoModelForCausalLM.from_config(config, attn_implementation=attn,
+                                             dtype={"bf16": torch.bfloat16, "fp32": torch.float32}[precision])
     model.config.use_cache = False
     weights = probe.current() - base
     ids = torch.randint(3, 400, (rows, steps))
@@ -103,6 +126,8 @@ def forward(model_dir: str, attn: str, precision: str, rows: int, steps: int, ou
     probe.reset_peak()
     logps.sum().backward()
     backward_peak = probe.peak() - before
+    del logps, model
+    lp_peak = _logprobs_peak(rows, steps, config.vocab_size, precision, 256, probe)
     _write(out, 0, dict(weights_gib=weights / GIB, kept_gib=kept / GIB, forward_peak_gib=forward_peak / GIB,
-                        backward_peak_gib=backward_peak / GIB, rows=rows, steps=steps, vocab=config.vocab_size,
-                        bytes=BYTES[precision]))
+                        backward_peak_gib=backward_peak / GIB, logprobs_peak_gib=lp_peak, rows=rows, steps=steps,
+                        vocab=config.vocab_size, bytes=BYTES[precision]))

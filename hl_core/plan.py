@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .config import Recipe, batch_layout
 from .model_specs import ModelSpec, check_layout, resolve_spec
 from .objectives import reference_needed
-from .plan_terms import layer_activation_bytes, logits_bytes
+from .plan_terms import final_norm_bytes, layer_activation_bytes, logits_bytes
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -196,8 +196,9 @@ def memory_plan(
     per_layer = s * b * layer_activation_bytes(spec, pb, t, s, eager)
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
     in_flight = min(pp, accum) if engine == "megatron" else 1
-    activations_full = per_layer * layers_on_rank * in_flight
-    activations_ckpt = (pb * s * b * h) * layers_on_rank * in_flight + per_layer  # layer inputs + one layer
+    final_norm = s * b * final_norm_bytes(spec, pb) * in_flight
+    activations_full = per_layer * layers_on_rank * in_flight + final_norm
+    activations_ckpt = (pb * s * b * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
     keeps_softmax = engine == "megatron" and spec.model_type == "gemma2"
     logits = logits_bytes(b, s, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax)
     checkpointing = bool(recipe.model.gradient_checkpointing)

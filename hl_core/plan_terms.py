@@ -14,8 +14,12 @@ Per token and layer, ``pb`` bytes per element of the compute dtype, ``h`` hidden
 * eager attention (Gemma 2's soft-capped scores) also keeps, per head and key, the float32 softmax and its
   compute-dtype copy, and with soft-capping the tanh output: ``(4 + pb [+ pb]) * heads * s``.
 
+Once per token, not per layer: the final RMSNorm keeps ``(4 + pb) * h`` like the others.
+
 Log-probs (``hl_core.logprobs``): the policy's logits stay for backward (pb per logit); the backward writes
-a logits-sized gradient (pb per logit) and works on one float32 block of ``logps_chunk_tokens`` tokens. The
+a logits-sized gradient (pb per logit) and works on one float32 block of ``logps_chunk_tokens`` tokens plus
+the compute-dtype copy the gradient is written through (about 1.5 blocks; the forward's log-sum-exp needs
+two blocks, before the gradient exists). The
 megatron engine's Gemma 2 path uses megatron-core's vocab-parallel cross entropy, which also keeps a
 float32 softmax of every logit (4 per logit).
 """
@@ -41,4 +45,9 @@ def logits_bytes(rows: int, seq_len: int, vocab: int, pb: int, tp: int = 1, chun
     """Peak bytes of the policy's logits and log-probs over forward and backward (see the docstring)."""
     logits = rows * seq_len * vocab / tp
     block = 4 * min(chunk_tokens, rows * seq_len) * vocab / tp
-    return (2 * pb + (4 if keeps_softmax else 0)) * logits + block
+    return (pb + (4 if keeps_softmax else 0)) * logits + max(2 * block, pb * logits + 1.5 * block)
+
+
+def final_norm_bytes(spec, pb: int) -> float:
+    """Per token: the final RMSNorm before the output layer (once, on the last pipeline stage)."""
+    return (4 + pb) * spec.hidden_size

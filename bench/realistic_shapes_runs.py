@@ -45,8 +45,8 @@ def logprobs(vocab: int, rows: int, steps: int, chunk: int, impl: str, out: Path
 
 # --------------------------------------------------------------------------------------- training
 def train(recipe_path: str, overrides: list, out: Path) -> None:
-    """Two updates of the recipe through our trainer and engine (the first allocates the optimizer states),
-    then one instrumented update. Writes per-rank memory at rest, per engine call, and the plan."""
+    """One update of the recipe through our trainer and engine (it allocates the optimizer states), then one
+    instrumented update. Writes per-rank memory at rest, per engine call, and the plan."""
     import torch
 
     from hl_core.config import load_recipe
@@ -61,7 +61,7 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     base = probe.current()  # interpreter, torch, deepspeed and megatron modules: before any model exists
     trainer.setup()
     setup = probe.current() - base
-    rows = [trainer.train_step() for _ in range(2)]
+    rows = [trainer.train_step()]
     rest = probe.current() - base
     phases = phase_memory(trainer, probe, base)
     engine = trainer.engine
@@ -71,7 +71,12 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     batch = trainer.source.batches(0)[0] if hasattr(trainer.source, "dataset") else None
     seq_len = int(batch["input_ids"].shape[1]) if batch is not None else recipe.data.max_length
     tp = engine.__dict__.get("tp", 1)
-    optimized = [p for group in engine.optimizer.param_groups for p in group["params"]]
+    # the largest tensor the torch optimizer steps (DeepSpeed wraps it and may step flat partitions):
+    # its Adam moments have that tensor's shape
+    inner = engine.optimizer
+    while not isinstance(inner, torch.optim.Optimizer) and hasattr(inner, "optimizer"):
+        inner = inner.optimizer
+    optimized = [t for state in inner.state.values() for t in state.values() if torch.is_tensor(t) and t.dim() > 0]
     result = dict(rank=engine.rank, setup_gib=setup / GIB, rest_gib=rest / GIB, phases=phases, plan_gib=plan["gib"],
                   plan_sequences=plan["sequences_per_micro_batch"], seq_len=seq_len, vocab=spec.vocab_size, tp=tp,
                   params=spec.num_params(), losses=[r["loss"] for r in rows],

@@ -58,7 +58,7 @@ from typing import Any, Dict, List, Optional, Tuple
 from .config import Recipe, batch_layout
 from .model_specs import ModelSpec, check_layout, resolve_spec
 from .objectives import reference_needed
-from .plan_terms import final_norm_bytes, layer_activation_bytes, logits_bytes
+from .plan_terms import layer_activation_bytes, logits_bytes, norm_bytes
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -196,11 +196,14 @@ def memory_plan(
     per_layer = s * b * layer_activation_bytes(spec, pb, t, s, eager)
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
     in_flight = min(pp, accum) if engine == "megatron" else 1
-    final_norm = s * b * final_norm_bytes(spec, pb) * in_flight
+    final_norm = s * b * norm_bytes(spec, pb) * in_flight  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
     activations_ckpt = (pb * s * b * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
-    keeps_softmax = engine == "megatron" and spec.model_type == "gemma2"
-    logits = logits_bytes(b, s, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax)
+    gemma2 = spec.model_type.startswith("gemma2")
+    # megatron's Gemma 2 path: megatron-core's cross entropy (a float32 softmax kept); HF's Gemma 2: the tanh
+    # of its final logit soft-capping kept beside the logits
+    logits = logits_bytes(b, s, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax=engine == "megatron" and gemma2,
+                          softcap_copy=engine != "megatron" and gemma2)
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
     model_states = weights + grads + optimizer
@@ -263,18 +266,28 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         f" = global {plan['global_batch_size']} ({plan['sequences_per_micro_batch']} sequences of <= {plan['seq_len']}"
         f" tokens per micro-batch, {plan['attention']} attention)",
         f"per-GPU memory estimate ({unit}):",
-        f"  weights (policy)          {v['weights']:9.2f}",
-        f"  gradients                 {v['gradients']:9.2f}",
-        f"  optimizer states (AdamW)  {v['optimizer']:9.2f}",
-        f"  reference model           {v['reference']:9.2f}",
-        f"  activations               {v['activations_full']:9.2f} without gradient checkpointing"
+        "  at rest (between updates)",
+        f"    weights (policy)            {v['weights']:9.2f}",
+        f"    optimizer states (AdamW)    {v['optimizer']:9.2f}",
+        f"    reference model             {v['reference']:9.2f}",
+        f"    gradient buffers kept       {v['resident'] - v['weights'] - v['optimizer'] - v['reference']:9.2f}",
+        "  within an update",
+        f"    gradients during backward   {v['backward_gradients']:9.2f}",
+        f"    float32 gradients at step   {v['step_gradients']:9.2f}",
+        f"    activations                 {v['activations_full']:9.2f} without gradient checkpointing"
         + ("" if ckpt else "  <- recipe"),
-        f"                            {v['activations_checkpointed']:9.2f} with gradient checkpointing"
+        f"                                {v['activations_checkpointed']:9.2f} with gradient checkpointing"
         + ("  <- recipe" if ckpt else ""),
-        f"  logits                    {v['logits']:9.2f}",
-        f"  total                     {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
+        f"    logits and log-probs        {v['logits']:9.2f}",
+        "  peak = at rest + gradients during backward + max(activations + logits, float32 gradients at step)",
+        f"  total                         {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
         f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",
-        f"  GPU memory                {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",
+        f"  GPU memory                    {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",
+        "checked against measurement (README, Performance): on an H100 (bench/gpu_check.py: DeepSpeed ZeRO-2/3 "
+        "and megatron tp=1, one GPU, a Llama-3.2-1B shape) and on the CPU at the recipes' exact widths "
+        "(bench/realistic_shapes.py: ZeRO-0/3 over 2 processes, megatron tp=2 and pp=2; Llama-3-8B and "
+        "Gemma-2-27B layers forward and backward); not yet: NCCL and DeepSpeed communication buffers, "
+        "Transformer Engine layers, megatron's Gemma 2 layers, pipeline parallel on GPUs.",
     ]
     lines += [f"note: {n}" for n in plan["notes"]]
     if plan["exceeds"]:
@@ -283,6 +296,8 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
             hints.append("set `model.gradient_checkpointing=true`")
         if plan["engine"] == "deepspeed" and plan["zero_stage"] < 3:
             hints.append("raise `engine.zero_stage`")
+        if plan["engine"] == "megatron":
+            hints.append("raise `parallel.tp` (splits weights, activations and logits) or `parallel.pp` (splits layers)")
         hints += ["lower `train.micro_batch_size` or `data.max_length`", "use more GPUs"]
         lines.append(
             f"WARNING: the estimate ({g['total']:.1f} GiB per GPU) exceeds `cluster.gpu_memory_gb` "

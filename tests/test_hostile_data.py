@@ -1,0 +1,118 @@
+"""Hostile data files (issue 19, items 6 and 7; issue 17, item 3): line separators inside JSON strings, empty
+prompts, null fields, bytes that are not UTF-8, scores beyond float32, and rows that `data.max_length` cuts
+(counted in the data summary and the run's summary; pairs cut to chosen == rejected are dropped, counted)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from helpers import REPO
+from hl_core.data import load_group_records, load_preference_records, load_unpaired_records
+from hl_core.data.prompts import load_prompt_records
+from hl_core.data.sft import load_sft_records
+from hl_core.errors import DataError
+
+
+@pytest.fixture(autouse=True)
+def _repo_cwd(monkeypatch):
+    monkeypatch.chdir(REPO)
+
+
+def _jsonl(tmp_path, rows, name="rows.jsonl"):
+    path = tmp_path / name
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r, ensure_ascii=False)) + "\n" for r in rows),
+                    encoding="utf-8")
+    return path
+
+
+def _error(fn, *args, **kwargs) -> str:
+    with pytest.raises(DataError) as info:
+        fn(*args, **kwargs)
+    message = str(info.value)
+    assert "\n" not in message and "Fix" in message
+    return message
+
+
+# ------------------------------------------------------------------------------------------ reading
+
+
+@pytest.mark.parametrize("char", ["\u2028", "\u2029", "\x85"])
+def test_jsonl_strings_may_hold_unicode_line_separators(tmp_path, char):
+    """`str.splitlines` splits at these; JSON allows them raw inside strings. Lines end at "\\n" only (a
+    "\\r" before it is fine), so the row loads and later lines keep their numbers."""
+    pair = {"prompt": f"one{char}two", "chosen": f"a{char}b", "rejected": "c"}
+    raw = json.dumps(pair, ensure_ascii=False)
+    assert char in raw
+    path = tmp_path / "sep.jsonl"
+    path.write_text(raw + "\r\n" + raw + "\n", encoding="utf-8")
+    records = load_preference_records(path)
+    assert len(records) == 2 and records[0].prompt[0]["content"] == f"one{char}two" and records[1].chosen == f"a{char}b"
+    path.write_text(raw + "\n" + raw + "\n" + '{"prompt": "p", "chosen": "a"}\n', encoding="utf-8")
+    assert f"{path}:3" in _error(load_preference_records, path)
+
+
+def test_data_file_that_is_not_utf8_names_file_and_line(tmp_path):
+    path = tmp_path / "latin1.jsonl"
+    good = json.dumps({"prompt": "p", "chosen": "a", "rejected": "b"})
+    path.write_bytes((good + "\n" + good.replace('"b"', '"caf\xe9"') + "\n").encode("latin-1"))
+    message = _error(load_preference_records, path)
+    assert f"{path}:2" in message and "UTF-8" in message and "0xe9" in message and "position" not in message
+
+
+# ------------------------------------------------------------------------------------------ rows
+
+
+PLAIN = {"prompt": "p", "chosen": "a", "rejected": "b"}
+
+
+@pytest.mark.parametrize("prompt", ["", "   ", "\n\t", [{"role": "user", "content": "  "}]])
+@pytest.mark.parametrize("loader, row", [
+    (load_preference_records, PLAIN),
+    (load_preference_records, {"prompt": None, "chosen": [{"role": "assistant", "content": "a"}],
+                               "rejected": [{"role": "assistant", "content": "b"}]}),
+    (load_unpaired_records, {"prompt": None, "completion": "a", "label": True}),
+    (load_group_records, {"prompt": None, "completions": ["a", "b"], "scores": [1, 0]}),
+    (load_prompt_records, {"prompt": None, "answer": "3"}),
+    (load_sft_records, {"prompt": None, "completion": "a"}),
+], ids=["pair", "messages-pair", "kto", "grpo", "rollout-prompts", "sft"])
+def test_empty_prompts_are_refused_like_empty_completions(tmp_path, loader, row, prompt):
+    path = _jsonl(tmp_path, [dict(row, prompt="A real prompt."), dict(row, prompt=prompt)])
+    message = _error(loader, path)
+    assert f"{path}:2" in message and "prompt" in message and "empty" in message
+
+
+def test_messages_prompt_that_is_only_whitespace(tmp_path):
+    conv = lambda answer: [{"role": "user", "content": " "}, {"role": "assistant", "content": answer}]  # noqa: E731
+    path = _jsonl(tmp_path, [{"chosen": conv("a"), "rejected": conv("b")}])
+    assert "empty" in _error(load_preference_records, path)
+    path = _jsonl(tmp_path, [{"completion": conv("a"), "label": False}])
+    assert "empty" in _error(load_unpaired_records, path)
+
+
+@pytest.mark.parametrize("loader, row, field", [
+    (load_preference_records, dict(PLAIN, chosen=None), "chosen"),
+    (load_preference_records, dict(PLAIN, prompt=None), "prompt"),
+    (load_unpaired_records, {"prompt": "p", "completion": None, "label": True}, "completion"),
+    (load_group_records, {"prompt": "p", "completions": ["a", "b"], "scores": None}, "scores"),
+    (load_group_records, {"prompt": None, "completions": ["a", "b"], "scores": [1, 0]}, "prompt"),
+])
+def test_null_field_is_called_null(tmp_path, loader, row, field):
+    """Before: "row has no `chosen` field (fields present: chosen, prompt, rejected)"."""
+    message = _error(loader, _jsonl(tmp_path, [row]))
+    assert f"field `{field}` is null" in message
+    listed = message.split("fields with values:")[1].split(")")[0] if "fields with values:" in message else ""
+    assert field not in listed.split(", ")
+
+
+@pytest.mark.parametrize("row, field", [
+    ({"prompt": "p", "completions": ["a", "b"], "scores": [1e39, 0.0]}, "scores[0]"),
+    ({"prompt": "p", "completions": ["a", "b"], "scores": [0.0, -3.5e38]}, "scores[1]"),
+    (dict(PLAIN, score_chosen=1.0, score_rejected=1e39), "score_rejected"),
+    (dict(PLAIN, all_rm_scores=[1.0, 1e300]), "all_rm_scores[1]"),
+])
+def test_scores_beyond_float32_are_refused(tmp_path, row, field):
+    path = _jsonl(tmp_path, [{"prompt": "q", "completions": ["x", "y"], "scores": [3.0e38, -3.0e38]}, row])
+    message = _error(load_group_records, path)
+    assert f"{path}:2" in message and f"`{field}`" in message and "float32" in message

@@ -8,11 +8,14 @@ import json
 
 import pytest
 
-from helpers import REPO
+from helpers import REPO, TINY_HUMANLINE, run_recipe
+from hl_core.config import load_recipe
 from hl_core.data import load_group_records, load_preference_records, load_unpaired_records
 from hl_core.data.prompts import load_prompt_records
 from hl_core.data.sft import load_sft_records
 from hl_core.errors import DataError
+
+TINY_GRPO = REPO / "recipes" / "tiny" / "offline_grpo.yaml"
 
 
 @pytest.fixture(autouse=True)
@@ -116,3 +119,73 @@ def test_scores_beyond_float32_are_refused(tmp_path, row, field):
     path = _jsonl(tmp_path, [{"prompt": "q", "completions": ["x", "y"], "scores": [3.0e38, -3.0e38]}, row])
     message = _error(load_group_records, path)
     assert f"{path}:2" in message and f"`{field}`" in message and "float32" in message
+
+
+# ------------------------------------------------------------------------------------------ truncation
+
+LONG = "the same long words again " * 12
+
+
+def _cut_pairs(tmp_path):
+    rows = [
+        {"prompt": "Describe the field.", "chosen": "It is lovely.", "rejected": "It is grim."},  # fits
+        {"prompt": "Describe the sky.", "chosen": LONG + "good", "rejected": LONG + "bad"},  # cut to the same prefix
+        {"prompt": "Describe the sea.", "chosen": "Calm " + LONG, "rejected": "Rough " + LONG},  # cut, still differ
+    ]
+    return _jsonl(tmp_path, rows, "cut.jsonl")
+
+
+def test_truncation_is_counted_and_identical_pairs_dropped(tmp_path, capsys):
+    from hl_core.data.build import build_datasets, data_summary_fields
+    from hl_core.modeling import load_tokenizer
+
+    path = _cut_pairs(tmp_path)
+    recipe = load_recipe(TINY_HUMANLINE, [f"data.train.path={path}", f"data.eval.path={path}", "data.max_length=40",
+                                          "data.max_prompt_length=16"])
+    train, evaluation = build_datasets(recipe, load_tokenizer(recipe.model), show_progress=True)
+    out = capsys.readouterr().out
+    assert (train.stats.examples, train.stats.truncated, train.stats.identical_dropped) == (2, 2, 1)
+    assert train.stats.truncated_tokens > 0 and len(train) == 2
+    assert all(f["chosen_input_ids"] != f["rejected_input_ids"] for f in train.features)
+    assert "data: 2 train pairs (2 truncated" in out and "1 dropped: identical after truncation" in out
+    fields = data_summary_fields(train, evaluation)
+    assert fields["data/train_truncated"] == 2 and fields["data/train_identical_dropped"] == 1
+    assert fields["data/eval_examples"] == 2
+
+
+def test_all_pairs_identical_after_truncation_is_an_error(tmp_path):
+    from hl_core.data.build import build_datasets
+    from hl_core.modeling import load_tokenizer
+
+    path = _jsonl(tmp_path, [{"prompt": "Describe the sky.", "chosen": LONG + "good", "rejected": LONG + "bad"}])
+    recipe = load_recipe(TINY_HUMANLINE, [f"data.train.path={path}", "data.eval=null", "eval.every=null",
+                                          "data.max_length=40", "data.max_prompt_length=16"])
+    message = _error(build_datasets, recipe, load_tokenizer(recipe.model), show_progress=False)
+    assert "data.max_length" in message and "identical" in message
+
+
+def test_grpo_group_cut_to_identical_completions_is_dropped(tmp_path):
+    from hl_core.data.build import build_datasets
+    from hl_core.modeling import load_tokenizer
+
+    path = _jsonl(tmp_path, [
+        {"prompt": "Describe the sky.", "completions": [LONG + "a", LONG + "b", LONG + "c"], "scores": [1, 0, 0.5]},
+        {"prompt": "Describe the sea.", "completions": ["Calm.", "Rough."], "scores": [1, 0]},
+    ])
+    recipe = load_recipe(TINY_GRPO, [f"data.train.path={path}", "data.eval=null", "eval.every=null",
+                                     "data.max_length=40", "data.max_prompt_length=16"])
+    train, _ = build_datasets(recipe, load_tokenizer(recipe.model), show_progress=False)
+    assert (train.stats.examples, train.stats.truncated, train.stats.identical_dropped) == (1, 1, 1)
+
+
+def test_run_summary_counts_truncation(tmp_path):
+    path = _cut_pairs(tmp_path)
+    out = tmp_path / "out"
+    proc = run_recipe(TINY_HUMANLINE, [f"output_dir={out}", f"data.train.path={path}", "data.eval=null",
+                                       "eval.every=null", "data.max_length=40", "data.max_prompt_length=16",
+                                       "train.max_steps=1", "train.micro_batch_size=2", "checkpoint.save_every=null",
+                                       "checkpoint.save_final=false"])
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["data/train_truncated"] == 2 and summary["data/train_identical_dropped"] == 1
+    assert summary["data/train_examples"] == 2 and summary["data/train_truncated_tokens"] > 0
+    assert "1 dropped: identical after truncation" in proc.stdout

@@ -14,6 +14,7 @@ from hl_core.data import load_group_records, load_preference_records, load_unpai
 from hl_core.data.prompts import load_prompt_records
 from hl_core.data.sft import load_sft_records
 from hl_core.errors import DataError
+from launchers.run import main
 
 TINY_GRPO = REPO / "recipes" / "tiny" / "offline_grpo.yaml"
 
@@ -151,6 +152,10 @@ def test_truncation_is_counted_and_identical_pairs_dropped(tmp_path, capsys):
     fields = data_summary_fields(train, evaluation)
     assert fields["data/train_truncated"] == 2 and fields["data/train_identical_dropped"] == 1
     assert fields["data/eval_examples"] == 2
+    # --validate reports the same, before any weights are loaded
+    assert main([str(TINY_HUMANLINE), f"data.train.path={path}", f"data.eval.path={path}", "data.max_length=40",
+                 "data.max_prompt_length=16", "--validate"]) == 0
+    assert "tokenized: 2 train pairs (2 truncated" in capsys.readouterr().out
 
 
 def test_all_pairs_identical_after_truncation_is_an_error(tmp_path):

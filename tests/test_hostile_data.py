@@ -15,13 +15,9 @@ from hl_core.data.prompts import load_prompt_records
 from hl_core.data.sft import load_sft_records
 from hl_core.errors import DataError
 from launchers.run import main
+from test_config import _repo_cwd  # noqa: F401 (autouse: recipes name their files relative to the repository)
 
 TINY_GRPO = REPO / "recipes" / "tiny" / "offline_grpo.yaml"
-
-
-@pytest.fixture(autouse=True)
-def _repo_cwd(monkeypatch):
-    monkeypatch.chdir(REPO)
 
 
 def _jsonl(tmp_path, rows, name="rows.jsonl"):

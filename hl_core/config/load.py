@@ -11,6 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import RecipeError, did_you_mean
+from ..textfiles import decode_utf8
 from .schema import Recipe
 from .sections import OBJECTIVE_CONFIGS, DPOObjective
 
@@ -62,15 +63,8 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
         raise RecipeError(f"Recipe path `{path}` is a directory, not a YAML file. Fix: name a recipe file in it.")
     except OSError as exc:
         raise RecipeError(f"Recipe file `{path}` cannot be read ({exc.strerror}). Fix: check the path and its permissions.")
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        line = raw.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
-        raise RecipeError(
-            f"Recipe `{path}:{line}` is not UTF-8 text (byte 0x{raw[exc.start]:02x} at column {column}). "
-            "Fix: re-save the file as UTF-8."
-        )
+    text = decode_utf8(raw, path, lambda where, detail: RecipeError(
+        f"Recipe `{where}` is not UTF-8 text ({detail}). Fix: re-save the file as UTF-8."))
     try:
         data = safe_load_unique(text)
     except DuplicateKeyError as exc:

@@ -17,6 +17,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hl_core.errors import DataError, RecipeError, did_you_mean
+from hl_core.textfiles import decode_utf8
 
 FORMATS = ("auto", "plain", "messages")
 JSONL_EXTENSIONS = (".jsonl",)
@@ -154,15 +155,8 @@ def iter_file_rows(
 def read_text(path: str) -> str:
     with open(path, "rb") as f:
         raw = f.read()
-    try:
-        return raw.decode("utf-8")
-    except UnicodeDecodeError as e:
-        line = raw.count(b"\n", 0, e.start) + 1
-        column = e.start - (raw.rfind(b"\n", 0, e.start) + 1) + 1
-        raise DataError(
-            f"{path}:{line}: is not UTF-8 text (byte 0x{raw[e.start]:02x} at column {column}). Fix: re-save the "
-            "file as UTF-8 JSON."
-        ) from None
+    return decode_utf8(raw, path, lambda where, detail: DataError(
+        f"{where}: is not UTF-8 text ({detail}). Fix: re-save the file as UTF-8 JSON."))
 
 
 def iter_jsonl(path: str, text: Optional[str] = None, example: str = PAIR_EXAMPLE) -> Iterator[Tuple[str, Any]]:

@@ -114,7 +114,7 @@ def completion_logps(
     """Per item: ``{"sum_logp": [per completion], "n_tokens": [...], "mean_logp": [...], "record_mean_logp"}``."""
     import torch
 
-    from hl_core.data.rows import pad_right, tokenize_prompt_and_completions
+    from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
     from hl_core.logprobs import sequence_token_logps
 
     seqs: List[Tuple[int, int, List[int], List[int]]] = []  # (item, completion, ids, completion mask)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+from pathlib import Path
 from typing import Optional, Tuple
 
 import torch
@@ -13,20 +14,85 @@ from .errors import RecipeError
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
 
+# Any of these in a directory means it holds a tokenizer (fast, sentencepiece or BPE files).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+
+
+def _remote_code_error(what: str, name: str) -> RecipeError:
+    return RecipeError(
+        f"The {what} at `{name}` comes with custom modelling code, which runs only with "
+        "`model.trust_remote_code: true`. Fix: read that code, then set `model.trust_remote_code=true`, or use "
+        "a model that transformers supports natively."
+    )
+
+
 def load_tokenizer(model_cfg):
+    """The tokenizer of ``model.tokenizer`` (default ``model.name_or_path``), with a pad token; refused when
+    it has more tokens than the model's vocabulary (see :func:`check_vocab`)."""
     from transformers import AutoTokenizer
 
     name = model_cfg.tokenizer or model_cfg.name_or_path
+    key = "model.tokenizer" if model_cfg.tokenizer else "model.name_or_path"
+    local = Path(name).expanduser()
+    if local.is_dir() and not any((local / f).is_file() for f in TOKENIZER_FILES):
+        raise RecipeError(
+            f"`{key}: {name}` is a directory without tokenizer files (none of {', '.join(TOKENIZER_FILES)}). Fix: "
+            "point `model.tokenizer` at the directory that holds the model's tokenizer."
+        )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=model_cfg.trust_remote_code)
-    except OSError as exc:
+    except (OSError, ValueError) as exc:
+        if "trust_remote_code" in str(exc):
+            raise _remote_code_error("tokenizer", name) from None
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise RecipeError(
-            f"Could not load the tokenizer from `model.tokenizer`/`model.name_or_path` = `{name}` ({exc}). "
+            f"Could not load the tokenizer from `{key}` = `{name}` ({first}). "
             "Fix: point it at a local directory with tokenizer files, or a Hugging Face name reachable from this machine."
-        )
+        ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
+    check_vocab(model_cfg, tokenizer)
     return tokenizer
+
+
+def check_vocab(model_cfg, tokenizer) -> None:
+    """The model's vocabulary (config.json, with ``model.config_overrides``) holds every token id of the
+    tokenizer; a model whose size is unknown here (no config.json at hand) is not checked."""
+    from .model_specs import resolve_spec
+
+    try:
+        vocab = resolve_spec(model_cfg).vocab_size
+    except RecipeError:
+        return
+    if len(tokenizer) > vocab:
+        overridden = "vocab_size" in (model_cfg.config_overrides or {})
+        key = "model.config_overrides.vocab_size" if overridden else "model.tokenizer` / `model.name_or_path"
+        raise RecipeError(
+            f"The model's vocabulary ({vocab} tokens) is smaller than the tokenizer's ({len(tokenizer)}), so token "
+            f"ids >= {vocab} have no embedding (`{key}`). Fix: "
+            + (f"set `model.config_overrides.vocab_size` to at least {len(tokenizer)}, or remove it."
+               if overridden else "use the tokenizer that belongs to the model.")
+        )
+
+
+def check_model_config(model_cfg) -> None:
+    """For a local model directory: its config builds with ``model.config_overrides`` and needs no custom code
+    unless ``model.trust_remote_code`` is set (reads config.json only: no weights, no custom code run)."""
+    from transformers import AutoConfig
+
+    local = Path(model_cfg.name_or_path).expanduser()
+    if not local.is_dir() or model_cfg.trust_remote_code:
+        return
+    try:
+        AutoConfig.from_pretrained(str(local), trust_remote_code=False, **model_cfg.config_overrides)
+    except (OSError, ValueError, TypeError) as exc:
+        if "trust_remote_code" in str(exc):
+            raise _remote_code_error("model", model_cfg.name_or_path) from None
+        raise RecipeError(
+            f"`model.name_or_path: {model_cfg.name_or_path}`: its config.json does not load with "
+            f"`model.config_overrides` {model_cfg.config_overrides} ({str(exc).strip().splitlines()[0]}). "
+            "Fix: repair config.json or the overrides."
+        ) from None
 
 
 def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None):
@@ -63,6 +129,10 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
                 )
             model = AutoModelForCausalLM.from_pretrained(model_cfg.name_or_path, dtype=dtype, **kwargs)
             del keep_alive
+    except ValueError as exc:
+        if "trust_remote_code" in str(exc):
+            raise _remote_code_error("model", model_cfg.name_or_path) from None
+        raise
     except OSError as exc:
         raise RecipeError(
             f"Could not load the model from `model.name_or_path` = `{model_cfg.name_or_path}` ({exc}). "

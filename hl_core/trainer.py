@@ -412,6 +412,9 @@ class Trainer:
                 if key in first and key in last:
                     summary[f"eval_start/{key}"] = first[key]
                     summary[f"eval_end/{key}"] = last[key]
+        from .data.build import data_summary_fields  # truncated / dropped examples
+
+        summary.update(data_summary_fields(self.train_data, self.eval_data))
         if self.is_main:
             lines = [f"== {self.recipe.name}: {self.updates_done} updates in {wall:.1f}s =="]
             if step_times:

@@ -42,27 +42,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(recipe, world_size=None) -> str:
-    """Schema was checked on load; here: cross-field checks, then local data rows and tokenizer."""
-    from hl_core.config import check_recipe
-    from hl_core.data.build import load_split_records
-    from hl_core.model_specs import check_layout
+    """Everything checkable without weights or a GPU (``hl_core/validation.py``)."""
+    from hl_core.validation import validate_recipe
 
-    check_recipe(recipe, world_size)
-    check_layout(recipe, world_size or recipe.cluster.nodes * recipe.cluster.gpus_per_node)
-    lines = [f"recipe `{recipe.name}` is valid"]
-    sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
-    if all(s.path is not None for s in sources):
-        train, evaluation = load_split_records(recipe)
-        lines.append(f"data: {len(train)} train rows" + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
-    else:
-        lines.append("data: Hugging Face dataset(s) named; rows are checked when loaded at run time")
-    hl = recipe.humanline
-    lines.append(
-        f"objective {recipe.objective.name}, transform {hl.transform}"
-        + (f" [{hl.log_eps_P}, {hl.log_eps_R}]" if hl.transform == "clip" else "")
-        + f", sync_every {hl.sync_every}, engine {recipe.engine.name} ZeRO-{recipe.engine.zero_stage} {recipe.engine.precision}"
-    )
-    return "\n".join(lines)
+    return validate_recipe(recipe, world_size)
 
 
 def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
@@ -95,14 +78,15 @@ def main(argv=None) -> int:
         if args.print_config:
             print(recipe_to_yaml(recipe), end="")
             return 0
-        world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
+        from hl_core.config.checks import env_world_size
+
+        world = env_world_size()
         if args.plan:
             from hl_core.plan import plan_report
 
             print(plan_report(recipe, world))
             return 0
         if args.validate:
-            world = int(os.environ["WORLD_SIZE"]) if "WORLD_SIZE" in os.environ else None
             print(validate(recipe, world))
             return 0
         from hl_core.trainer import run
@@ -123,7 +107,8 @@ def exit_after_teardown(code: int) -> None:
     raised while C++ collective threads and Python objects are torn down in an arbitrary order. torchrun would
     count that abort as a failed job. Single-process runs exit normally.
     """
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    world = os.environ.get("WORLD_SIZE", "1").strip()
+    if world.isdigit() and int(world) > 1:
         import logging
 
         logging.shutdown()

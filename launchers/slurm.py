@@ -42,9 +42,14 @@ from hl_core.errors import EXIT_USER_ERROR, UserError  # noqa: E402
 
 STOP_FILE_NAME = "STOP"
 DEFAULT_STOP_BEFORE_S = 600
-# A token sbatch's own `#SBATCH` parser reads as one value: no whitespace, quotes or shell syntax.
-_DIRECTIVE_SAFE = re.compile(r"^[A-Za-z0-9_./:,+=@%\[\]-]+$")
-_TIME = re.compile(r"^(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?$")
+# A token sbatch's own `#SBATCH` parser reads as one value: no whitespace, quotes or shell syntax. Every pattern
+# here is used with `fullmatch`: `$` would also match before a trailing newline.
+_DIRECTIVE_SAFE = re.compile(r"[A-Za-z0-9_./:,+=@%\[\]-]+")
+_TIME = re.compile(r"(?:(\d+)-)?(\d+)(?::(\d+))?(?::(\d+))?")
+_OPTION = re.compile(r"[a-z][a-z0-9-]*")
+# C0/C1 control characters and Unicode line/paragraph separators: a newline in any value (even inside a
+# comment or a quoted word) could end a line of the script and make the rest of the value a command.
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u2028\u2029]")
 
 TEMPLATE = """\
 #!/bin/bash
@@ -113,7 +118,7 @@ exit "$RC"
 
 def parse_time_limit(text: str) -> int:
     """SLURM time (``M``, ``M:S``, ``H:M:S``, ``D-H``, ``D-H:M``, ``D-H:M:S``) -> seconds."""
-    match = _TIME.match(text)
+    match = _TIME.fullmatch(text)
     if not match:
         raise UserError(
             f"`--time {text}` (or `cluster.time`) is not a SLURM time limit. "
@@ -131,9 +136,21 @@ def parse_time_limit(text: str) -> int:
     return parts[0] * 3600 + parts[1] * 60 + parts[2]
 
 
+def refuse_control_characters(text: str, what: str) -> None:
+    """``UserError`` naming ``what`` when ``text`` holds a control character (see ``_CONTROL``)."""
+    found = _CONTROL.search(text)
+    if found:
+        raise UserError(
+            f"{what} {text!r} contains the control character {found.group()!r} at position {found.start()}: in the "
+            "sbatch script it could end a line and run the rest as a command. Fix: rename the file or choose a value "
+            "without control characters (newlines, tabs, escapes)."
+        )
+
+
 def _directive(option: str, value, what: str) -> str:
     text = str(value)
-    if not _DIRECTIVE_SAFE.match(text):
+    refuse_control_characters(text, what)
+    if not _DIRECTIVE_SAFE.fullmatch(text):
         raise UserError(
             f"{what} `{text}` cannot go into an `#SBATCH --{option}` line: sbatch reads those lines itself (no shell "
             "quoting), so only letters, digits and `_./:,+=@%[]-` are allowed. Fix: choose a value without spaces, "
@@ -190,6 +207,15 @@ def render_sbatch(
     """The sbatch script text. Raises ``UserError`` for bad recipes or values."""
     from hl_core.config import check_recipe, load_recipe
 
+    values = [("The recipe path", recipe_path), ("The working directory", workdir), ("`--partition`", partition),
+              ("`--time`", time_limit), ("`--container`", container), ("`--account`", account), ("`--mem`", mem),
+              ("`--job-name`", job_name), ("`--python`", python), ("This repository's path", REPO_ROOT),
+              ("The python interpreter path", None if python or container else sys.executable)]
+    values += [(f"The override `{o.partition('=')[0]}`", o) for o in overrides]
+    values += [("`--sbatch-arg`", a) for a in sbatch_args]
+    for what, value in values:
+        if value is not None:
+            refuse_control_characters(str(value), what)
     recipe = load_recipe(recipe_path, overrides)
     cluster = recipe.cluster
     nodes = nodes if nodes is not None else cluster.nodes
@@ -214,6 +240,8 @@ def render_sbatch(
     workdir = Path(workdir or os.getcwd()).resolve()
     recipe_abs = Path(recipe_path).resolve()
     output_dir, log_dir = job_dirs(recipe, workdir)
+    for what, value in (("The resolved recipe path", recipe_abs), ("`output_dir`", output_dir)):
+        refuse_control_characters(str(value), what)
     name = job_name or f"hl-{re.sub(r'[^A-Za-z0-9_.-]+', '-', recipe.name or recipe_abs.stem)}"
 
     directives = [
@@ -248,7 +276,7 @@ def render_sbatch(
     ]
     for extra in sbatch_args:
         option, _, value = extra.lstrip("-").partition("=")
-        if not re.match(r"^[a-z][a-z0-9-]*$", option):
+        if not _OPTION.fullmatch(option):
             raise UserError(f"`--sbatch-arg {extra}`: `{option}` is not an sbatch option name. Fix: e.g. `--sbatch-arg qos=high`.")
         directives.append(_directive(option, value, f"`--sbatch-arg {option}`") if value else f"#SBATCH --{option}")
 

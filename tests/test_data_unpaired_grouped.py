@@ -21,7 +21,7 @@ from hl_core.data import (
     tokenize_preference,
     tokenize_unpaired,
 )
-from hl_core.data.rows import truncate_completions
+from hl_core.data.tokens import truncate_completions
 from hl_core.errors import DataError, RecipeError
 
 REPO = Path(__file__).resolve().parents[1]

@@ -203,7 +203,7 @@ def test_every_value_reaches_the_run_verbatim_multi_node(tmp_path):
     overrides = [
         f"output_dir={tmp_path / 'out'}",
         "name=it's \"quoted\" $(touch PWNED3) `touch PWNED4` ; echo $HOME & | > x",
-        "logging.wandb.run_name=line one\nline two\t*?[a] ~ !! \\",
+        "logging.wandb.run_name=line one  line two *?[a] ~ !! \\",  # control characters: test_slurm_injection.py
         "train.lr=1e-4",
     ]
     script = slurm.render_sbatch(recipe, overrides, nodes=2, gpus_per_node=8, workdir=str(REPO), python="python3")

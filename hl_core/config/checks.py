@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import os
+import tempfile
 from pathlib import Path
 from typing import Optional, Tuple
 
 from ..errors import RecipeError
+from .resume import check_resume
 from .schema import Recipe
 
 
 def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
-    """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks."""
+    """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks (the
+    checkpoint to resume is checked against it, else against ``WORLD_SIZE`` from the launcher, else 1)."""
     hl = recipe.humanline
     if hl.sync_every is not None and recipe.train.cache_reference_logps:
         raise RecipeError(
@@ -70,6 +73,8 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"`checkpoint.resume: {resume}` is neither `auto`, `never` nor an existing checkpoint path. "
             "Fix: point it at a directory under `<output_dir>/checkpoints/`, or use `auto`."
         )
+    check_resume(recipe, world_size or env_world_size() or 1)
+    check_output_dir(recipe.output_dir)
     for key, source in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
         if source is not None and source.path is not None and not Path(source.path).exists():
             raise RecipeError(
@@ -87,6 +92,48 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     if world_size is not None:
         batch_layout(recipe, world_size)
+
+
+def env_world_size() -> Optional[int]:
+    """``WORLD_SIZE`` as set by torchrun / deepspeed (None when unset); anything but a positive whole number
+    is a ``RecipeError``."""
+    raw = os.environ.get("WORLD_SIZE")
+    if raw is None:
+        return None
+    if not raw.strip().isdigit() or int(raw) < 1:
+        raise RecipeError(
+            f"The environment variable `WORLD_SIZE={raw}` is not a positive whole number (the number of processes, "
+            "set by torchrun and deepspeed). Fix: unset it for one process (`unset WORLD_SIZE`), or start the run "
+            "with `torchrun --nproc_per_node N`."
+        )
+    return int(raw)
+
+
+def check_output_dir(output_dir: str) -> None:
+    """``output_dir`` is a directory that exists or can be created, and is writable (probed with a temporary
+    directory in it, or in its nearest existing parent, removed at once)."""
+    path = Path(output_dir).expanduser()
+    if path.exists() and not path.is_dir():
+        raise RecipeError(
+            f"`output_dir: {output_dir}` is a file, not a directory. Fix: choose another `output_dir` (it is created "
+            "if missing), or move the file away."
+        )
+    parent = path
+    while not parent.exists() and parent != parent.parent:
+        parent = parent.parent
+    if not parent.is_dir():
+        raise RecipeError(
+            f"`output_dir: {output_dir}` cannot be created: `{parent}` is a file, not a directory. Fix: choose "
+            "another `output_dir`."
+        )
+    try:
+        probe = tempfile.mkdtemp(prefix=".hl-write-check-", dir=parent)
+    except OSError as exc:
+        raise RecipeError(
+            f"`output_dir: {output_dir}` is not writable (`{parent}`: {exc.strerror}). Fix: choose a directory you "
+            "can write to, or fix its permissions."
+        )
+    os.rmdir(probe)
 
 
 def _looks_local(name: str) -> bool:

@@ -11,17 +11,68 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import RecipeError, did_you_mean
+from ..textfiles import decode_utf8
 from .schema import Recipe
 from .sections import OBJECTIVE_CONFIGS, DPOObjective
 
 
+class DuplicateKeyError(yaml.constructor.ConstructorError):
+    """A key given twice in one YAML mapping (``first_line``, ``line``: 1-based)."""
+
+    def __init__(self, key: Any, first_line: int, mark):
+        self.key, self.first_line, self.line = key, first_line, mark.line + 1
+        super().__init__(None, None, f"key `{key}` appears twice in one mapping (lines {first_line} and {self.line})", mark)
+
+
+class UniqueKeyLoader(yaml.SafeLoader):
+    """``yaml.safe_load`` semantics, except that a key given twice in one mapping raises
+    :class:`DuplicateKeyError` naming both lines (plain YAML silently keeps the last). Merge keys (``<<``)
+    still merge and may be overridden."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            seen: Dict[Any, Any] = {}
+            for key_node, _ in node.value:
+                if key_node.tag == "tag:yaml.org,2002:merge":
+                    continue
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node)
+                except TypeError:
+                    continue  # an unhashable key: the base loader reports it
+                if first is not key_node:
+                    raise DuplicateKeyError(key, first.start_mark.line + 1, key_node.start_mark)
+        return super().construct_mapping(node, deep=deep)
+
+
+def safe_load_unique(text: str) -> Any:
+    """``yaml.safe_load`` refusing duplicate keys (see :class:`UniqueKeyLoader`, a ``SafeLoader``)."""
+    loader = UniqueKeyLoader(text)
+    try:
+        return loader.get_single_data()
+    finally:
+        loader.dispose()
+
+
 def _read_yaml(path: Path) -> Dict[str, Any]:
     try:
-        text = path.read_text()
+        raw = path.read_bytes()
     except FileNotFoundError:
         raise RecipeError(f"Recipe file `{path}` not found. Fix: check the path (recipes live under recipes/).")
+    except IsADirectoryError:
+        raise RecipeError(f"Recipe path `{path}` is a directory, not a YAML file. Fix: name a recipe file in it.")
+    except OSError as exc:
+        raise RecipeError(f"Recipe file `{path}` cannot be read ({exc.strerror}). Fix: check the path and its permissions.")
+    text = decode_utf8(raw, path, lambda where, detail: RecipeError(
+        f"Recipe `{where}` is not UTF-8 text ({detail}). Fix: re-save the file as UTF-8."))
     try:
-        data = yaml.safe_load(text)
+        data = safe_load_unique(text)
+    except DuplicateKeyError as exc:
+        raise RecipeError(
+            f"Recipe `{path}:{exc.line}`: key `{exc.key}` is given twice in the same mapping (first at line "
+            f"{exc.first_line}, again at line {exc.line}); YAML would silently keep only the second. "
+            "Fix: remove or merge one of them."
+        )
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -59,10 +110,11 @@ def _resolve_defaults(path: Path, stack: Tuple[Path, ...] = ()) -> Dict[str, Any
     merged: Dict[str, Any] = {}
     for base in bases:
         base_path = (path.parent / base)
-        if not base_path.exists():
+        if not base_path.is_file():
+            state = "is a directory" if base_path.is_dir() else "does not exist"
             raise RecipeError(
-                f"`defaults` in `{path}` names `{base}`, which does not exist at `{base_path}`. "
-                "Fix: paths in `defaults` are relative to the recipe file."
+                f"`defaults` in `{path}` names `{base}`, which {state} at `{base_path}`. "
+                "Fix: `defaults` lists recipe files, with paths relative to the recipe file."
             )
         merged = deep_merge(merged, _resolve_defaults(base_path, stack + (path,)))
     return deep_merge(merged, data)
@@ -79,7 +131,9 @@ def parse_override(text: str) -> Tuple[List[str], Any]:
     if not all(parts):
         raise RecipeError(f"Command-line override `{text}` has an empty key part. Fix: e.g. `engine.zero_stage=3`.")
     try:
-        value = yaml.safe_load(raw) if raw.strip() else None
+        value = safe_load_unique(raw) if raw.strip() else None
+    except DuplicateKeyError as exc:
+        raise RecipeError(f"Command-line override `{text}`: key `{exc.key}` is given twice. Fix: give it once.")
     except yaml.YAMLError:
         value = raw
     return parts, value

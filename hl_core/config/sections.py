@@ -13,8 +13,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from ..errors import did_you_mean
 
 
+# A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
+MAX_SEED = 2**32 - 1
+ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
+# config.json sizes that `model.config_overrides` may set: each must be a positive whole number
+SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
+             "intermediate_size", "head_dim", "max_position_embeddings")
+
+
 class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=())
+    # inf/NaN are refused everywhere: an infinite learning rate or beta validates as "> 0" but wrecks the run
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
 
 class ModelConfig(_Section):
@@ -41,6 +50,30 @@ class ModelConfig(_Section):
         description="Values set on the model's config before building it, e.g. `{hidden_size: 256}` with "
         "`random_init` for a larger benchmark model, or `{attention_dropout: 0.0}`.",
     )
+
+    @field_validator("attn_implementation")
+    @classmethod
+    def _known_attention(cls, value):
+        if value is None or "/" in value:  # `org/name`: an attention kernel from the Hugging Face hub
+            return value
+        if (value[len("paged|"):] if value.startswith("paged|") else value) not in ATTN_IMPLEMENTATIONS:
+            raise ValueError(
+                f"unknown attention backend `{value}`.{did_you_mean(value, ATTN_IMPLEMENTATIONS)} Choose one of: "
+                f"{', '.join(ATTN_IMPLEMENTATIONS)} (or null for the model's default)"
+            )
+        return value
+
+    @field_validator("config_overrides")
+    @classmethod
+    def _sizes(cls, overrides):
+        for key in SIZE_KEYS:
+            value = overrides.get(key)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(
+                    f"`model.config_overrides.{key}` must be a positive whole number, got {value!r}; a size of zero, a "
+                    "negative size or a non-number breaks the model"
+                )
+        return overrides
 
 
 class DataSource(_Section):
@@ -216,9 +249,9 @@ class TrainConfig(_Section):
     )
     max_grad_norm: Optional[float] = Field(1.0, gt=0, description="Gradient-norm clip; null disables it.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
-    adam_betas: Tuple[float, float] = Field((0.9, 0.999), description="AdamW betas.")
+    adam_betas: Tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    seed: int = Field(42, description="Seed for model init, data order and sampling.")
+    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed for model init, data order and sampling (0 to 2^32 - 1).")
     deterministic: bool = Field(
         False, description="`torch.use_deterministic_algorithms(True)`: bit-repeatable runs (the reproduction "
         "study sets it), at some speed cost on GPU.",
@@ -239,6 +272,14 @@ class TrainConfig(_Section):
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "
         "the log-probs' working memory is 4 x this x vocabulary bytes.",
     )
+
+    @field_validator("adam_betas")
+    @classmethod
+    def _betas(cls, betas):
+        if not all(0.0 <= b < 1.0 for b in betas):
+            raise ValueError("each AdamW beta must be in [0, 1) (e.g. `[0.9, 0.999]`); at 1 or above the moment "
+                             "estimates never decay or diverge")
+        return betas
 
     @model_validator(mode="after")
     def _batch(self):

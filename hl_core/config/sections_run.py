@@ -6,7 +6,7 @@ from typing import List, Literal, Optional, Union
 
 from pydantic import Field
 
-from .sections import _Section
+from .sections import MAX_SEED, _Section
 
 
 class _GenerationEval(_Section):
@@ -14,7 +14,7 @@ class _GenerationEval(_Section):
     chat_template: Union[Literal["auto"], bool] = Field("auto", description="Use the model's chat template (auto: when it has one).")
     batch_size: int = Field(8, ge=1, description="Generation batch size (hf backend).")
     limit: Optional[int] = Field(None, ge=1, description="Evaluate only the first N items.")
-    seed: int = Field(0, description="Sampling seed.")
+    seed: int = Field(0, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2^32 - 1).")
     dtype: str = Field("auto", description="Model dtype for generation: auto | float32 | bfloat16 | float16.")
 
 
@@ -153,7 +153,7 @@ class RolloutConfig(_Section):
         0.01, ge=0, description="Online DPO/KTO: keep a prompt's best-vs-worst pair only when their scores differ by more."
     )
     system_prompt: Optional[str] = Field(None, description="System message put before every prompt.")
-    seed: Optional[int] = Field(None, description="Sampling seed; defaults to `train.seed`.")
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2^32 - 1); defaults to `train.seed`.")
     log_samples: bool = Field(
         False, description="Append every generated group (prompt, completions, scores) to "
         "`output_dir/rollouts/rank<R>.jsonl`.",

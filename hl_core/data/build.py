@@ -6,13 +6,28 @@ import functools
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Tuple
 
+from ..errors import DataError
+
+
+@dataclass
+class DataStats:
+    """What tokenizing one split did: examples kept, examples cut by ``data.max_length`` /
+    ``data.max_prompt_length`` and the tokens cut, and examples dropped because all their completions were
+    identical after tokenizing (a pair with chosen == rejected carries no signal)."""
+
+    examples: int = 0
+    truncated: int = 0
+    truncated_tokens: int = 0
+    identical_dropped: int = 0
+
 
 class TokenizedDataset:
-    """A list of tokenized examples plus the collate function that batches them."""
+    """A list of tokenized examples plus the collate function that batches them (``stats``: how they were made)."""
 
-    def __init__(self, features: List[dict], collate: Callable):
+    def __init__(self, features: List[dict], collate: Callable, stats: Optional[DataStats] = None):
         self.features = features
         self.collate = collate
+        self.stats = stats or DataStats(examples=len(features))
 
     def __len__(self) -> int:
         return len(self.features)
@@ -30,6 +45,7 @@ class DataKind:
     tokenize: str
     collate: Optional[str]
     example: str  # what one example (and so `train.micro_batch_size`) counts
+    identical: Optional[str] = None  # feature -> True when all its completions are the same tokens
 
     def functions(self):
         import importlib
@@ -38,11 +54,18 @@ class DataKind:
         collate = getattr(mod, self.collate) if self.collate else None
         return getattr(mod, self.load), getattr(mod, self.tokenize), collate
 
+    def identical_check(self) -> Optional[Callable[[dict], bool]]:
+        import importlib
+
+        return getattr(importlib.import_module(f"hl_core.data.{self.module}"), self.identical) if self.identical else None
+
 
 DATA_KINDS = {
-    "paired": DataKind("preference", "load_preference_records", "tokenize_preference", "collate_preference", "pair"),
+    "paired": DataKind("preference", "load_preference_records", "tokenize_preference", "collate_preference", "pair",
+                       "identical_pair"),
     "unpaired": DataKind("unpaired", "load_unpaired_records", "tokenize_unpaired", "collate_unpaired", "completion"),
-    "grouped": DataKind("grouped", "load_group_records", "tokenize_group", "collate_groups", "prompt group"),
+    "grouped": DataKind("grouped", "load_group_records", "tokenize_group", "collate_groups", "prompt group",
+                        "identical_group"),
     "sft": DataKind("sft", "load_sft_records", "tokenize_sft", "collate_sft", "demonstration"),
     # rollouts: the data set holds prompts; the policy writes the completions (hl_core.rollout)
     "prompts": DataKind("prompts", "load_prompt_records", "tokenize_prompt", None, "prompt"),
@@ -91,11 +114,19 @@ def load_split_records(recipe) -> Tuple[list, Optional[list]]:
     return train, evaluation
 
 
-def build_datasets(recipe, tokenizer, show_progress: bool = True):
-    """Tokenize the recipe's data for its objective; returns ``(train, eval_or_None)`` datasets."""
-    _, tokenize_fn, _ = DATA_KINDS[data_kind(recipe)].functions()
+def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
+    """Tokenize the recipe's data for its objective; returns ``(train, eval_or_None)`` datasets.
+
+    Examples whose completions are all the same tokens (e.g. a pair that ``data.max_length`` cut to
+    chosen == rejected) are dropped and counted in ``dataset.stats``; ``show_progress`` also prints the
+    data summary (:func:`describe_data`). ``records``: ``load_split_records(recipe)`` when already loaded."""
+    from .tokens import counting_truncation
+
+    kind = DATA_KINDS[data_kind(recipe)]
+    _, tokenize_fn, _ = kind.functions()
+    identical = kind.identical_check()
     collate = example_collate(recipe, tokenizer)
-    train_records, eval_records = load_split_records(recipe)
+    train_records, eval_records = records if records is not None else load_split_records(recipe)
     data_cfg = recipe.data
     tokenize = functools.partial(
         tokenize_fn, tokenizer=tokenizer, max_length=data_cfg.max_length,
@@ -110,6 +141,51 @@ def build_datasets(recipe, tokenizer, show_progress: bool = True):
             from tqdm.auto import tqdm
 
             iterator = tqdm(records, desc=f"tokenizing {desc}", unit="ex", leave=False)
-        return TokenizedDataset([tokenize(record) for record in iterator], collate)
+        with counting_truncation() as cut:
+            features = [tokenize(record) for record in iterator]
+        kept = [f for f in features if identical is None or not identical(f)]
+        stats = DataStats(len(kept), cut.rows, cut.tokens, len(features) - len(kept))
+        if not kept:
+            raise DataError(
+                f"data ({desc}): all {len(features)} {kind.example}s have identical completions after tokenizing "
+                f"(truncation to `data.max_length` = {data_cfg.max_length} cut {cut.tokens} tokens from {cut.rows} of "
+                f"them), so none carries a training signal. Fix: raise `data.max_length` (and/or lower "
+                "`data.max_prompt_length`), or check the data."
+            )
+        return TokenizedDataset(kept, collate, stats)
 
-    return run(train_records, "train"), run(eval_records, "eval")
+    train, evaluation = run(train_records, "train"), run(eval_records, "eval")
+    if show_progress:
+        print("data: " + describe_data(recipe, train, evaluation), flush=True)
+    return train, evaluation
+
+
+def describe_data(recipe, train: TokenizedDataset, evaluation: Optional[TokenizedDataset]) -> str:
+    """One line: examples per split, what truncation cut, and the identical examples dropped."""
+    noun = DATA_KINDS[data_kind(recipe)].example
+    parts = []
+    for name, data in (("train", train), ("eval", evaluation)):
+        if data is None:
+            continue
+        s = data.stats
+        text = f"{s.examples} {name} {noun}s"
+        if s.truncated:
+            text += f" ({s.truncated} truncated, {s.truncated_tokens} tokens cut"
+            text += f"; {s.identical_dropped} dropped: identical after truncation)" if s.identical_dropped else ")"
+        elif s.identical_dropped:
+            text += f" ({s.identical_dropped} dropped: identical completions)"
+        parts.append(text)
+    limits = f"`data.max_length` {recipe.data.max_length}, `data.max_prompt_length` {recipe.data.max_prompt_length}"
+    return f"{', '.join(parts)}; {limits}"
+
+
+def data_summary_fields(train: TokenizedDataset, evaluation: Optional[TokenizedDataset]) -> dict:
+    """Flat ``data/...`` entries of the run's ``summary.json``."""
+    out = {}
+    for name, data in (("train", train), ("eval", evaluation)):
+        if data is not None:
+            s = data.stats
+            out.update({f"data/{name}_examples": s.examples, f"data/{name}_truncated": s.truncated,
+                        f"data/{name}_truncated_tokens": s.truncated_tokens,
+                        f"data/{name}_identical_dropped": s.identical_dropped})
+    return out

@@ -24,17 +24,17 @@ from typing import Any, Dict, List
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
+    absent,
     row_loader,
     check_score,
     fields_present,
     has,
     missing_prompt_error,
-    pad_right,
     parse_prompt,
     require_completion,
-    tokenize_prompt_and_completions,
     type_name,
 )
+from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
 from hl_core.errors import DataError
 
 GROUP_EXAMPLE = '{"prompt": "...", "completions": ["...", "..."], "scores": [1.0, 0.0]}'
@@ -102,11 +102,11 @@ def _parse_native(row: Dict[str, Any], source: str) -> GroupRecord:
     for field in NATIVE_FIELDS:
         if not has(row, field):
             raise DataError(
-                f"{source}: row has no `{field}` field (fields present: {fields_present(row)}). Fix: give every "
+                f"{source}: {absent(row, field)} (fields with values: {fields_present(row)}). Fix: give every "
                 f"GRPO row `prompt`, `completions` (a list of strings) and `scores` (one number per completion)."
             )
     if not has(row, "prompt"):
-        raise missing_prompt_error(source, NATIVE_NEEDS)
+        raise missing_prompt_error(source, NATIVE_NEEDS, row=row)
     completions, scores = row["completions"], row["scores"]
     for field, value in (("completions", completions), ("scores", scores)):
         if not isinstance(value, (list, tuple)):
@@ -180,6 +180,12 @@ def tokenize_group(
         "completion_mask": [[0] * len(prompt_ids) + [1] * len(c) for c in completions],
         "scores": [float(s) for s in record.scores],
     }
+
+
+def identical_group(feature: Dict[str, Any]) -> bool:
+    """Every completion is the same tokens: the advantages sum to zero on one sequence, so no signal."""
+    first = feature["input_ids"][0]
+    return all(ids == first for ids in feature["input_ids"][1:])
 
 
 # --------------------------------------------------------------------------------------------- collating

@@ -23,18 +23,18 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from hl_core.errors import DataError, RecipeError
 from hl_core.data.rows import (
     PAIR_EXAMPLE,
+    absent,
     check_conversation,
+    check_prompt_text,
+    fields_present,
     check_messages as _check_messages,
     row_loader,
     missing_prompt_error,
-    pad_right,
     parse_prompt,
-    prompt_text,
     require_completion as _require_completion,
-    tokenize_prompt_and_completions,
-    truncate_completions,
     type_name as _type_name,
 )
+from hl_core.data.tokens import pad_right, prompt_text, tokenize_prompt_and_completions, truncate_completions
 
 PLAIN_NEEDS = "plain form needs `prompt`, `chosen` and `rejected` strings"
 
@@ -60,9 +60,9 @@ def parse_preference_row(row: Any, source: str, format: str = "auto") -> Prefere
             f"`prompt`, `chosen` and `rejected` fields."
         )
     for field in ("chosen", "rejected"):
-        if field not in row or row[field] is None:
+        if row.get(field) is None:
             raise DataError(
-                f"{source}: row has no `{field}` field (fields present: {', '.join(sorted(map(str, row))) or 'none'}). "
+                f"{source}: {absent(row, field)} (fields with values: {fields_present(row)}). "
                 f"Fix: give every row `prompt`, `chosen` and `rejected` (strings), or `chosen`/`rejected` "
                 f"conversations (lists of {{role, content}} messages)."
             )
@@ -93,7 +93,7 @@ load_preference_records = row_loader(
 
 def _parse_plain(row: Dict[str, Any], source: str) -> PreferenceRecord:
     if row.get("prompt") is None:
-        raise missing_prompt_error(source, PLAIN_NEEDS)
+        raise missing_prompt_error(source, PLAIN_NEEDS, row=row)
     chosen = _require_completion(row["chosen"], "chosen", source, "plain form")
     rejected = _require_completion(row["rejected"], "rejected", source, "plain form")
     messages = parse_prompt(row["prompt"], source, PLAIN_NEEDS)
@@ -122,6 +122,7 @@ def _parse_messages(row: Dict[str, Any], source: str) -> PreferenceRecord:
                 f"is no `prompt` field. Fix: include the user message(s) before the assistant message in `chosen` "
                 f"and `rejected`, or add a `prompt` string."
             )
+    check_prompt_text(prompt, source)
     chosen = _require_completion(convs["chosen"][-1]["content"], "chosen", source, "messages form")
     rejected = _require_completion(convs["rejected"][-1]["content"], "rejected", source, "messages form")
     return PreferenceRecord(prompt=prompt, chosen=chosen, rejected=rejected, source=source)
@@ -219,6 +220,11 @@ def tokenize_preference(
         out[f"{key}_input_ids"] = prompt_ids + comp
         out[f"{key}_completion_mask"] = [0] * len(prompt_ids) + [1] * len(comp)
     return out
+
+
+def identical_pair(feature: Dict[str, List[int]]) -> bool:
+    """Chosen and rejected are the same tokens (no preference signal: e.g. both cut to the same prefix)."""
+    return feature["chosen_input_ids"] == feature["rejected_input_ids"]
 
 
 # --------------------------------------------------------------------------------------------- collating

@@ -12,14 +12,8 @@ from typing import Any, List, Optional
 
 from hl_core.errors import DataError
 
-from .rows import (
-    row_loader,
-    encode_prompt,
-    fields_present,
-    parse_prompt,
-    prompt_text,
-    type_name,
-)
+from .rows import row_loader, fields_present, parse_prompt, type_name
+from .tokens import encode_prompt, note_truncation, prompt_text
 
 PROMPT_EXAMPLE = '{"prompt": "What is 12+7?", "answer": "19"}'
 
@@ -97,6 +91,7 @@ def tokenize_prompt(
     text = prompt_text(record.prompt, tokenizer, chat_template)
     ids = encode_prompt(text, tokenizer)
     if len(ids) > max_prompt_length:
+        note_truncation(len(ids) - max_prompt_length)
         bos = tokenizer.bos_token_id
         keep_bos = bos is not None and ids[0] == bos
         ids = ([bos] if keep_bos else []) + ids[len(ids) - max_prompt_length + (1 if keep_bos else 0) :]

@@ -3,7 +3,7 @@
 * reading rows from a local ``.jsonl``/``.json``/``.parquet`` file or a Hugging Face set, each row with its
   place (``file.jsonl:LINE``, 1-based line; ``file:row N``, 0-based, for JSON lists, Parquet and HF sets);
 * validating the common row pieces (prompts, message lists, completion texts);
-* rendering and tokenizing prompts/completions, the shared truncation rule, right-padding.
+* (tokenizing, truncation and padding are in :mod:`hl_core.data.tokens`).
 
 Every bad row raises :class:`hl_core.errors.DataError` naming its place and the fix.
 """
@@ -14,12 +14,12 @@ import functools
 import json
 import math
 import os
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hl_core.errors import DataError, RecipeError, did_you_mean
+from hl_core.textfiles import decode_utf8
 
 FORMATS = ("auto", "plain", "messages")
-CHAT_TEMPLATE_MODES = ("auto", "none", "raw")
 JSONL_EXTENSIONS = (".jsonl",)
 JSON_EXTENSIONS = (".json",)
 PARQUET_EXTENSIONS = (".parquet", ".pq")
@@ -153,16 +153,17 @@ def iter_file_rows(
 
 
 def read_text(path: str) -> str:
-    try:
-        with open(path, "r", encoding="utf-8") as f:
-            return f.read()
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path}: is not UTF-8 text ({e}). Fix: re-save the file as UTF-8 JSON.") from None
+    with open(path, "rb") as f:
+        raw = f.read()
+    return decode_utf8(raw, path, lambda where, detail: DataError(
+        f"{where}: is not UTF-8 text ({detail}). Fix: re-save the file as UTF-8 JSON."))
 
 
 def iter_jsonl(path: str, text: Optional[str] = None, example: str = PAIR_EXAMPLE) -> Iterator[Tuple[str, Any]]:
+    """Rows of a JSON-lines text. Lines end at "\n" only (a trailing "\r" is whitespace to JSON): JSON strings
+    may hold U+2028, U+2029 or U+0085 raw, which ``str.splitlines`` would take for line ends."""
     text = read_text(path) if text is None else text
-    for lineno, line in enumerate(text.splitlines(), start=1):
+    for lineno, line in enumerate(text.split("\n"), start=1):
         if not line.strip():
             continue
         source = f"{path}:{lineno}"
@@ -303,8 +304,24 @@ def check_conversation(value: Any, field: str, source: str) -> Messages:
     return conv
 
 
-def missing_prompt_error(source: str, needs: str, field: str = "prompt") -> DataError:
-    return DataError(f"{source}: row has no `{field}` field. Fix: add the prompt text as `{field}` ({needs}).")
+def absent(row: Dict[str, Any], field: str) -> str:
+    """How ``field`` is absent from ``row``, for messages: "field `x` is null" or "row has no `x` field"."""
+    return f"field `{field}` is null" if field in row else f"row has no `{field}` field"
+
+
+def missing_prompt_error(source: str, needs: str, field: str = "prompt", row: Optional[Dict[str, Any]] = None) -> DataError:
+    what = absent(row, field) if row is not None else f"row has no `{field}` field"
+    return DataError(f"{source}: {what}. Fix: add the prompt text as `{field}` ({needs}).")
+
+
+def check_prompt_text(messages: Messages, source: str, field: str = "prompt") -> Messages:
+    """Refuse a prompt whose every message is empty or whitespace (as empty completions are refused)."""
+    if not any(m["content"].strip() for m in messages):
+        raise DataError(
+            f"{source}: the prompt (`{field}`) is empty or only whitespace. Fix: give the prompt text, or remove the "
+            "row from the file (rows are never dropped silently)."
+        )
+    return messages
 
 
 def parse_prompt(value: Any, source: str, needs: str, field: str = "prompt") -> Messages:
@@ -315,20 +332,23 @@ def parse_prompt(value: Any, source: str, needs: str, field: str = "prompt") -> 
     if value is None:
         raise missing_prompt_error(source, needs, field)
     if isinstance(value, str):
-        return [{"role": "user", "content": value}]
+        return check_prompt_text([{"role": "user", "content": value}], source, field)
     if isinstance(value, (list, tuple)):
         messages = check_messages(value, field, source)
         if not messages:
             raise DataError(f"{source}: field `{field}` is an empty list of messages. Fix: give the prompt text.")
-        return messages
+        return check_prompt_text(messages, source, field)
     raise DataError(
         f"{source}: field `{field}` is a {type_name(value)}, expected a string or a list of "
         f"{{role, content}} messages. Fix: store the prompt as text."
     )
 
 
+FLOAT32_MAX = 3.4028234663852886e38  # scores are batched as float32: a larger one becomes inf there
+
+
 def check_score(value: Any, field: str, source: str) -> float:
-    """A finite real number (bools are rejected: store scores as numbers)."""
+    """A finite real number that float32 holds (bools are rejected: store scores as numbers)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise DataError(
             f"{source}: `{field}` is a {type_name(value)} ({value!r}), expected a number. Fix: store every score "
@@ -340,145 +360,9 @@ def check_score(value: Any, field: str, source: str) -> float:
             f"{source}: `{field}` is {value!r}, not a finite number. Fix: replace NaN/inf scores with real reward "
             f"values or remove the row (rows are never dropped silently)."
         )
+    if abs(score) > FLOAT32_MAX:
+        raise DataError(
+            f"{source}: `{field}` is {value!r}, beyond float32's range (+-3.4e38), in which scores are batched: it "
+            "would become inf and turn the group's advantages into NaN. Fix: rescale the scores (e.g. to [0, 1])."
+        )
     return score
-
-
-# --------------------------------------------------------------------------------------------- tokenizing
-
-
-def adds_bos(tokenizer) -> bool:
-    """Whether ``tokenizer(text)`` normally starts with BOS (e.g. Llama-style tokenizers)."""
-    cached = getattr(tokenizer, "_hl_adds_bos", None)
-    if cached is not None:
-        return cached
-    bos = getattr(tokenizer, "bos_token_id", None)
-    result = False
-    if bos is not None:
-        with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
-        plain = tokenizer("a", add_special_tokens=False)["input_ids"]
-        result = bool(with_special) and with_special[0] == bos and (not plain or plain[0] != bos)
-    try:
-        tokenizer._hl_adds_bos = result
-    except Exception:
-        pass
-    return result
-
-
-def prompt_text(messages: Messages, tokenizer, chat_template: str = "auto") -> str:
-    """Render the prompt messages: the chat template with the generation prompt, or plain text.
-
-    ``chat_template``: ``"auto"`` (the tokenizer's template; ``"none"`` when it has none), ``"none"``
-    (contents joined by blank lines, then a blank line), ``"raw"`` (contents concatenated as they are,
-    e.g. ``123+456=`` for a character-level toy task), or a Jinja template string.
-    """
-    template = None
-    if chat_template == "auto":
-        if getattr(tokenizer, "chat_template", None):
-            template = "tokenizer"
-    elif chat_template == "none":
-        pass
-    elif chat_template == "raw":
-        return "".join(m["content"] for m in messages)
-    elif isinstance(chat_template, str) and ("{{" in chat_template or "{%" in chat_template):
-        template = chat_template
-    else:
-        raise RecipeError(
-            f"chat_template `{chat_template}` is not known; use `auto`, `none` or a Jinja template string."
-            f"{did_you_mean(str(chat_template), CHAT_TEMPLATE_MODES)}"
-        )
-    if template is None:
-        return "\n\n".join(m["content"] for m in messages) + "\n\n"
-    kwargs = {} if template == "tokenizer" else {"chat_template": template}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
-
-
-def encode_prompt(text: str, tokenizer) -> List[int]:
-    ids = list(tokenizer(text, add_special_tokens=False)["input_ids"])
-    bos = tokenizer.bos_token_id
-    if adds_bos(tokenizer) and (not ids or ids[0] != bos):
-        ids = [bos] + ids
-    return ids
-
-
-def encode_completion(text: str, tokenizer) -> List[int]:
-    """Completion token ids WITHOUT the EOS (appended after truncation)."""
-    if tokenizer.eos_token_id is None:
-        raise RecipeError("the tokenizer has no eos_token; set one (e.g. tokenizer.eos_token) before training.")
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])
-
-
-def check_lengths(max_length: int, max_prompt_length: int) -> None:
-    if max_prompt_length < 1 or max_length <= max_prompt_length:
-        raise RecipeError(
-            f"need 1 <= max_prompt_length < max_length, got max_prompt_length={max_prompt_length}, "
-            f"max_length={max_length}; fix the length settings."
-        )
-
-
-def truncate_completions(
-    prompt_ids: List[int],
-    completions: Sequence[List[int]],
-    max_length: int,
-    max_prompt_length: int,
-    bos_token_id: Optional[int] = None,
-) -> Tuple[List[int], List[List[int]]]:
-    """The truncation rule of :func:`hl_core.data.preference.truncate_pair` for any number of completions
-    sharing one prompt (completions EXCLUDE the EOS appended afterwards): the longest completion decides
-    whether the prompt is cut to its last ``max_prompt_length`` tokens (BOS kept), then every completion is
-    cut to ``max_length - len(prompt) - 1`` tokens.
-    """
-    check_lengths(max_length, max_prompt_length)
-    longest = max((len(c) for c in completions), default=0)
-    if len(prompt_ids) + longest + 1 > max_length and len(prompt_ids) > max_prompt_length:
-        if bos_token_id is not None and prompt_ids and prompt_ids[0] == bos_token_id:
-            tail = prompt_ids[len(prompt_ids) - (max_prompt_length - 1):] if max_prompt_length > 1 else []
-            prompt_ids = [bos_token_id] + tail
-        else:
-            prompt_ids = prompt_ids[-max_prompt_length:]
-    budget = max_length - len(prompt_ids) - 1
-    return prompt_ids, [list(c[:budget]) for c in completions]
-
-
-def tokenize_prompt_and_completions(
-    prompt: Messages,
-    completions: Sequence[str],
-    tokenizer,
-    max_length: int,
-    max_prompt_length: int,
-    chat_template: str = "auto",
-) -> Tuple[List[int], List[List[int]]]:
-    """Render + tokenize one prompt and its completions, truncate, append EOS to each completion.
-
-    Returns ``(prompt_ids, completion_ids_with_eos)``.
-    """
-    text = prompt_text(prompt, tokenizer, chat_template)
-    prompt_ids = encode_prompt(text, tokenizer)
-    comp_ids = [encode_completion(c, tokenizer) for c in completions]
-    prompt_ids, comp_ids = truncate_completions(
-        prompt_ids, comp_ids, max_length, max_prompt_length, bos_token_id=tokenizer.bos_token_id
-    )
-    eos = tokenizer.eos_token_id
-    return prompt_ids, [c + [eos] for c in comp_ids]
-
-
-# --------------------------------------------------------------------------------------------- collating
-
-
-def pad_right(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_token_id: int) -> Dict[str, Any]:
-    """Right-pad sequences into long ``[N, T]`` ``input_ids``/``attention_mask``/``completion_mask``."""
-    import torch
-
-    if pad_token_id is None:
-        raise RecipeError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token).")
-    T = max(len(s) for s in seqs)
-    input_ids = torch.full((len(seqs), T), int(pad_token_id), dtype=torch.long)
-    attention_mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    completion_mask = torch.zeros((len(seqs), T), dtype=torch.long)
-    for i, (s, m) in enumerate(zip(seqs, masks)):
-        if len(s) != len(m):
-            raise ValueError(f"feature row {i}: input_ids and completion_mask lengths differ ({len(s)} vs {len(m)})")
-        n = len(s)
-        input_ids[i, :n] = torch.as_tensor(s, dtype=torch.long)
-        attention_mask[i, :n] = 1
-        completion_mask[i, :n] = torch.as_tensor(m, dtype=torch.long)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "completion_mask": completion_mask}

@@ -11,7 +11,8 @@ from typing import Any, Dict, List
 
 from hl_core.errors import DataError
 
-from .rows import pad_right, parse_prompt, require_completion, tokenize_prompt_and_completions, type_name, row_loader
+from .rows import parse_prompt, require_completion, type_name, row_loader
+from .tokens import pad_right, tokenize_prompt_and_completions
 
 SFT_EXAMPLE = '{"prompt": "123+456=", "completion": "0579"}'
 NEEDS = "SFT rows need `prompt` (or `problem`) and `completion` (or `answer`)"

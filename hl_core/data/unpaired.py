@@ -28,16 +28,17 @@ from typing import Any, Dict, List, Optional
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
     row_loader,
+    absent,
     check_conversation,
+    check_prompt_text,
     fields_present,
     has,
     missing_prompt_error,
-    pad_right,
     parse_prompt,
     require_completion,
-    tokenize_prompt_and_completions,
     type_name,
 )
+from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
 from hl_core.errors import DataError
 
 UNPAIRED_EXAMPLE = '{"prompt": "...", "completion": "...", "label": true}'
@@ -111,14 +112,15 @@ def _parse_label(value: Any, source: str) -> bool:
 def _parse_native(row: Dict[str, Any], source: str, format: str) -> UnpairedRecord:
     if not has(row, "completion"):
         raise DataError(
-            f"{source}: row has a `label` but no `completion` field (fields present: {fields_present(row)}). "
+            f"{source}: row has a `label` but its completion is missing ({absent(row, 'completion')}; fields with "
+            f"values: {fields_present(row)}). "
             f"Fix: give every KTO row `prompt`, `completion` and `label`."
         )
     desirable = _parse_label(row.get("label"), source)
     value = row["completion"]
     if isinstance(value, str) and format != "messages":
         if not has(row, "prompt"):
-            raise missing_prompt_error(source, NATIVE_NEEDS)
+            raise missing_prompt_error(source, NATIVE_NEEDS, row=row)
         completion = require_completion(value, "completion", source, "plain form")
         prompt = parse_prompt(row["prompt"], source, NATIVE_NEEDS)
     elif isinstance(value, (list, tuple)) and format != "plain":
@@ -131,6 +133,7 @@ def _parse_native(row: Dict[str, Any], source: str, format: str) -> UnpairedReco
                     f"no `prompt` field. Fix: add a `prompt` (a string or a list of messages)."
                 )
             prompt = parse_prompt(row["prompt"], source, NATIVE_NEEDS)
+        check_prompt_text(prompt, source)
         completion = require_completion(conv[-1]["content"], "completion", source, "messages form")
     else:
         form = {"plain": "a string (format `plain`)", "messages": "a list of messages (format `messages`)"}.get(

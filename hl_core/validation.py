@@ -1,0 +1,48 @@
+"""``run.py --validate``: everything that can be checked without the weights or a GPU.
+
+The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
+``output_dir``, the checkpoint to resume), the parallel layout for the world size, the local model
+directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``), the local
+tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
+is local, the rows are also tokenized, reporting what ``data.max_length`` truncates and the identical pairs
+that training would drop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+
+def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
+    """The report printed by ``--validate``; every problem raises a ``UserError`` (one paragraph, exit 2)."""
+    from .config import check_recipe
+    from .data.build import build_datasets, describe_data, load_split_records
+    from .model_specs import check_layout
+    from .modeling import check_model_config, load_tokenizer
+
+    world = world_size or recipe.cluster.nodes * recipe.cluster.gpus_per_node
+    check_recipe(recipe, world)
+    check_layout(recipe, world)
+    check_model_config(recipe.model)
+    tokenizer = None
+    if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
+        tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary
+    lines = [f"recipe `{recipe.name}` is valid"]
+    sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
+    if all(s.path is not None for s in sources):
+        records = load_split_records(recipe)
+        train, evaluation = records
+        lines.append(f"data: {len(train)} train rows" + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
+        if tokenizer is not None:
+            tokenized = build_datasets(recipe, tokenizer, show_progress=False, records=records)
+            lines.append("tokenized: " + describe_data(recipe, *tokenized))
+    else:
+        lines.append("data: Hugging Face dataset(s) named; rows are checked when loaded at run time")
+    hl = recipe.humanline
+    lines.append(
+        f"objective {recipe.objective.name}, transform {hl.transform}"
+        + (f" [{hl.log_eps_P}, {hl.log_eps_R}]" if hl.transform == "clip" else "")
+        + f", sync_every {hl.sync_every}, engine {recipe.engine.name} ZeRO-{recipe.engine.zero_stage} {recipe.engine.precision}"
+    )
+    return "\n".join(lines)

@@ -2,7 +2,7 @@
 intermediate size, 128k / 152k / 256k vocabularies, tied or untied embeddings), depth cut to 1-2 layers,
 through our own trainer and engines; measured memory beside what ``--plan`` predicts.
 
-    python bench/realistic_shapes.py                         # everything (about 15 minutes on 2 cores)
+    python bench/realistic_shapes.py                         # everything (about 17 minutes on 2 cores)
     python bench/realistic_shapes.py --sections logprobs     # one section: logprobs, train, forward
 
 Sections:

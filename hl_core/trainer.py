@@ -36,6 +36,7 @@ SUMMARY_EVAL_KEYS = {
     "policy/margin": "per-token log-prob margin, preferred minus dispreferred",
     "policy/adv_logp": "advantage-weighted per-token log-prob",
     "reward": "mean reward of one sampled completion per prompt",
+    "win_rate_vs_start": "win rate of that completion against the first evaluation's, under the reward",
     "rewards/accuracy": "reward accuracy against the current reference",
     "loss": "loss against the current reference",
 }
@@ -66,7 +67,6 @@ class OfflineSource:
     """Micro-batches from the (tokenized) offline data set, in the seeded data order."""
 
     METRIC_KEYS = ()  # before_step reports nothing
-    EVAL_METRIC_KEYS = ()
 
     def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder):
         self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order
@@ -127,7 +127,7 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
-        from .data.build import build_datasets
+        from .data.build import build_datasets, held_out_reward
         from .modeling import load_tokenizer
 
         recipe = self.recipe
@@ -159,8 +159,15 @@ class Trainer:
             )
         else:
             self.source = OfflineSource(self.engine, recipe.train.micro_batch_size, self.train_data, order)
+        self.held_out = None  # held-out evaluation by the reward of sampled completions (eval.held_out)
+        if self.eval_data is not None and held_out_reward(recipe):
+            from .rollout.heldout import HeldOutReward
+
+            self.held_out = HeldOutReward(recipe, self.engine, self.tokenizer, self.eval_data,
+                                          getattr(self.source, "sampler", None), getattr(self.source, "reward", None))
         self.metric_keys = declared_metric_keys(self.objective, self.transform, self.source.METRIC_KEYS)
-        self.eval_metric_keys = declared_metric_keys(self.objective, self.transform, self.source.EVAL_METRIC_KEYS)
+        self.eval_metric_keys = declared_metric_keys(self.objective, self.transform,
+                                                     self.held_out.METRIC_KEYS if self.held_out else ())
 
         self.updates_done = 0
         self.eval_history: List[Dict[str, float]] = []
@@ -311,9 +318,9 @@ class Trainer:
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
         acc = _Accumulator(self.eval_metric_keys, self.objective.name)
-        if hasattr(self.source, "evaluate"):
-            rounds = 0  # rollout runs: held-out reward of fresh samples instead of an offline loss
-            metrics, weight = self.source.evaluate(self.eval_data)
+        if self.held_out is not None:
+            rounds = 0  # held-out reward of fresh samples instead of an offline loss
+            metrics, weight = self.held_out.evaluate(self.eval_data, self.updates_done)
             acc.add(metrics, weight=weight)
         for r in range(rounds):
             start = r * per_round + engine.dp_rank * batch_size
@@ -328,7 +335,8 @@ class Trainer:
         self.eval_history.append({k: v for k, v in row.items() if k != "kind"})
         if self.is_main:
             self.sinks.write(row)
-            shown = {k: result[k] for k in ("loss", "rewards/accuracy", "policy/accuracy", "reward") if k in result}
+            shown = {k: result[k] for k in ("loss", "rewards/accuracy", "policy/accuracy", "reward", "win_rate_vs_start")
+                     if k in result}
             self._print(f"eval @ {self.updates_done}: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), bar)
         return result
 

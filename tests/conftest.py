@@ -24,3 +24,9 @@ def no_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     yield
     assert not attempts, f"network access attempted: {attempts}"
+
+
+@pytest.fixture(scope="session")
+def repro_cache(tmp_path_factory):
+    """One cache of the reproduction studies' quick warm-ups, shared by their tests (built once per session)."""
+    return tmp_path_factory.mktemp("repro-cache")

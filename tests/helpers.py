@@ -15,12 +15,17 @@ TINY_OFFLINE = REPO / "recipes" / "tiny" / "offline_dpo.yaml"
 
 
 def start_model_overrides(path) -> list:
-    """The reproduction study's arms start from the warm-up run's ``final/``, which does not exist on a fresh
-    checkout: validate/plan them against the same architecture (the toy task's model config) instead."""
+    """The reproduction studies' arms start from the warm-up run's ``final/`` (and the preference study's offline
+    arms train on data its weaker model writes), which do not exist on a fresh checkout: validate/plan them
+    against the same architecture (the toy task's model config) and a few rows of the same shape instead."""
     path = Path(path)
+    overrides = []
     if "repro" in path.parts and path.name != "warmup.yaml":
-        return ["model.name_or_path=tests/fixtures/toy_add/model"]
-    return []
+        overrides.append("model.name_or_path=tests/fixtures/toy_add/model")
+    if "preference" in path.parts and "_offline" in path.name:  # the offline data the study's weaker model writes
+        kind = "groups" if path.name.startswith("grpo") else "pairs"
+        overrides.append(f"data.train.path=tests/fixtures/toy_add/pref_{kind}_sample.jsonl")
+    return overrides
 
 
 def free_port() -> int:

@@ -10,12 +10,13 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+PIN = REPO / "tests" / "fixtures" / "repro_quick_pin.json"
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory):
+def quick(tmp_path_factory, repro_cache):
     out = tmp_path_factory.mktemp("repro") / "quick"
-    proc = subprocess.run([sys.executable, "-m", "eval.repro", "--quick", "--out", str(out)], cwd=REPO,
+    proc = subprocess.run([sys.executable, "-m", "eval.repro", "--quick", "--out", str(out), "--cache", str(repro_cache)], cwd=REPO,
                           capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
@@ -25,7 +26,7 @@ def test_online_ratio_is_exactly_one(quick):
     _, result = quick
     assert result["sanity"]["online_ratio_exactly_one"] is True
     online = [r for r in result["runs"] if r["arm"] == "online"]
-    assert len(online) == len(result["seeds"]) >= 2
+    assert len(online) == len(result["warmups"]) * len(result["seeds"]) >= 2
 
 
 def test_humanline_k1_with_fresh_samples_tracks_online(quick):
@@ -35,6 +36,35 @@ def test_humanline_k1_with_fresh_samples_tracks_online(quick):
     sanity = result["sanity"]
     assert sanity["humanline_k1_online_first_update_loss_equal"] is True
     assert sanity["humanline_k1_online_mean_curve_gap"] <= 0.05
+
+
+def test_warmups_are_a_random_factor(quick):
+    """Two warm-up models (train.seed 0 and 1) differ, so their arms start from different held-out accuracy."""
+    _, result = quick
+    assert result["warmups"] == [0, 1]
+    start = {r["warmup"]: r["values"][0] for r in result["runs"] if r["arm"] == "online"}
+    assert start[0] != start[1], start
+
+
+def test_pinned_curve(quick, tmp_path):
+    """The quick grid's online run (warm-up 0, seed 0), warm-up included, against values stored from an earlier
+    commit: a change that moves results is noticed here, and the stored study is then re-run on purpose.
+    Update 0's gradient norm (after the warm-up and the first sampled groups) to 1e-3 relative; held-out accuracy
+    within 2 of the 64 problems and each update's mean rollout reward within 2 of 32 samples (room for another
+    CPU's rounding to flip a sample)."""
+    _, result = quick
+    run = next(r for r in result["runs"] if r["arm"] == "online" and r["warmup"] == 0 and r["seed"] == 0)
+    actual = {"steps": run["steps"], "accuracy": run["values"], "first_grad_norm": run["grad_norms"][0],
+              "reward_means": run["reward_means"]}
+    pinned = json.loads(PIN.read_text())
+    fresh = tmp_path / PIN.name
+    fresh.write_text(json.dumps(actual, indent=1) + "\n")
+    hint = (f"results moved: if on purpose, re-run the stored studies (README, 'Does it work?') and "
+            f"cp {fresh} {PIN}")
+    assert actual["steps"] == pinned["steps"], hint
+    assert actual["accuracy"] == pytest.approx(pinned["accuracy"], abs=2 / 64 + 1e-9), hint
+    assert actual["first_grad_norm"] == pytest.approx(pinned["first_grad_norm"], rel=1e-3), hint
+    assert actual["reward_means"] == pytest.approx(pinned["reward_means"], abs=2 / 32 + 1e-9), hint
 
 
 def test_same_seed_same_curve(quick):
@@ -53,6 +83,7 @@ def test_result_files_record_versions_threads_and_statistics(quick):
     assert {"online", "sparse", "humanline_sparse_k1", "offline", "offline_humanline", "humanline_online_k1"} <= set(arms)
     for entry in arms.values():
         assert entry["auc"]["lo"] <= entry["auc"]["mean"] <= entry["auc"]["hi"]
+        assert entry["auc"]["groups"] == len(result["warmups"]) == 2  # warm-up models resampled first
         assert entry["wall_clock_s"]["mean"] > 0
     # offline arms generate once (at update 0), sparse ones every `every` updates, online every update
     gen = {a: arms[a]["generation_s"]["mean"] for a in ("online", "offline")}
@@ -73,8 +104,8 @@ def test_a_failing_run_is_reported_with_its_log_not_a_traceback(tmp_path, capsys
     from eval.repro import __main__ as repro
 
     run = repro.Run("online", 0, repro.RECIPES / "online.yaml", ["train.max_steps=0"], tmp_path / "bad")
-    monkeypatch.setattr(repro, "warmup", lambda *a, **k: tmp_path / "no-model")
+    monkeypatch.setattr(repro, "warmups", lambda *a, **k: {0: tmp_path / "no-model"})
     monkeypatch.setattr(repro, "grid_runs", lambda *a, **k: [run])
     assert repro.cli(["--arms", "online", "--seeds", "1", "--out", str(tmp_path / "out"), "--jobs", "1"]) == 1
     err = capsys.readouterr().err
-    assert "run online seed 0 failed (exit 2)" in err and "driver.log" in err and "Traceback" not in err
+    assert "run online warm-up 0 seed 0 failed (exit 2)" in err and "driver.log" in err and "Traceback" not in err

@@ -10,8 +10,8 @@ import math
 import numpy as np
 import pytest
 
-from eval.repro.stats import (CI_NOTE, bootstrap_ci, curve_auc, markdown_table, plot_curves, pointwise_band,
-                              summarize, verdict)
+from eval.repro.stats import (CI_NOTE, bootstrap_ci, curve_auc, grouped_ci, hierarchical_bootstrap_ci, markdown_table,
+                              plot_curves, pointwise_band, summarize, verdict)
 
 STEPS = [0, 16, 32, 48, 64]
 
@@ -172,7 +172,7 @@ def test_markdown_table():
     summary = summarize(curves, wall_clock={"online": {s: 3600.4 for s in range(5)}}, n_boot=300)
     table = markdown_table(summary, labels={"online": "Online GRPO", "humanline_k1": "Humanline (k=1)"})
     lines = table.splitlines()
-    assert lines[0].startswith("| arm | seeds |") and "vs Online GRPO" in lines[0]
+    assert lines[0].startswith("| arm | runs |") and "vs Online GRPO" in lines[0]
     assert lines[1] == "|---|---|---|---|---|---|"
     online_row = next(line for line in lines if line.startswith("| Online GRPO |"))
     assert "| — |" in online_row and "3600 [3600, 3600]" in online_row
@@ -188,3 +188,67 @@ def test_plot_curves_writes_png(tmp_path):
     plot_curves(make_curves({"online": 0.8, "sparse": 0.4}), out, labels={"online": "Online"}, title="t")
     data = out.read_bytes()
     assert len(data) > 1000 and data[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+# ------------------------------------------------------------------------------- hierarchical bootstrap
+
+
+def test_hierarchical_bootstrap_matches_plain_loop():
+    """The documented draws (groups, then runs within each drawn group), recomputed with Python loops."""
+    groups = [[0.1, 0.3], [0.5, 0.6, 0.9], [0.2]]
+    n_boot, level, seed = 400, 0.9, 5
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, len(groups), size=(n_boot, len(groups)))
+    within = rng.random((n_boot, len(groups), 3))
+    means = []
+    for b in range(n_boot):
+        group_means = []
+        for j, g in enumerate(drawn[b]):
+            members = groups[g]
+            picks = [members[int(math.floor(within[b, j, i] * len(members)))] for i in range(len(members))]
+            group_means.append(sum(picks) / len(picks))
+        means.append(sum(group_means) / len(group_means))
+    lo, hi = np.quantile(means, [0.05, 0.95])
+    ci = hierarchical_bootstrap_ci(groups, n_boot=n_boot, level=level, seed=seed)
+    assert ci["mean"] == pytest.approx((0.2 + 2.0 / 3 + 0.2) / 3)  # the mean of the group means
+    assert ci["lo"] == pytest.approx(lo) and ci["hi"] == pytest.approx(hi)
+    assert ci["n"] == 6 and ci["groups"] == 3
+
+
+def test_hierarchical_bootstrap_keeps_the_warmup_variance():
+    """Runs that agree within each warm-up but not across warm-ups: a flat bootstrap over the 6 runs treats them
+    as 6 independent draws and is too narrow; resampling warm-ups first widens the interval by about sqrt(2)."""
+    groups = [[0.10, 0.11], [0.50, 0.51], [0.90, 0.91]]
+    flat = bootstrap_ci([v for g in groups for v in g], n_boot=4000)
+    nested = hierarchical_bootstrap_ci(groups, n_boot=4000)
+    ratio = (nested["hi"] - nested["lo"]) / (flat["hi"] - flat["lo"])
+    assert 1.2 < ratio < 1.7, ratio
+    assert nested["mean"] == pytest.approx(flat["mean"])
+
+
+def test_grouped_ci_keys():
+    """Seeds alone are one group (the plain bootstrap); (warm-up, seed) keys are nested by warm-up."""
+    by_seed = {0: 0.2, 1: 0.4, 2: 0.9}
+    plain = grouped_ci(by_seed, n_boot=300)
+    assert {k: plain[k] for k in ("mean", "lo", "hi", "n")} == bootstrap_ci([0.2, 0.4, 0.9], n_boot=300)
+    nested = grouped_ci({(1, 0): 0.5, (0, 1): 0.2, (0, 0): 0.1, (1, 1): 0.7}, n_boot=300)
+    assert nested == hierarchical_bootstrap_ci([[0.1, 0.2], [0.5, 0.7]], n_boot=300)
+    with pytest.raises(ValueError):
+        hierarchical_bootstrap_ci([[0.1], []])
+
+
+def test_summarize_crossed_study():
+    """A study keyed by (warm-up, seed): per-run lists in key order, keys as pairs in JSON, the table says
+    how many warm-ups."""
+    flat = make_curves({"online": 0.8, "offline": 0.3}, n_seeds=4)
+    crossed = {arm: {(s // 2, s % 2): curve for s, curve in runs.items()} for arm, runs in flat.items()}
+    summary = summarize(crossed, n_boot=300)
+    online = summary["arms"]["online"]
+    assert online["seeds"] == [[0, 0], [0, 1], [1, 0], [1, 1]]
+    assert online["auc"]["groups"] == 2 and online["auc"]["n"] == 4
+    assert online["auc_per_seed"] == [curve_auc(*flat["online"][s]) for s in range(4)]
+    assert summary["arms"]["offline"]["vs_reference"] == {"auc": "lower", "final": "lower"}
+    json.dumps(summary)
+    assert "| 4 (2 warm-ups) |" in markdown_table(summary)
+    steps, mean, lo, hi = pointwise_band(crossed["online"], n_boot=200)
+    assert steps == STEPS and all(a <= m <= b for a, m, b in zip(lo, mean, hi))

@@ -1,7 +1,9 @@
 """Statistics for the reproduction study: learning curves of several arms x seeds -> AUC / final accuracy
 with bootstrap confidence intervals, verdicts against a reference arm, a Markdown table and a plot.
 
-``curves[arm][seed] = (steps, accuracies)``; every run of a study must share the same steps.
+``curves[arm][run] = (steps, accuracies)``; every run of a study must share the same steps. A run is keyed by
+its seed, or by ``(warm-up seed, RL seed)`` when the study crosses several warm-up models with the RL seeds:
+then every interval is a two-stage (warm-up, then seed) bootstrap, so the warm-up's variance is in it.
 """
 
 from __future__ import annotations
@@ -12,7 +14,10 @@ from typing import Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 Curve = Tuple[List[int], List[float]]
-CI_NOTE = "Intervals are bootstrap 95% CIs of the mean over seeds; overlapping intervals are reported as not resolved."
+RunKey = Union[int, Tuple[int, int]]  # an RL seed, or (warm-up seed, RL seed)
+CI_NOTE = ("Intervals are bootstrap 95% CIs of the mean over runs: warm-up models resampled, then RL seeds within "
+           "each (a hierarchical bootstrap) when there are several warm-ups; overlapping intervals are reported as "
+           "not resolved.")
 
 
 def curve_auc(steps: Sequence[int], values: Sequence[float]) -> float:
@@ -52,6 +57,45 @@ def bootstrap_ci(values: Sequence[float], n_boot: int = 10000, level: float = 0.
     return {"mean": mean, "lo": float(lo), "hi": float(hi), "n": int(data.size)}
 
 
+def hierarchical_bootstrap_ci(groups: Sequence[Sequence[float]], n_boot: int = 10000, level: float = 0.95,
+                              seed: int = 0) -> dict:
+    """Two-stage percentile bootstrap of the mean of runs nested in groups (RL seeds within warm-up models).
+
+    Each resample draws ``len(groups)`` groups with replacement (``rng.integers``, shape ``(n_boot, G)``), then
+    within each drawn group as many runs as it holds, with replacement (``floor(rng.random((n_boot, G, max_n)) *
+    size)``), and takes the mean of the drawn groups' means. The estimate is the mean of the group means (the
+    plain mean when groups are equally large). One group is ``bootstrap_ci`` of its values."""
+    arrays = [np.asarray(g, dtype=float) for g in groups]
+    if not arrays or any(a.ndim != 1 or a.size == 0 for a in arrays):
+        raise ValueError("hierarchical_bootstrap_ci needs non-empty groups of values")
+    if not 0.0 < level < 1.0:
+        raise ValueError(f"level must be in (0, 1), got {level}")
+    if len(arrays) == 1:
+        return {**bootstrap_ci(arrays[0], n_boot=n_boot, level=level, seed=seed), "groups": 1}
+    sizes = np.array([a.size for a in arrays])
+    padded = np.zeros((len(arrays), sizes.max()))
+    for i, a in enumerate(arrays):
+        padded[i, :a.size] = a
+    rng = np.random.default_rng(seed)
+    drawn = rng.integers(0, len(arrays), size=(n_boot, len(arrays)))  # which groups
+    within = np.floor(rng.random((n_boot, len(arrays), sizes.max())) * sizes[drawn][..., None]).astype(int)
+    used = np.arange(sizes.max()) < sizes[drawn][..., None]  # the first `size` draws of each drawn group count
+    values = np.where(used, padded[drawn[..., None], within], 0.0)
+    resample_means = (values.sum(axis=2) / sizes[drawn]).mean(axis=1)
+    tail = (1.0 - level) / 2.0
+    lo, hi = np.quantile(resample_means, [tail, 1.0 - tail])
+    return {"mean": float(np.mean([a.mean() for a in arrays])), "lo": float(lo), "hi": float(hi),
+            "n": int(sizes.sum()), "groups": len(arrays)}
+
+
+def grouped_ci(values_by_run: Dict[RunKey, float], n_boot: int = 10000, seed: int = 0) -> dict:
+    """The CI of runs keyed by seed (one group: ``bootstrap_ci``) or by ``(warm-up, seed)`` (hierarchical)."""
+    groups: Dict[int, List[float]] = {}
+    for key in sorted(values_by_run):
+        groups.setdefault(key[0] if isinstance(key, tuple) else 0, []).append(float(values_by_run[key]))
+    return hierarchical_bootstrap_ci(list(groups.values()), n_boot=n_boot, seed=seed)
+
+
 def verdict(a: dict, b: dict) -> str:
     """``"higher"`` if ``a.lo > b.hi``, ``"lower"`` if ``a.hi < b.lo``, else ``"not resolved"`` (touching overlaps)."""
     if a["lo"] > b["hi"]:
@@ -61,7 +105,7 @@ def verdict(a: dict, b: dict) -> str:
     return "not resolved"
 
 
-def _common_steps(curves: Dict[str, Dict[int, Curve]]) -> List[int]:
+def _common_steps(curves: Dict[str, Dict[RunKey, Curve]]) -> List[int]:
     """The steps shared by every run; ValueError naming the first arm/seed whose steps differ."""
     expected: Optional[List[int]] = None
     for arm, runs in curves.items():
@@ -79,41 +123,44 @@ def _common_steps(curves: Dict[str, Dict[int, Curve]]) -> List[int]:
     return expected
 
 
-def summarize(curves: Dict[str, Dict[int, Curve]], reference_arm: str = "online",
-              wall_clock: Optional[Dict[str, Dict[int, float]]] = None, n_boot: int = 10000, seed: int = 0) -> dict:
-    """Per arm: bootstrap CIs of the per-seed AUC (``curve_auc``) and final accuracy (value at the last step),
-    verdicts against ``reference_arm`` (None for the reference itself or when it is absent), and the wall-clock
-    CI when ``wall_clock[arm][seed]`` seconds are given. JSON-able; arms keep insertion order."""
+def summarize(curves: Dict[str, Dict[RunKey, Curve]], reference_arm: str = "online",
+              wall_clock: Optional[Dict[str, Dict[RunKey, float]]] = None, n_boot: int = 10000, seed: int = 0,
+              references: Optional[Dict[str, str]] = None) -> dict:
+    """Per arm: bootstrap CIs (``grouped_ci``) of the per-run AUC (``curve_auc``) and final accuracy (value at
+    the last step), verdicts against its reference arm (``references[arm]``, else ``reference_arm``; None for a
+    reference itself or when it is absent), and the wall-clock CI when ``wall_clock[arm][run]`` seconds are
+    given. ``seeds`` lists the run keys (``[warm-up, seed]`` pairs for a crossed study). JSON-able; arms keep
+    insertion order."""
     steps = _common_steps(curves)
     arms: Dict[str, dict] = {}
     for arm, runs in curves.items():
-        seeds = sorted(runs)
-        auc_per_seed = [curve_auc(*runs[s]) for s in seeds]
-        final_per_seed = [float(runs[s][1][-1]) for s in seeds]
-        seconds = [float(t) for _, t in sorted((wall_clock or {}).get(arm, {}).items())]
+        keys = sorted(runs)
+        auc = {k: curve_auc(*runs[k]) for k in keys}
+        final = {k: float(runs[k][1][-1]) for k in keys}
+        seconds = (wall_clock or {}).get(arm, {})
         arms[arm] = {
-            "seeds": [int(s) for s in seeds],
-            "auc": bootstrap_ci(auc_per_seed, n_boot=n_boot, seed=seed),
-            "final": bootstrap_ci(final_per_seed, n_boot=n_boot, seed=seed),
-            "auc_per_seed": auc_per_seed,
-            "final_per_seed": final_per_seed,
+            "seeds": [list(k) if isinstance(k, tuple) else int(k) for k in keys],
+            "auc": grouped_ci(auc, n_boot=n_boot, seed=seed),
+            "final": grouped_ci(final, n_boot=n_boot, seed=seed),
+            "auc_per_seed": list(auc.values()),
+            "final_per_seed": list(final.values()),
             "vs_reference": None,
-            "wall_clock_s": bootstrap_ci(seconds, n_boot=n_boot, seed=seed) if seconds else None,
+            "wall_clock_s": grouped_ci(seconds, n_boot=n_boot, seed=seed) if seconds else None,
         }
-    if reference_arm in arms:
-        ref = arms[reference_arm]
-        for arm, stats in arms.items():
-            if arm != reference_arm:
-                stats["vs_reference"] = {key: verdict(stats[key], ref[key]) for key in ("auc", "final")}
+    for arm, stats in arms.items():
+        ref = (references or {}).get(arm, reference_arm)
+        stats["reference"] = ref
+        if ref in arms and ref != arm:
+            stats["vs_reference"] = {key: verdict(stats[key], arms[ref][key]) for key in ("auc", "final")}
     return {"steps": steps, "arms": arms, "reference_arm": reference_arm}
 
 
-def pointwise_band(curves_of_arm: Dict[int, Curve], n_boot: int = 2000,
+def pointwise_band(curves_of_arm: Dict[RunKey, Curve], n_boot: int = 2000,
                    seed: int = 0) -> Tuple[List[int], List[float], List[float], List[float]]:
-    """Per step: the mean over seeds and its bootstrap CI ``(steps, mean, lo, hi)``."""
+    """Per step: the mean over runs and its bootstrap CI (``grouped_ci``) ``(steps, mean, lo, hi)``."""
     steps = _common_steps({"arm": curves_of_arm})
-    per_step = np.array([curves_of_arm[s][1] for s in sorted(curves_of_arm)], dtype=float).T  # (step, seed)
-    cis = [bootstrap_ci(row, n_boot=n_boot, seed=seed) for row in per_step]
+    cis = [grouped_ci({k: curve[1][i] for k, curve in curves_of_arm.items()}, n_boot=n_boot, seed=seed)
+           for i in range(len(steps))]
     return steps, [c["mean"] for c in cis], [c["lo"] for c in cis], [c["hi"] for c in cis]
 
 
@@ -128,19 +175,24 @@ def markdown_table(summary: dict, labels: Optional[Dict[str, str]] = None) -> st
     """A GitHub Markdown table of ``summarize``'s output, with the CI note below it."""
     labels = labels or {}
     ref = summary["reference_arm"]
-    lines = [f"| arm | seeds | AUC mean [lo, hi] | final mean [lo, hi] | vs {labels.get(ref, ref)} | wall-clock s |",
+    several = len({stats.get("reference", ref) for stats in summary["arms"].values()}) > 1
+    vs_header = "vs its reference arm (AUC / final)" if several else f"vs {labels.get(ref, ref)}"
+    lines = [f"| arm | runs | AUC mean [lo, hi] | final mean [lo, hi] | {vs_header} | wall-clock s |",
              "|---|---|---|---|---|---|"]
     for arm, stats in summary["arms"].items():
         vs = stats.get("vs_reference")
         vs_text = f"{vs['auc']} / {vs['final']}" if vs else "—"
-        lines.append(f"| {labels.get(arm, arm)} | {len(stats['seeds'])} | {_fmt_ci(stats['auc'], 3)} | "
+        groups = stats["auc"].get("groups", 1)
+        runs = f"{len(stats['seeds'])} ({groups} warm-ups)" if groups > 1 else str(len(stats["seeds"]))
+        lines.append(f"| {labels.get(arm, arm)} | {runs} | {_fmt_ci(stats['auc'], 3)} | "
                      f"{_fmt_ci(stats['final'], 3)} | {vs_text} | {_fmt_ci(stats.get('wall_clock_s'), 0)} |")
     return "\n".join(lines) + "\n\n" + CI_NOTE + "\n"
 
 
-def plot_curves(curves: Dict[str, Dict[int, Curve]], path: Union[str, Path],
-                labels: Optional[Dict[str, str]] = None, title: Optional[str] = None) -> None:
-    """One PNG: per arm the mean held-out accuracy over seeds and its pointwise bootstrap band."""
+def plot_curves(curves: Dict[str, Dict[RunKey, Curve]], path: Union[str, Path],
+                labels: Optional[Dict[str, str]] = None, title: Optional[str] = None,
+                ylabel: str = "held-out accuracy") -> None:
+    """One PNG: per arm the mean held-out metric over runs and its pointwise bootstrap band."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -153,7 +205,7 @@ def plot_curves(curves: Dict[str, Dict[int, Curve]], path: Union[str, Path],
         (line,) = ax.plot(steps, mean, marker="o", markersize=3, label=labels.get(arm, arm))
         ax.fill_between(steps, lo, hi, color=line.get_color(), alpha=0.2, linewidth=0)
     ax.set_xlabel("optimizer step")
-    ax.set_ylabel("held-out accuracy")
+    ax.set_ylabel(ylabel)
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)

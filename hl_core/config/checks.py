@@ -47,7 +47,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
         )
     reward = recipe.rollout.reward
-    if recipe.rollout.every is not None:
+    if recipe.rollout.every is not None or recipe.eval.held_out == "reward":
         if reward.kind == "reward_model" and not reward.model:
             raise RecipeError(
                 "`rollout.reward.kind: reward_model` needs `rollout.reward.model` (a sequence-classification model "
@@ -67,6 +67,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"`eval.every: {recipe.eval.every}` needs held-out data. Fix: set `data.eval.path` (or `data.eval.name`), "
             "or `data.eval_fraction` (e.g. 0.05), or `eval.every=null`."
         )
+    check_held_out(recipe)
     resume = recipe.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise RecipeError(
@@ -92,6 +93,22 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     if world_size is not None:
         batch_layout(recipe, world_size)
+
+
+def check_held_out(recipe: Recipe) -> None:
+    """``eval.held_out`` against the data it needs: prompts for a reward, examples for a loss."""
+    if recipe.eval.held_out == "loss" and recipe.rollout.every is not None:
+        raise RecipeError(
+            "`eval.held_out: loss` cannot be used with rollouts (`rollout.every`): the eval split holds prompts, "
+            "not examples with completions. Fix: `eval.held_out=reward` (or `auto`)."
+        )
+    if (recipe.eval.held_out == "reward" and recipe.rollout.every is None and recipe.data.eval is None
+            and recipe.data.eval_fraction > 0):
+        raise RecipeError(
+            "`eval.held_out: reward` on offline data needs held-out prompts in `data.eval` (rows with `prompt`, and "
+            "`answer` for the math reward); `data.eval_fraction` would hold out training examples instead. Fix: set "
+            "`data.eval.path`, or `eval.held_out=loss`."
+        )
 
 
 def env_world_size() -> Optional[int]:

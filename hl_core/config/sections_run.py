@@ -78,6 +78,12 @@ class EvalConfig(_Section):
     """Held-out evaluation during training, and the post-training evaluations (MATH-500, AlpacaEval, data quality)."""
 
     every: Optional[int] = Field(None, ge=1, description="Held-out evaluation every N updates; null = never.")
+    held_out: Literal["auto", "loss", "reward"] = Field(
+        "auto", description="What a held-out evaluation measures: `loss` (the objective's loss and metrics on "
+        "`data.eval` examples), `reward` (one sampled completion per `data.eval` prompt, scored by "
+        "`rollout.reward`, with `rollout.temperature` / `max_new_tokens`; also its win rate against the first "
+        "evaluation), or `auto` (reward with rollouts, else loss). `reward` works for offline runs too.",
+    )
     at_start: bool = Field(True, description="Also evaluate before the first update (when `every` is set).")
     batch_size: Optional[int] = Field(None, ge=1, description="Eval micro-batch; defaults to train.micro_batch_size.")
     max_batches: Optional[int] = Field(None, ge=1, description="Cap on eval batches per evaluation.")

@@ -84,6 +84,17 @@ def data_kind(recipe) -> str:
     return "prompts" if recipe.rollout.every is not None else data_kind_of_objective(recipe)
 
 
+def held_out_reward(recipe) -> bool:
+    """True when held-out evaluations sample and score completions (``eval.held_out``; auto: with rollouts)."""
+    mode = recipe.eval.held_out
+    return mode == "reward" or (mode == "auto" and recipe.rollout.every is not None)
+
+
+def eval_data_kind(recipe) -> str:
+    """What the eval split holds: prompts when evaluations are by reward, else what the train split holds."""
+    return "prompts" if held_out_reward(recipe) else data_kind(recipe)
+
+
 def example_collate(recipe, tokenizer):
     """The collate function of the objective's examples (used for generated examples too)."""
     _, _, collate = DATA_KINDS[data_kind_of_objective(recipe)].functions()
@@ -108,7 +119,7 @@ def load_split_records(recipe) -> Tuple[list, Optional[list]]:
     train = _load(data_cfg.train, recipe, kind)
     evaluation = None
     if data_cfg.eval is not None:
-        evaluation = _load(data_cfg.eval, recipe, kind)
+        evaluation = _load(data_cfg.eval, recipe, eval_data_kind(recipe))
     elif data_cfg.eval_fraction > 0:
         train, evaluation = split_eval(train, data_cfg.eval_fraction, recipe.train.seed)
     return train, evaluation
@@ -122,20 +133,20 @@ def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
     data summary (:func:`describe_data`). ``records``: ``load_split_records(recipe)`` when already loaded."""
     from .tokens import counting_truncation
 
-    kind = DATA_KINDS[data_kind(recipe)]
-    _, tokenize_fn, _ = kind.functions()
-    identical = kind.identical_check()
     collate = example_collate(recipe, tokenizer)
     train_records, eval_records = records if records is not None else load_split_records(recipe)
     data_cfg = recipe.data
-    tokenize = functools.partial(
-        tokenize_fn, tokenizer=tokenizer, max_length=data_cfg.max_length,
-        max_prompt_length=data_cfg.max_prompt_length, chat_template=data_cfg.chat_template,
-    )
 
-    def run(records, desc):
+    def run(records, desc, kind_name):
         if records is None:
             return None
+        kind = DATA_KINDS[kind_name]
+        _, tokenize_fn, _ = kind.functions()
+        identical = kind.identical_check()
+        tokenize = functools.partial(
+            tokenize_fn, tokenizer=tokenizer, max_length=data_cfg.max_length,
+            max_prompt_length=data_cfg.max_prompt_length, chat_template=data_cfg.chat_template,
+        )
         iterator = records
         if show_progress and len(records) > 256:
             from tqdm.auto import tqdm
@@ -154,7 +165,7 @@ def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
             )
         return TokenizedDataset(kept, collate, stats)
 
-    train, evaluation = run(train_records, "train"), run(eval_records, "eval")
+    train, evaluation = run(train_records, "train", data_kind(recipe)), run(eval_records, "eval", eval_data_kind(recipe))
     if show_progress:
         print("data: " + describe_data(recipe, train, evaluation), flush=True)
     return train, evaluation
@@ -162,12 +173,11 @@ def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
 
 def describe_data(recipe, train: TokenizedDataset, evaluation: Optional[TokenizedDataset]) -> str:
     """One line: examples per split, what truncation cut, and the identical examples dropped."""
-    noun = DATA_KINDS[data_kind(recipe)].example
     parts = []
-    for name, data in (("train", train), ("eval", evaluation)):
+    for name, data, kind in (("train", train, data_kind(recipe)), ("eval", evaluation, eval_data_kind(recipe))):
         if data is None:
             continue
-        s = data.stats
+        noun, s = DATA_KINDS[kind].example, data.stats
         text = f"{s.examples} {name} {noun}s"
         if s.truncated:
             text += f" ({s.truncated} truncated, {s.truncated_tokens} tokens cut"

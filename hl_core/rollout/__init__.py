@@ -24,7 +24,8 @@ from typing import Dict, List, Optional
 import torch
 
 from .generation import build_sampler, prompt_seed
-from .rewards import best_and_worst, build_reward, reward_needs_reference
+from .heldout import check_prompts_have_references
+from .rewards import best_and_worst, build_reward
 
 
 def is_rollout_step(updates_done: int, every: Optional[int]) -> bool:
@@ -35,9 +36,8 @@ def is_rollout_step(updates_done: int, every: Optional[int]) -> bool:
 class RolloutSource:
     """Produces the training micro-batches of each update from fresh (or buffered) generations."""
 
-    # the metrics ``before_step`` reports (besides the ``rollout`` flag) and those ``evaluate`` reports
+    # the metrics ``before_step`` reports (besides the ``rollout`` flag); held-out ones: ``heldout.HeldOutReward``
     METRIC_KEYS = ("rollout_time_s", "reward_mean", "reward_std", "gen_len_mean", "gen_len_max", "pairs_kept_frac")
-    EVAL_METRIC_KEYS = ("reward", "gen_len")
 
     def __init__(self, recipe, engine, tokenizer, prompts, collate, data_kind: str, positions, needs_old_logps: bool,
                  logps_temperature: float):
@@ -59,16 +59,7 @@ class RolloutSource:
 
             self.sample_log = Path(recipe.output_dir) / "rollouts" / f"rank{engine.rank:05d}.jsonl"
             self.sample_log.parent.mkdir(parents=True, exist_ok=True)
-        if reward_needs_reference(self.cfg.reward.kind):
-            missing = [f for f in prompts.features if f["reference"] is None]
-            if missing:
-                from ..errors import DataError
-
-                raise DataError(
-                    f"`rollout.reward.kind: {self.cfg.reward.kind}` needs a reference answer for every prompt, but "
-                    f"{len(missing)} prompt(s) have none (first: {missing[0].get('source', 'a row')}). Fix: add "
-                    "`answer` (or a `solution` with \\boxed{...}) to each row, or use another reward."
-                )
+        check_prompts_have_references(prompts, self.cfg.reward.kind, "training")
 
     # ------------------------------------------------------------------------------------- training
     def before_step(self, step: int) -> Dict[str, float]:
@@ -142,28 +133,6 @@ class RolloutSource:
             lengths += [len(c) for c in completions]
             kept += build(features, feature["prompt_ids"], completions, scores[g * n : (g + 1) * n], self.cfg.threshold)
         return features, {"scores": list(scores), "lengths": lengths, "kept": kept}
-
-    # ------------------------------------------------------------------------------------- eval
-    @torch.no_grad()
-    def evaluate(self, eval_prompts) -> Dict[str, float]:
-        """One sampled completion per held-out prompt (prompt ``i`` always under the same seed, so curves
-        compare across updates and do not depend on the number of ranks). Returns ``(means over this
-        rank's prompts, number of prompts)``."""
-        engine = self.engine
-        n = len(eval_prompts)
-        per_rank = -(-n // engine.dp_size)
-        mine = [engine.dp_rank * per_rank + i for i in range(per_rank)]
-        real = [i for i in mine if i < n]
-        prompts = [eval_prompts[i if i < n else 0]["prompt_ids"] for i in mine]
-        completions = [group[0] for group in self.sampler.sample_groups(
-            prompts, 1, [prompt_seed(self.seed + 7919, i) for i in mine])]
-        texts = self.tokenizer.batch_decode(completions[: len(real)], skip_special_tokens=True)
-        if not real:
-            return {"reward": 0.0, "gen_len": 0.0}, 0.0
-        scores = self.reward([eval_prompts[i]["messages"] for i in real], texts,
-                             [eval_prompts[i]["reference"] for i in real])
-        lengths = [len(c) for c in completions[: len(real)]]
-        return {"reward": statistics.fmean(scores), "gen_len": statistics.fmean(lengths)}, float(len(real))
 
     # ------------------------------------------------------------------------------------- state
     def state_dict(self) -> Dict[str, object]:

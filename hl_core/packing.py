@@ -103,12 +103,14 @@ def padding_fraction(attention_mask: torch.Tensor, packed: Packed) -> Tuple[floa
 
 
 def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                                capacity: int, pad_token_id: int, chunk_size: int = 256,
+                                capacity: int, pad_token_id: int, chunk_tokens: int = 256,
                                 temperature: float = 1.0) -> torch.Tensor:
-    """:func:`hl_core.logprobs.sequence_token_logps` through one packed forward: same ``[rows, T]`` result."""
-    from .logprobs import token_logps
+    """:func:`hl_core.logprobs.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
+    ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``)."""
+    from .logprobs import chunk_positions, token_logps
 
     packed = pack_rows(input_ids, attention_mask, capacity, pad_token_id)
+    chunk_size = chunk_positions(packed.input_ids.shape[0], chunk_tokens)
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                    use_cache=False).logits
     ids = packed.input_ids

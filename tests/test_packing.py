@@ -77,7 +77,7 @@ def test_packed_equals_padded_with_gradients(attn):
     (padded * weights).sum().backward()
     padded_grads = [p.grad.clone() for p in model.parameters()]
     model.zero_grad()
-    packed = packed_sequence_token_logps(model, ids, mask, capacity=16, pad_token_id=PAD, chunk_size=8)
+    packed = packed_sequence_token_logps(model, ids, mask, capacity=16, pad_token_id=PAD, chunk_tokens=16)
     (packed * weights).sum().backward()
 
     real = mask.bool() & (torch.arange(ids.shape[1]) > 0)

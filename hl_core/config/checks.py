@@ -41,6 +41,12 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"`rollout.every: {recipe.rollout.every}` needs generation, which the Megatron engine does not do yet. "
             "Fix: use `engine.name=deepspeed` for online/sparse recipes, or `rollout.every=null`."
         )
+    if recipe.engine.name == "megatron" and recipe.data.packing:
+        raise RecipeError(
+            "`data.packing: true` is not available with `engine.name: megatron`: megatron-core's packed sequences "
+            "need Transformer Engine's attention (its local DotProductAttention refuses `packed_seq_params`), which "
+            "this setup does not install. Fix: `data.packing=false`, or `engine.name=deepspeed`."
+        )
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "

@@ -112,6 +112,12 @@ class DataConfig(_Section):
         "`raw` (contents concatenated as they are), or a Jinja template string."
     )
     shuffle: bool = Field(True, description="Shuffle training data each epoch (seeded by `train.seed`).")
+    packing: bool = Field(
+        False, description="Padding-free forwards: each micro-batch's sequences (pairs, KTO and KL rows, GRPO group "
+        "members, SFT rows, generated completions) are packed into as few `data.max_length`-token rows as fit, "
+        "positions restarting per sequence and attention never crossing one (transformers' packed-sequence mask; "
+        "flash-attention's variable-length path on a GPU). Same losses as padded batches. DeepSpeed engine only.",
+    )
 
     @model_validator(mode="after")
     def _lengths(self):

@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import os
 from pathlib import Path
@@ -25,6 +26,7 @@ from ..errors import RecipeError
 from ..logprobs import chunk_positions, sequence_token_logps
 from ..modeling import build_policy_and_reference
 from ..objectives import reference_needed
+from ..packing import packed_sequence_token_logps
 from .base import Engine, launch_environment, lr_lambda
 
 
@@ -122,11 +124,16 @@ class DeepSpeedEngine(Engine):
         engine = self.policy if model == "policy" else self.require_reference()
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
-        chunk = chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens)
+        if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
+            forward = functools.partial(packed_sequence_token_logps, capacity=self.recipe.data.max_length,
+                                        pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=self.recipe.train.logps_chunk_tokens)
+        else:
+            forward = functools.partial(sequence_token_logps,
+                                        chunk_size=chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens))
         if model == "policy":
-            return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
+            return forward(engine, input_ids, attention_mask, temperature=temperature)
         with torch.no_grad():
-            return sequence_token_logps(engine, input_ids, attention_mask, chunk, temperature)
+            return forward(engine, input_ids, attention_mask, temperature=temperature)
 
     @torch.no_grad()
     @contextlib.contextmanager

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..errors import DataError
 
@@ -88,6 +88,21 @@ def example_collate(recipe, tokenizer):
     """The collate function of the objective's examples (used for generated examples too)."""
     _, _, collate = DATA_KINDS[data_kind_of_objective(recipe)].functions()
     return functools.partial(collate, pad_token_id=tokenizer.pad_token_id)
+
+
+def collate_micro_batches(collate: Callable, micro_features: List[List[dict]], more: Sequence[dict] = ()) -> List[dict]:
+    """Collate each micro-batch of one update. A collate function with a ``donors`` parameter (KTO's, for
+    its mismatched KL rows) also gets the rest of the data: the other micro-batches (the next one first,
+    circularly), then ``more`` (e.g. other ranks' examples of the same update)."""
+    import inspect
+
+    if "donors" not in inspect.signature(collate).parameters:
+        return [collate(features) for features in micro_features]
+    n = len(micro_features)
+    return [
+        collate(micro_features[m], donors=[f for k in range(1, n) for f in micro_features[(m + k) % n]] + list(more))
+        for m in range(n)
+    ]
 
 
 def _load(source, recipe, kind: str):

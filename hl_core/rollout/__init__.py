@@ -23,6 +23,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..data.build import collate_micro_batches
 from .generation import build_sampler, prompt_seed
 from .rewards import best_and_worst, build_reward, reward_needs_reference
 
@@ -81,7 +82,7 @@ class RolloutSource:
         last = min(step + self.cfg.every, self.recipe.train.max_steps)
         scores_all, lengths, kept = [], [], []
         for future in range(step, last):
-            batches = []
+            micro_features = []
             for micro_index in range(self.engine.gradient_accumulation_steps):
                 features, info = self._examples(
                     list(self.engine.micro_batch_positions(future, micro_index, self.recipe.train.micro_batch_size)),
@@ -89,13 +90,15 @@ class RolloutSource:
                 scores_all += info["scores"]
                 lengths += info["lengths"]
                 kept += info["kept"]
-                batch = self.collate(features)
+                micro_features.append(features)
+            # KTO's KL rows may borrow completions of the update's other micro-batches on this rank
+            batches = collate_micro_batches(self.collate, micro_features)
+            for features, batch in zip(micro_features, batches):
                 if self.data_kind in ("paired", "unpaired"):
                     batch["weights"] = torch.tensor([f["weight"] for f in features], dtype=torch.float32)
                 if self.needs_old_logps:
                     with torch.no_grad():
                         batch["old_logps"] = self.engine.token_logps(batch, "policy", self.logps_temperature).detach()
-                batches.append(batch)
             self.buffer[future] = batches
         metrics.update(
             rollout=True, rollout_time_s=time.perf_counter() - start,

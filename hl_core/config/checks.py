@@ -16,12 +16,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks (the
     checkpoint to resume is checked against it, else against ``WORLD_SIZE`` from the launcher, else 1)."""
     hl = recipe.humanline
-    if hl.sync_every is not None and recipe.train.cache_reference_logps:
-        raise RecipeError(
-            "`train.cache_reference_logps: true` cannot be combined with `humanline.sync_every` "
-            f"({hl.sync_every}): syncing changes the reference, so cached reference log-probs go stale. "
-            "Fix: set `train.cache_reference_logps=false`, or `humanline.sync_every=null` for a frozen reference."
-        )
     if recipe.engine.name == "megatron":
         import importlib.util
 
@@ -56,11 +50,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         if reward.kind == "callable" and not reward.function:
             raise RecipeError(
                 "`rollout.reward.kind: callable` needs `rollout.reward.function` (`package.module:function`)."
-            )
-        if recipe.train.cache_reference_logps:
-            raise RecipeError(
-                "`train.cache_reference_logps` cannot be used with rollouts (`rollout.every`): completions are new "
-                "every rollout. Fix: set `train.cache_reference_logps=false`."
             )
     if recipe.eval.every is not None and recipe.data.eval is None and recipe.data.eval_fraction == 0.0:
         raise RecipeError(

@@ -264,9 +264,6 @@ class TrainConfig(_Section):
         description="Stop this invocation after N updates with a resumable checkpoint (time-boxed jobs); "
         "rerun with `checkpoint.resume: auto` to continue.",
     )
-    cache_reference_logps: bool = Field(
-        False, description="Precompute reference log-probs once (only valid with a frozen reference)."
-    )
     logps_chunk_tokens: int = Field(
         256, ge=1,
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "

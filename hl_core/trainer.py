@@ -162,7 +162,7 @@ class Trainer:
         self.objective = OBJECTIVES[recipe.objective.name]
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
-        self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
+        self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every, recipe.humanline.sync_offset)
         self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, show_progress=self.is_main)
         self.collate = self.train_data.collate
         order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)

@@ -123,6 +123,14 @@ class RewardConfig(_Section):
     )
     accuracy_weight: float = Field(1.0, description="math: weight of a correct final answer (the MATH runs used 8).")
     format_weight: float = Field(0.0, description="math: weight of the `<think>...</think><answer>...</answer>` format.")
+    format_style: Literal["lenient", "newlines"] = Field(
+        "lenient", description="math: the format rule: `lenient` (any whitespace around the tags, nothing after) or "
+        "`newlines` (the open-r1 fork's: each tag on its own line, `</answer>` at the end of a line).",
+    )
+    tag_count_weight: float = Field(
+        0.0, description="math: weight of the tag-count term (0.25 for each of `<think>\\n`, `\\n</think>\\n`, "
+        "`\\n<answer>\\n`, `\\n</answer>` occurring exactly once; the MATH runs used 1).",
+    )
     model: Optional[str] = Field(None, description="reward_model: model name or directory.")
     trust_remote_code: bool = Field(False, description="reward_model: allow its custom code (ArmoRM needs it).")
     batch_size: int = Field(16, ge=1, description="reward_model: sequences per scoring batch.")

@@ -75,14 +75,17 @@ class OfflineSource:
         return {}
 
     def batches(self, step: int) -> List[dict]:
-        from .data.build import collate_micro_batches
+        from .data.build import collate_micro_batches, takes_donors
 
         engine = self.engine
         own = [list(engine.micro_batch_positions(step, m, self.micro)) for m in range(engine.gradient_accumulation_steps)]
-        # the update's other examples (all ranks), for objectives that pair a prompt with another's completion
-        per_update = engine.gradient_accumulation_steps * engine.dp_size * self.micro
-        mine = {p for positions in own for p in positions}
-        others = [self.dataset[self.order(p)] for p in range(step * per_update, (step + 1) * per_update) if p not in mine]
+        others = []
+        if takes_donors(self.dataset.collate):
+            # the update's other examples (all ranks): KTO pairs a prompt with another prompt's completion
+            per_update = engine.gradient_accumulation_steps * engine.dp_size * self.micro
+            mine = {p for positions in own for p in positions}
+            others = [self.dataset[self.order(p)] for p in range(step * per_update, (step + 1) * per_update)
+                      if p not in mine]
         micro = [[self.dataset[self.order(p)] for p in positions] for positions in own]
         return collate_micro_batches(self.dataset.collate, micro, others)
 
@@ -124,20 +127,6 @@ def declared_metric_keys(objective, transform, source_keys: Sequence[str] = ()) 
     """Every metric a micro-batch (or an evaluation) may report, sorted: ``loss``, the objective's
     ``metric_keys``, the humanline transform's and the data source's ``METRIC_KEYS`` (``source_keys``)."""
     return tuple(sorted({"loss", *objective.metric_keys, *transform.METRIC_KEYS, *source_keys}))
-
-
-def eval_batch(collate: Callable, data, real: Sequence[int], round_rows: Sequence[int]) -> dict:
-    """This rank's eval micro-batch: rows ``real``, or one dummy row (``weights`` 0: it counts in no loss,
-    metric or KTO z0) when the rank has none left. The round's other rows lend KTO's KL completions."""
-    from .data.build import collate_micro_batches
-
-    rows = list(real) or [0]
-    taken = set(rows)
-    others = [data[i] for i in round_rows if i not in taken]
-    batch = collate_micro_batches(collate, [[data[i] for i in rows]], others)[0]
-    if not real:
-        batch["weights"] = torch.zeros(1, dtype=torch.float32)
-    return batch
 
 
 class Trainer:
@@ -330,6 +319,8 @@ class Trainer:
         rounds = math.ceil(n / per_round)
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
+        from .data.build import eval_batch
+
         acc = _Accumulator(self.eval_metric_keys, self.objective.name)
         if hasattr(self.source, "evaluate"):
             rounds = 0  # rollout runs: held-out reward of fresh samples instead of an offline loss

@@ -56,7 +56,7 @@ def test_zero_weight_rows_stay_out_of_z0(report):
 
 def test_dummy_eval_row_has_weight_zero():
     from hl_core.data.unpaired import collate_unpaired
-    from hl_core.trainer import eval_batch
+    from hl_core.data.build import eval_batch
 
     def feat(p, c):
         return {"prompt_ids": [1, p], "completion_ids": [c, 2], "desirable": True, "max_length": None}

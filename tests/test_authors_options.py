@@ -158,3 +158,72 @@ def test_sync_offset_in_a_real_run(tmp_path):
                                 "train.max_steps=4", "eval.every=null", "checkpoint.save_every=null",
                                 "checkpoint.save_final=false"])
     assert [r["synced"] for r in read_jsonl(tmp_path / "metrics.jsonl")] == [False, True, False, True]
+
+
+# ------------------------------------------------------------------------------ online GRPO on best/worst pairs
+
+
+def test_best_worst_groups_by_hand():
+    from hl_core.rollout import _best_worst_group_examples
+
+    out = []
+    kept = _best_worst_group_examples(out, [7], [[1], [2], [3], [4]], [0.3, 0.9, 0.1, 0.5], 0.01)
+    kept += _best_worst_group_examples(out, [8], [[5], [6]], [0.5, 0.505], 0.01)
+    assert kept == [1.0, 0.0]
+    assert out[0] == {"input_ids": [[7, 2], [7, 3]], "completion_mask": [[0, 1], [0, 1]], "scores": [0.9, 0.1],
+                      "weight": 1.0}
+    assert out[1]["weight"] == 0.0 and out[1]["scores"] == [0.505, 0.5]
+
+
+def _grouped_inputs(weights):
+    from hl_core.data.grouped import collate_groups
+    from hl_core.objectives import ObjectiveInputs
+
+    feats = [{"input_ids": [[1, 2, 3], [1, 4]], "completion_mask": [[0, 1, 1], [0, 1]], "scores": [1.0, 0.0]},
+             {"input_ids": [[5, 6], [5, 7, 8]], "completion_mask": [[0, 1], [0, 1, 1]], "scores": [0.2, 0.9]}]
+    batch = collate_groups(feats, 0)
+    batch["weights"] = torch.tensor(weights)
+    g = torch.Generator().manual_seed(3)
+    mask = batch["completion_mask"].to(torch.float64)
+    lr = (torch.randn(4, 3, generator=g, dtype=torch.float64) * 0.1 * mask).requires_grad_(True)
+    inputs = ObjectiveInputs(batch=batch, policy_logps=lr, ref_logps=torch.zeros_like(lr), mask=mask, log_ratios=lr,
+                             transform=None, token_logps=None, humanline_active=True, has_reference=False)
+    return inputs, lr
+
+
+@pytest.mark.parametrize("aggregation", ["token", "dapo"])
+def test_zero_weight_groups_are_dropped_from_the_grpo_loss(aggregation):
+    from types import SimpleNamespace
+
+    from hl_core.objectives.grpo import grpo_batch_loss
+
+    cfg = SimpleNamespace(advantage_eps=1e-2, advantage_std="population", eps_low=0.2, eps_high=0.2, beta_kl=0.0,
+                          aggregation=aggregation)
+    inputs, lr = _grouped_inputs([1.0, 0.0])
+    loss, metrics = grpo_batch_loss(cfg, inputs)
+    (grad,) = torch.autograd.grad(loss, [lr])
+    # by hand: group 0 alone, advantages +-0.5 / (0.5 + 1e-2) (scores are float32), its 3 completion tokens
+    a = float(np.float32(0.5 / 0.51))
+    rho = lr.detach()[:2].exp().numpy()
+    adv = np.array([[a], [-a]])
+    per_token = -np.minimum(rho * adv, np.clip(rho, 0.8, 1.2) * adv) * inputs.mask[:2].numpy()
+    assert loss.item() == pytest.approx(per_token.sum() / 3, rel=1e-12)
+    expected = np.where(inputs.mask[:2].numpy() > 0, -adv * rho / 3, 0.0)
+    np.testing.assert_allclose(grad[:2].numpy(), expected, rtol=1e-10, atol=1e-15)
+    assert torch.all(grad[2:] == 0) and metrics["advantages/max"] == pytest.approx(a)
+    none_loss, none_metrics = grpo_batch_loss(cfg, _grouped_inputs([0.0, 0.0])[0])
+    assert none_loss.item() == 0.0 and none_loss.requires_grad and none_metrics == {}
+
+
+def test_best_worst_groups_in_a_real_run(tmp_path, capsys, monkeypatch):
+    from launchers.run import main
+
+    tiny_rm = REPO / "recipes" / "tiny" / "online_dpo_rm.yaml"
+    run_recipe(tiny_rm, [f"output_dir={tmp_path}", "objective={name: grpo}", "rollout.group=best_worst",
+                         "train.max_steps=2", "eval.every=null", "checkpoint.save_final=false"])
+    rows = read_jsonl(tmp_path / "metrics.jsonl")
+    assert len(rows) == 2 and all(0.0 <= r["pairs_kept_frac"] <= 1.0 for r in rows)
+    assert any(r["pairs_kept_frac"] > 0 and r["advantages/max"] > 0.9 for r in rows)  # kept pairs: A = +-1
+    monkeypatch.chdir(REPO)
+    assert main([str(tiny_rm), "rollout.group=best_worst", "--validate"]) == 2
+    assert "rollout.group" in capsys.readouterr().err

@@ -41,6 +41,12 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
         )
     reward = recipe.rollout.reward
+    if recipe.rollout.group != "all" and recipe.objective.name != "grpo":
+        raise RecipeError(
+            f"`rollout.group: {recipe.rollout.group}` shapes GRPO groups, but `objective.name` is "
+            f"`{recipe.objective.name}` (online DPO/KTO always take the best-vs-worst pair). Fix: remove "
+            "`rollout.group` (or set it to `all`)."
+        )
     if recipe.rollout.every is not None:
         if reward.kind == "reward_model" and not reward.model:
             raise RecipeError(

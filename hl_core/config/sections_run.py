@@ -158,7 +158,13 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(256, ge=1, description="Generation length cap.")
     stop: List[str] = Field(default_factory=list, description="Stop strings (in addition to EOS).")
     threshold: float = Field(
-        0.01, ge=0, description="Online DPO/KTO: keep a prompt's best-vs-worst pair only when their scores differ by more."
+        0.01, ge=0, description="Online DPO/KTO (and GRPO with `group: best_worst`): keep a prompt's best-vs-worst "
+        "pair only when their scores differ by more.",
+    )
+    group: Literal["all", "best_worst"] = Field(
+        "all", description="GRPO rollouts: `all` of a prompt's samples form its group; `best_worst`: only its highest- "
+        "and lowest-scored samples, a group of two, left out (weight 0) unless their scores differ by more than "
+        "`threshold` (the authors' online GRPO on UltraFeedback labelled pairs this way).",
     )
     system_prompt: Optional[str] = Field(None, description="System message put before every prompt.")
     seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2^32 - 1); defaults to `train.seed`.")

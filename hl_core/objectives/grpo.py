@@ -16,6 +16,7 @@ the PPO clip here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -165,6 +166,11 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     term always uses the unclamped ``lp_pol - lp_ref``.
     """
     batch, mask = inputs.batch, inputs.mask
+    weights = batch.get("weights")  # per group: 0 for a best/worst pair under the threshold, a dummy eval batch
+    if weights is not None:
+        keep = weights.to(batch["group_ids"].device)[batch["group_ids"]] > 0
+        if not bool(keep.all()):
+            return _kept_rows_loss(objective_cfg, inputs, keep.to(mask.device))
     advantages = group_advantages(
         batch["scores"].to(inputs.policy_logps.device), batch["group_ids"], eps=objective_cfg.advantage_eps,
         std=objective_cfg.advantage_std,
@@ -176,9 +182,7 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask if inputs.has_reference else None
     tokens_per_rank = None
     if objective_cfg.aggregation == "dapo":
-        weights = batch.get("weights")  # all 0 on a dummy eval batch: its tokens count on no rank
-        dummy = weights is not None and not bool((weights > 0).any())
-        tokens_per_rank = mean_tokens_per_rank(0.0 if dummy else float(mask.sum()))
+        tokens_per_rank = mean_tokens_per_rank(float(mask.sum()))
     loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
         ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,
@@ -189,3 +193,22 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
         per_token = (inputs.policy_logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         metrics["policy/adv_logp"] = float((advantages.to(per_token.dtype) * per_token).mean())
     return loss, metrics
+
+
+def _kept_rows_loss(objective_cfg, inputs, keep: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """``grpo_batch_loss`` over the rows of groups with positive weight only (the others are dropped, as the
+    authors drop pairs under the score threshold). With none left: a zero loss that keeps the graph (every rank
+    runs the same backward), no metrics, and this rank's share of the ``dapo`` all-reduce (0 tokens)."""
+    if not bool(keep.any()):
+        if objective_cfg.aggregation == "dapo":
+            mean_tokens_per_rank(0.0)
+        return (inputs.log_ratios * 0.0).sum(), {}
+    rows = keep.nonzero().reshape(-1)
+    batch = {k: (v[rows.to(v.device)] if k in _ROW_KEYS else v) for k, v in inputs.batch.items() if k != "weights"}
+    kept = replace(inputs, batch=batch, policy_logps=inputs.policy_logps[rows], ref_logps=inputs.ref_logps[rows],
+                   mask=inputs.mask[rows], log_ratios=inputs.log_ratios[rows])
+    return grpo_batch_loss(objective_cfg, kept)
+
+
+# per-row tensors of a grouped batch (``scores`` and ``group_ids`` included)
+_ROW_KEYS = ("input_ids", "attention_mask", "completion_mask", "scores", "group_ids", "old_logps")

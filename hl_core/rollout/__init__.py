@@ -6,7 +6,8 @@ update consumes its share, so with ``every = N`` the samples of update ``n + k``
 stale (the paper's "64x sparser" shape). What a prompt's samples become depends on the objective's
 data kind:
 
-* grouped (GRPO): one group = the prompt's generations with their scores;
+* grouped (GRPO): one group = the prompt's generations with their scores (``rollout.group: best_worst``: only
+  the best and the worst, weight 0 unless their scores differ by more than ``rollout.threshold``);
 * paired (DPO): best vs worst generation, kept (weight 1) when their scores differ by more than
   ``rollout.threshold``, else carried with weight 0;
 * unpaired (KTO): the same best (desirable) and worst (undesirable) pair as two examples.
@@ -94,7 +95,7 @@ class RolloutSource:
             # KTO's KL rows may borrow completions of the update's other micro-batches on this rank
             batches = collate_micro_batches(self.collate, micro_features)
             for features, batch in zip(micro_features, batches):
-                if self.data_kind in ("paired", "unpaired"):
+                if "weight" in features[0]:  # per pair / example / group
                     batch["weights"] = torch.tensor([f["weight"] for f in features], dtype=torch.float32)
                 if self.needs_old_logps:
                     with torch.no_grad():
@@ -141,6 +142,8 @@ class RolloutSource:
         features, kept, lengths = [], [], []
         n = self.cfg.num_generations
         build = EXAMPLE_BUILDERS[self.data_kind]
+        if self.data_kind == "grouped" and self.cfg.group == "best_worst":
+            build = _best_worst_group_examples
         for g, (feature, completions) in enumerate(groups):
             lengths += [len(c) for c in completions]
             kept += build(features, feature["prompt_ids"], completions, scores[g * n : (g + 1) * n], self.cfg.threshold)
@@ -184,6 +187,19 @@ def _group_examples(out: list, prompt_ids, completions, scores, threshold) -> li
         "scores": list(scores),
     })
     return []
+
+
+def _best_worst_group_examples(out: list, prompt_ids, completions, scores, threshold) -> list:
+    """GRPO, ``rollout.group: best_worst``: the best and worst generations as a group of two; weight 0 unless
+    their scores differ by more than ``threshold``."""
+    best, worst, keep = best_and_worst(scores, threshold)
+    out.append({
+        "input_ids": [prompt_ids + completions[i] for i in (best, worst)],
+        "completion_mask": [[0] * len(prompt_ids) + [1] * len(completions[i]) for i in (best, worst)],
+        "scores": [scores[best], scores[worst]],
+        "weight": float(keep),
+    })
+    return [float(keep)]
 
 
 def _pair_examples(out: list, prompt_ids, completions, scores, threshold) -> list:

@@ -139,9 +139,9 @@ def build_transform(humanline_cfg, seed: int = 0) -> LogRatioTransform:
 # ---------------------------------------------------------------------------------------------
 
 
-def should_sync(updates_done: int, sync_every: Optional[int]) -> bool:
-    """Sync before update ``n`` (``n`` = updates already done) when ``n % k == 0``; never when k is None."""
-    return sync_every is not None and updates_done % sync_every == 0
+def should_sync(updates_done: int, sync_every: Optional[int], offset: int = 0) -> bool:
+    """Sync before update ``n`` (``n`` = updates already done) when ``n % k == offset``; never when k is None."""
+    return sync_every is not None and updates_done % sync_every == offset
 
 
 @dataclass
@@ -157,14 +157,14 @@ class ReferenceSyncHook:
     matching reference shard (no gather).
     """
 
-    def __init__(self, sync_every: Optional[int]):
+    def __init__(self, sync_every: Optional[int], offset: int = 0):
         if sync_every is not None and sync_every < 1:
             raise ValueError("sync_every must be >= 1 or None")
-        self.sync_every = sync_every
+        self.sync_every, self.offset = sync_every, offset
         self.num_syncs = 0
 
     def before_optimizer_step(self, engine, updates_done: int) -> SyncRecord:
-        if not should_sync(updates_done, self.sync_every):
+        if not should_sync(updates_done, self.sync_every, self.offset):
             return SyncRecord(False, 0.0)
         engine.synchronize()  # GPU: time the copy, not the tail of the backward still in flight
         start = time.perf_counter()

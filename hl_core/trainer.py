@@ -75,10 +75,19 @@ class OfflineSource:
         return {}
 
     def batches(self, step: int) -> List[dict]:
-        return [
-            self.dataset.collate([self.dataset[self.order(p)] for p in self.engine.micro_batch_positions(step, m, self.micro)])
-            for m in range(self.engine.gradient_accumulation_steps)
-        ]
+        from .data.build import collate_micro_batches, takes_donors
+
+        engine = self.engine
+        own = [list(engine.micro_batch_positions(step, m, self.micro)) for m in range(engine.gradient_accumulation_steps)]
+        others = []
+        if takes_donors(self.dataset.collate):
+            # the update's other examples (all ranks): KTO pairs a prompt with another prompt's completion
+            per_update = engine.gradient_accumulation_steps * engine.dp_size * self.micro
+            mine = {p for positions in own for p in positions}
+            others = [self.dataset[self.order(p)] for p in range(step * per_update, (step + 1) * per_update)
+                      if p not in mine]
+        micro = [[self.dataset[self.order(p)] for p in positions] for positions in own]
+        return collate_micro_batches(self.dataset.collate, micro, others)
 
 
 @dataclass
@@ -142,7 +151,7 @@ class Trainer:
         self.objective = OBJECTIVES[recipe.objective.name]
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
-        self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every)
+        self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every, recipe.humanline.sync_offset)
         self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, show_progress=self.is_main)
         self.collate = self.train_data.collate
         order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)
@@ -317,6 +326,8 @@ class Trainer:
         rounds = math.ceil(n / per_round)
         if recipe.eval.max_batches is not None:
             rounds = min(rounds, recipe.eval.max_batches)
+        from .data.build import eval_batch
+
         acc = _Accumulator(self.eval_metric_keys, self.objective.name)
         if self.held_out is not None:
             rounds = 0  # held-out reward of fresh samples instead of an offline loss
@@ -327,7 +338,7 @@ class Trainer:
             real = [i for i in range(start, start + batch_size) if i < n]
             # every rank runs the same number of forwards (ZeRO-3 gathers are collective): a rank with
             # no rows left runs one dummy example and gives it zero weight
-            batch = self.collate([self.eval_data[i] for i in (real or [0])])
+            batch = eval_batch(self.collate, self.eval_data, real, range(r * per_round, min(n, (r + 1) * per_round)))
             loss, metrics = self._loss(batch, train=False)
             acc.add({"loss": float(loss), **metrics}, weight=float(len(real)))
         result = acc.reduce(engine)

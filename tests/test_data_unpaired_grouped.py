@@ -336,7 +336,7 @@ def test_collate_unpaired_rows_masks_and_kl_shift(tok):
     recs, feats = _kto_features(tok)
     out = collate_unpaired(feats, pad_token_id=tok.pad_token_id)
     keys = {"input_ids", "attention_mask", "completion_mask", "desirable",
-            "kl_input_ids", "kl_attention_mask", "kl_completion_mask"}
+            "kl_input_ids", "kl_attention_mask", "kl_completion_mask", "kl_same_prompt"}
     assert set(out) == keys
     B = len(recs)
     T = max(len(f["prompt_ids"]) + len(f["completion_ids"]) for f in feats)
@@ -358,10 +358,17 @@ def test_collate_unpaired_rows_masks_and_kl_shift(tok):
         assert _completion_text(tok, kl_ids, kl_cm) == nxt.completion + tok.eos_token
         prompt_part = [t for t, c, a in zip(kl_ids, kl_cm, kl_att) if a and not c]
         assert tok.decode(prompt_part[1:]) == f"<|user|>\n{rec.prompt[0]['content']}\n<|assistant|>\n"
-    # B == 1: the only KL pair is the matched pair
+    assert out["kl_same_prompt"].tolist() == [False] * B
+    # B == 1 and nothing else to borrow from: the only KL pair is the matched pair, and it is flagged
     one = collate_unpaired(feats[:1], pad_token_id=tok.pad_token_id)
     assert torch.equal(one["kl_input_ids"], one["input_ids"])
     assert torch.equal(one["kl_completion_mask"], one["completion_mask"])
+    assert one["kl_same_prompt"].tolist() == [True]
+    # with donors (the update's other examples) the lone prompt borrows another prompt's completion
+    lent = collate_unpaired(feats[:1], pad_token_id=tok.pad_token_id, donors=feats[1:])
+    assert lent["kl_input_ids"][0].tolist()[: int(lent["kl_attention_mask"][0].sum())] == (
+        feats[0]["prompt_ids"] + feats[1]["completion_ids"])
+    assert lent["kl_same_prompt"].tolist() == [False]
     with pytest.raises(RecipeError, match="pad"):
         collate_unpaired(feats, pad_token_id=None)
 

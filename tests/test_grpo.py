@@ -33,8 +33,9 @@ def test_group_advantages_equal_scores_give_zero():
     assert adv[3].item() == pytest.approx(1.0 / (1.0 + 2e-4), rel=1e-6)
 
 
-def _reference(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation):
-    """Independent float64 loss, d loss/d logratios and d loss/d ref_logratios, token by token."""
+def _reference(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation, tokens_per_rank=None):
+    """Independent float64 loss, d loss/d logratios and d loss/d ref_logratios, token by token (``dapo``:
+    each token weighs 1 / ``tokens_per_rank``, the mean completion tokens per rank over all ranks)."""
     B, T = lr.shape
     n_tokens = mask.sum()
     loss = 0.0
@@ -44,7 +45,7 @@ def _reference(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation):
         for t in range(T):
             if not mask[b, t]:
                 continue
-            w = 1.0 / n_tokens if aggregation == "token" else 1.0 / (B * n_b)
+            w = {"token": 1.0 / n_tokens, "sequence": 1.0 / (B * n_b), "dapo": 1.0 / (tokens_per_rank or 1.0)}[aggregation]
             rho, A = math.exp(lr[b, t]), adv[b]
             clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
             x = ref_lr[b, t]
@@ -65,17 +66,20 @@ def _batch(seed=0, B=5, T=8):
     return lr, ref_lr, mask, adv
 
 
-@pytest.mark.parametrize("aggregation", ["token", "sequence"])
+@pytest.mark.parametrize("aggregation", ["token", "sequence", "dapo"])
 @pytest.mark.parametrize("beta_kl", [0.0, 0.05])
 def test_grpo_loss_and_grads_match_formula(aggregation, beta_kl):
     lr, ref_lr, mask, adv = _batch()
     lr.requires_grad_(True)
     ref_lr.requires_grad_(True)
     eps_low, eps_high = 0.1, 0.3
-    loss, metrics = grpo_loss(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation)
+    # dapo: as if the other ranks' micro-batches held more tokens (this one holds 23; mean over ranks 31.5)
+    per_rank = 31.5 if aggregation == "dapo" else None
+    loss, metrics = grpo_loss(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation, tokens_per_rank=per_rank)
     g_lr, g_ref = torch.autograd.grad(loss, [lr, ref_lr], allow_unused=True)
     exp_loss, exp_g_lr, exp_g_ref = _reference(
-        lr.detach().numpy(), mask.numpy(), adv.numpy(), eps_low, eps_high, ref_lr.detach().numpy(), beta_kl, aggregation
+        lr.detach().numpy(), mask.numpy(), adv.numpy(), eps_low, eps_high, ref_lr.detach().numpy(), beta_kl, aggregation,
+        per_rank,
     )
     assert loss.item() == pytest.approx(exp_loss, rel=1e-12)
     np.testing.assert_allclose(g_lr.numpy(), exp_g_lr, rtol=1e-10, atol=1e-15)

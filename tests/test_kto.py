@@ -203,15 +203,54 @@ def test_z0_two_processes_equals_single_process(tmp_path):
 def test_mismatched_pairs_circular_shift():
     prompts = [[1, 2], [3], [4, 5, 6]]
     completions = [[10], [11, 12], [13, 14, 15]]
-    shifted_prompts, shifted_completions = mismatched_pairs(prompts, completions)
+    shifted_prompts, shifted_completions, same = mismatched_pairs(prompts, completions)
     assert shifted_prompts == prompts
     assert shifted_completions == [[11, 12], [13, 14, 15], [10]]
+    assert same == [False, False, False]
     shifted_completions[0].append(99)  # copies, not views of the input
     assert completions[1] == [11, 12]
 
 
+def test_mismatched_pairs_skip_the_same_prompt():
+    """A pair's two completions sit side by side (rollouts, unshuffled pairs): each KL row skips to the
+    next completion written for another prompt, never its own prompt's."""
+    a, b = [1, 2], [3]
+    prompts = [a, a, b, b]
+    completions = [[10], [11], [12], [13]]
+    _, kl, same = mismatched_pairs(prompts, completions)
+    assert kl == [[12], [12], [10], [10]] and same == [False] * 4
+
+
+def test_mismatched_pairs_one_prompt_borrows_from_donors():
+    a = [1, 2]
+    donors = [([3], [20]), (a, [21]), ([4], [22])]
+    _, kl, same = mismatched_pairs([a, a], [[10], [11]], donors=donors)
+    # row 0 scans the donors from 0, row 1 from 1 (skipping a's own completion 21)
+    assert kl == [[20], [22]] and same == [False, False]
+    # nothing to borrow: the matched shift, flagged
+    _, kl, same = mismatched_pairs([a, a], [[10], [11]], donors=[(a, [21])])
+    assert kl == [[11], [10]] and same == [True, True]
+
+
+def test_mismatched_pairs_zero_weight_examples_lend_nothing():
+    """A pair under the score threshold (weight 0) is dropped, as the authors do: no KL row borrows it."""
+    prompts = [[1], [1], [2], [2], [3], [3]]
+    completions = [[10], [11], [12], [13], [14], [15]]
+    _, kl, _ = mismatched_pairs(prompts, completions, weights=[1, 1, 0, 0, 1, 1])
+    assert kl[0] == [14] and kl[1] == [14] and kl[4] == [10] and kl[5] == [10]
+
+
+def test_z0_leaves_out_zero_weight_rows():
+    kl, mask = _kl_batch()
+    weights = torch.tensor([1.0, 0.0, 0.0, 0.0, 1.0, 0.0])
+    expected = _z0_by_hand(kl[weights > 0], mask[weights > 0])
+    assert expected != pytest.approx(_z0_by_hand(kl, mask))  # the test can tell the difference
+    assert kto_reference_point(kl, mask, weights=weights).item() == pytest.approx(expected)
+    assert kto_reference_point(kl, mask, weights=torch.zeros(6)).item() == 0.0
+
+
 def test_mismatched_pairs_edge_cases():
-    assert mismatched_pairs([[1]], [[2]]) == ([[1]], [[2]])
-    assert mismatched_pairs([], []) == ([], [])
+    assert mismatched_pairs([[1]], [[2]]) == ([[1]], [[2]], [True])
+    assert mismatched_pairs([], []) == ([], [], [])
     with pytest.raises(ValueError):
         mismatched_pairs([[1], [2]], [[3]])

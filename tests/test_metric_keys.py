@@ -62,7 +62,8 @@ def _make_inputs(name, transform):
     batch = {}
     if name == "kto":
         batch = {"kl_input_ids": torch.zeros(rows, length, dtype=torch.long), "kl_attention_mask": torch.ones(rows, length),
-                 "kl_completion_mask": mask.clone(), "desirable": torch.tensor([True, False, True, False])}
+                 "kl_completion_mask": mask.clone(), "desirable": torch.tensor([True, False, True, False]),
+                 "kl_same_prompt": torch.tensor([False, False, True, False])}
     if name == "grpo":
         batch = {"scores": torch.tensor([1.0, 0.0, 0.5, 0.2]), "group_ids": torch.tensor([0, 0, 1, 1])}
     log_ratios, _ = transform(policy, reference, mask)

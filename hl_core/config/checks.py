@@ -16,12 +16,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks (the
     checkpoint to resume is checked against it, else against ``WORLD_SIZE`` from the launcher, else 1)."""
     hl = recipe.humanline
-    if hl.sync_every is not None and recipe.train.cache_reference_logps:
-        raise RecipeError(
-            "`train.cache_reference_logps: true` cannot be combined with `humanline.sync_every` "
-            f"({hl.sync_every}): syncing changes the reference, so cached reference log-probs go stale. "
-            "Fix: set `train.cache_reference_logps=false`, or `humanline.sync_every=null` for a frozen reference."
-        )
     if recipe.engine.name == "megatron":
         import importlib.util
 
@@ -53,6 +47,12 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
         )
     reward = recipe.rollout.reward
+    if recipe.rollout.group != "all" and recipe.objective.name != "grpo":
+        raise RecipeError(
+            f"`rollout.group: {recipe.rollout.group}` shapes GRPO groups, but `objective.name` is "
+            f"`{recipe.objective.name}` (online DPO/KTO always take the best-vs-worst pair). Fix: remove "
+            "`rollout.group` (or set it to `all`)."
+        )
     if recipe.rollout.every is not None or recipe.eval.held_out == "reward":
         if reward.kind == "reward_model" and not reward.model:
             raise RecipeError(
@@ -62,11 +62,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         if reward.kind == "callable" and not reward.function:
             raise RecipeError(
                 "`rollout.reward.kind: callable` needs `rollout.reward.function` (`package.module:function`)."
-            )
-        if recipe.train.cache_reference_logps:
-            raise RecipeError(
-                "`train.cache_reference_logps` cannot be used with rollouts (`rollout.every`): completions are new "
-                "every rollout. Fix: set `train.cache_reference_logps=false`."
             )
     if recipe.eval.every is not None and recipe.data.eval is None and recipe.data.eval_fraction == 0.0:
         raise RecipeError(

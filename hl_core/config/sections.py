@@ -158,10 +158,19 @@ class GRPOObjective(_Section):
         description="Weight of the k3 KL penalty against the reference (MATH: 1e-4). At 0, standard rollout GRPO "
         "(ratio against the behaviour policy) builds no reference model.",
     )
-    aggregation: Literal["token", "sequence"] = Field(
-        "token", description="`token`: sum over completion tokens / their count; `sequence`: mean of per-sequence means."
+    aggregation: Literal["token", "sequence", "dapo"] = Field(
+        "token", description="`token`: sum over the micro-batch's completion tokens / their count (HALOs); "
+        "`sequence`: mean of per-sequence means; `dapo`: sum over the micro-batch's completion tokens / the mean "
+        "completion tokens per rank in that micro-batch over all ranks (the MATH runs' open-r1 `loss_type: dapo`).",
     )
-    advantage_eps: float = Field(1e-4, gt=0, description="`eps` in `(score - mean) / (std + eps)`.")
+    advantage_eps: float = Field(
+        1e-4, gt=0, description="`eps` in `(score - mean) / (std + eps)` (HALOs used 1e-2 on raw ArmoRM scores, "
+        "TRL 1e-4).",
+    )
+    advantage_std: Literal["population", "sample"] = Field(
+        "population", description="Group std in the advantage: `population` (divide by n; HALOs) or `sample` "
+        "(divide by n - 1; TRL's GRPOTrainer, the MATH runs).",
+    )
 
 
 class SFTObjective(_Section):
@@ -187,6 +196,12 @@ class HumanlineConfig(_Section):
     sync_every: Optional[int] = Field(
         None, ge=1, description="Overwrite the reference with the policy every k optimizer updates; null = never."
     )
+    sync_offset: int = Field(
+        0, ge=0,
+        description="Phase of syncing: before update n (n = updates done) when `n % sync_every == sync_offset`, "
+        "with the pre-update weights. 0 (HALOs: updates 0, k, 2k, ...); `sync_every - 1` is the open-r1 fork's "
+        "callback (after updates k, 2k, ... counted from 1). Must be smaller than `sync_every`.",
+    )
     log_eps_P: float = Field(-1.5, le=0, description="Lower clip bound on the per-token log-ratio (<= 0).")
     log_eps_R: float = Field(1.5, ge=0, description="Upper clip bound on the per-token log-ratio (>= 0).")
     gamma_P: float = Field(0.5, gt=0, description="Beta(gamma_P, beta_P) draw for the policy-side rejection test.")
@@ -205,6 +220,17 @@ class HumanlineConfig(_Section):
                 f"unknown transform `{transform}`.{did_you_mean(transform, names)} Choose one of: {', '.join(names)}"
             )
         return transform
+
+    @model_validator(mode="after")
+    def _offset_in_period(self):
+        if self.sync_offset and (self.sync_every is None or self.sync_offset >= self.sync_every):
+            period = "syncing is off (`humanline.sync_every` is null)" if self.sync_every is None else (
+                f"`humanline.sync_every` is {self.sync_every}")
+            raise ValueError(
+                f"`humanline.sync_offset` ({self.sync_offset}) must be smaller than the sync period, but {period}. "
+                "Fix: set `humanline.sync_offset` to a value in [0, sync_every), or 0 without syncing"
+            )
+        return self
 
     @property
     def enabled(self) -> bool:
@@ -269,9 +295,6 @@ class TrainConfig(_Section):
         None, ge=1,
         description="Stop this invocation after N updates with a resumable checkpoint (time-boxed jobs); "
         "rerun with `checkpoint.resume: auto` to continue.",
-    )
-    cache_reference_logps: bool = Field(
-        False, description="Precompute reference log-probs once (only valid with a frozen reference)."
     )
     logps_chunk_tokens: int = Field(
         256, ge=1,

@@ -129,6 +129,14 @@ class RewardConfig(_Section):
     )
     accuracy_weight: float = Field(1.0, description="math: weight of a correct final answer (the MATH runs used 8).")
     format_weight: float = Field(0.0, description="math: weight of the `<think>...</think><answer>...</answer>` format.")
+    format_style: Literal["lenient", "newlines"] = Field(
+        "lenient", description="math: the format rule: `lenient` (any whitespace around the tags, nothing after) or "
+        "`newlines` (the open-r1 fork's: each tag on its own line, `</answer>` at the end of a line).",
+    )
+    tag_count_weight: float = Field(
+        0.0, description="math: weight of the tag-count term (0.25 for each of `<think>\\n`, `\\n</think>\\n`, "
+        "`\\n<answer>\\n`, `\\n</answer>` occurring exactly once; the MATH runs used 1).",
+    )
     model: Optional[str] = Field(None, description="reward_model: model name or directory.")
     trust_remote_code: bool = Field(False, description="reward_model: allow its custom code (ArmoRM needs it).")
     batch_size: int = Field(16, ge=1, description="reward_model: sequences per scoring batch.")
@@ -156,7 +164,13 @@ class RolloutConfig(_Section):
     max_new_tokens: int = Field(256, ge=1, description="Generation length cap.")
     stop: List[str] = Field(default_factory=list, description="Stop strings (in addition to EOS).")
     threshold: float = Field(
-        0.01, ge=0, description="Online DPO/KTO: keep a prompt's best-vs-worst pair only when their scores differ by more."
+        0.01, ge=0, description="Online DPO/KTO (and GRPO with `group: best_worst`): keep a prompt's best-vs-worst "
+        "pair only when their scores differ by more.",
+    )
+    group: Literal["all", "best_worst"] = Field(
+        "all", description="GRPO rollouts: `all` of a prompt's samples form its group; `best_worst`: only its highest- "
+        "and lowest-scored samples, a group of two, left out (weight 0) unless their scores differ by more than "
+        "`threshold` (the authors' online GRPO on UltraFeedback labelled pairs this way).",
     )
     system_prompt: Optional[str] = Field(None, description="System message put before every prompt.")
     seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2^32 - 1); defaults to `train.seed`.")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Callable, List, Optional, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 from ..errors import DataError
 
@@ -99,6 +99,41 @@ def example_collate(recipe, tokenizer):
     """The collate function of the objective's examples (used for generated examples too)."""
     _, _, collate = DATA_KINDS[data_kind_of_objective(recipe)].functions()
     return functools.partial(collate, pad_token_id=tokenizer.pad_token_id)
+
+
+def takes_donors(collate: Callable) -> bool:
+    """Whether a collate function borrows from the rest of the data (a ``donors`` parameter: KTO's, for its
+    mismatched KL rows)."""
+    import inspect
+
+    return "donors" in inspect.signature(collate).parameters
+
+
+def collate_micro_batches(collate: Callable, micro_features: List[List[dict]], more: Sequence[dict] = ()) -> List[dict]:
+    """Collate each micro-batch of one update. A collate function that :func:`takes_donors` also gets the
+    rest of the data: the other micro-batches (the next one first, circularly), then ``more`` (e.g. other
+    ranks' examples of the same update)."""
+    if not takes_donors(collate):
+        return [collate(features) for features in micro_features]
+    n = len(micro_features)
+    return [
+        collate(micro_features[m], donors=[f for k in range(1, n) for f in micro_features[(m + k) % n]] + list(more))
+        for m in range(n)
+    ]
+
+
+def eval_batch(collate: Callable, data, real: Sequence[int], round_rows: Sequence[int]) -> dict:
+    """One rank's eval micro-batch: rows ``real``, or one dummy row (``weights`` 0: it counts in no loss,
+    metric or KTO z0) when the rank has none left. The round's other rows lend KTO's KL completions."""
+    import torch
+
+    rows = list(real) or [0]
+    taken = set(rows)
+    others = [data[i] for i in round_rows if i not in taken] if takes_donors(collate) else []
+    batch = collate_micro_batches(collate, [[data[i] for i in rows]], others)[0]
+    if not real:
+        batch["weights"] = torch.zeros(1, dtype=torch.float32)
+    return batch
 
 
 def _load(source, recipe, kind: str):

@@ -17,7 +17,7 @@ preference pairs), as is a row with both. Bad rows raise :class:`hl_core.errors.
 ``file:line`` (or ``file:row N``); rows are never dropped.
 
 Batches: :func:`collate_unpaired` also builds KTO's reference-point batch of mismatched pairs,
-``(prompt_i, completion_{(i+1) mod B})`` (:func:`hl_core.objectives.kto.mismatched_pairs`).
+each prompt with a completion written for a different prompt (:func:`hl_core.objectives.kto.mismatched_pairs`).
 """
 
 from __future__ import annotations
@@ -187,14 +187,18 @@ def _cap_completion(prompt: List[int], completion: List[int], max_length: Option
 
 
 def collate_unpaired(
-    features: List[Dict[str, Any]], pad_token_id: int, max_length: Optional[int] = None
+    features: List[Dict[str, Any]], pad_token_id: int, max_length: Optional[int] = None,
+    donors: Optional[List[Dict[str, Any]]] = None,
 ) -> Dict[str, "torch.Tensor"]:
     """Right-pad B tokenized examples; also build the KTO reference-point (KL) batch.
 
     Returns long ``[B, T]`` ``input_ids`` / ``attention_mask`` / ``completion_mask`` (row i = prompt_i +
     completion_i), bool ``[B]`` ``desirable``, and long ``[B, T_kl]`` ``kl_input_ids`` /
-    ``kl_attention_mask`` / ``kl_completion_mask`` where KL row i = prompt_i + completion_{(i+1) mod B}
-    (with B == 1 that is the matched pair). Length cap of the KL rows: ``max_length`` when given, else the
+    ``kl_attention_mask`` / ``kl_completion_mask`` where KL row i = prompt_i + a completion of another
+    prompt (:func:`hl_core.objectives.kto.mismatched_pairs`: the micro-batch first, then ``donors``, the
+    features of the rest of the rank's / the update's data; zero-``weight`` features lend nothing), and
+    bool ``[B]`` ``kl_same_prompt``: True where no other prompt's completion existed. Length cap of the KL
+    rows: ``max_length`` when given, else the
     smallest ``"max_length"`` stored in the features by :func:`tokenize_unpaired` (none: no cap); a KL
     completion that does not fit is cut after the prompt, keeping its final EOS.
     """
@@ -215,7 +219,9 @@ def collate_unpaired(
         pad_token_id,
     )
     out["desirable"] = torch.tensor([bool(f["desirable"]) for f in features], dtype=torch.bool)
-    kl_prompts, kl_completions = mismatched_pairs(prompts, completions)
+    weights = [f.get("weight", 1.0) for f in features]
+    pool = [(f["prompt_ids"], f["completion_ids"]) for f in donors or () if f.get("weight", 1.0) > 0]
+    kl_prompts, kl_completions, same_prompt = mismatched_pairs(prompts, completions, weights, pool)
     kl_completions = [_cap_completion(p, c, max_length) for p, c in zip(kl_prompts, kl_completions)]
     kl = pad_right(
         [p + c for p, c in zip(kl_prompts, kl_completions)],
@@ -223,6 +229,7 @@ def collate_unpaired(
         pad_token_id,
     )
     out.update({f"kl_{k}": v for k, v in kl.items()})
+    out["kl_same_prompt"] = torch.tensor(same_prompt, dtype=torch.bool)
     return out
 
 

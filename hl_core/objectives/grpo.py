@@ -1,10 +1,14 @@
 """GRPO over (already humanline-transformed) per-token log-ratios.
 
-* advantages, per prompt group: ``A = (score - mean(group)) / (std(group) + eps)``, population std;
+* advantages, per prompt group: ``A = (score - mean(group)) / (std(group) + eps)``, population std (or the
+  sample std, ``advantage_std: sample``, as TRL's GRPOTrainer computes it);
 * ``rho = exp(d_hl)``; ``per_token = -min(rho * A, clamp(rho, 1 - eps_low, 1 + eps_high) * A) + beta_kl * k3``
   with ``k3 = exp(lp_ref - lp_pol) - (lp_ref - lp_pol) - 1`` on the *unclamped* log-ratio;
 * aggregation ``"token"``: sum over all completion tokens / number of completion tokens;
-  ``"sequence"``: mean over each sequence's tokens, then mean over sequences.
+  ``"sequence"``: mean over each sequence's tokens, then mean over sequences; ``"dapo"``: sum over the
+  micro-batch's completion tokens / the mean number of completion tokens per rank in this micro-batch over
+  all ranks (the open-r1 fork's ``loss_type: dapo``, which the MATH runs used); on one rank it equals
+  ``"token"``.
 
 In humanline GRPO the ratio is clipped twice: in log space upstream (``hl_core.humanline``), then by
 the PPO clip here.
@@ -12,11 +16,13 @@ the PPO clip here.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Dict, Optional, Tuple
 
 import torch
 
-AGGREGATIONS = ("token", "sequence")
+AGGREGATIONS = ("token", "sequence", "dapo")
+ADVANTAGE_STDS = ("population", "sample")
 
 # every metric ``grpo_batch_loss`` reports (``kl/mean`` only when the run has a reference)
 METRIC_KEYS = (
@@ -25,12 +31,17 @@ METRIC_KEYS = (
 )
 
 
-def group_advantages(scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4) -> torch.Tensor:
-    """``(score - mean(group)) / (std(group) + eps)`` per group, population std (``unbiased=False``).
+def group_advantages(
+    scores: torch.Tensor, group_ids: torch.Tensor, eps: float = 1e-4, std: str = "population"
+) -> torch.Tensor:
+    """``(score - mean(group)) / (std(group) + eps)`` per group; ``std``: ``"population"`` (divide the
+    squared deviations by n) or ``"sample"`` (by n - 1).
 
     ``group_ids`` are arbitrary ints (one per score, not necessarily contiguous or sorted); a group
     of one gets advantage 0.
     """
+    if std not in ADVANTAGE_STDS:
+        raise ValueError(f"std must be one of {ADVANTAGE_STDS}, got {std!r}")
     scores = torch.as_tensor(scores)
     if not scores.is_floating_point():
         scores = scores.to(torch.get_default_dtype())
@@ -46,7 +57,8 @@ def group_advantages(scores: torch.Tensor, group_ids: torch.Tensor, eps: float =
     )
     means = torch.zeros_like(counts).index_add_(0, index, work) / counts
     centred = work - means[index]
-    variances = torch.zeros_like(counts).index_add_(0, index, centred * centred) / counts
+    divisor = counts if std == "population" else (counts - 1.0).clamp(min=1.0)
+    variances = torch.zeros_like(counts).index_add_(0, index, centred * centred) / divisor
     advantages = centred / (variances.sqrt()[index] + eps)
     return advantages.to(scores.dtype).reshape(scores.shape)
 
@@ -65,12 +77,14 @@ def grpo_loss(
     ref_logratios: Optional[torch.Tensor] = None,
     beta_kl: float = 0.0,
     aggregation: str = "token",
+    tokens_per_rank: Optional[float] = None,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Clipped-surrogate GRPO loss (see the module docstring) over ``[B, T]`` log-ratios.
 
     ``logratios``: the transformed log-ratios ``d_hl`` (against the synced reference in humanline,
     the behaviour policy otherwise); ``advantages``: ``[B]``; ``ref_logratios``: the unclamped
-    ``lp_pol - lp_ref`` for the KL penalty, required when ``beta_kl > 0``.
+    ``lp_pol - lp_ref`` for the KL penalty, required when ``beta_kl > 0``; ``tokens_per_rank``: the
+    ``"dapo"`` normaliser (:func:`mean_tokens_per_rank`; the local token count when None).
 
     Returns ``(loss, metrics)``; metrics hold the PPO clip fractions (``clip/low_frac``: ``rho <
     1 - eps_low`` with ``A < 0``; ``clip/high_frac``: ``rho > 1 + eps_high`` with ``A > 0``; and
@@ -99,8 +113,10 @@ def grpo_loss(
     per_token = per_token * mask_f
 
     tokens_per_seq = mask_f.sum(dim=-1)
-    if aggregation == "token":
+    if aggregation == "token" or (aggregation == "dapo" and tokens_per_rank is None):
         loss = per_token.sum() / tokens_per_seq.sum().clamp(min=1.0)
+    elif aggregation == "dapo":
+        loss = per_token.sum() / max(float(tokens_per_rank), 1.0)
     else:
         loss = (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)).mean()
 
@@ -128,6 +144,19 @@ def grpo_loss(
     return loss, metrics
 
 
+def mean_tokens_per_rank(local_tokens: float, group: Optional[object] = None) -> float:
+    """The ``"dapo"`` normaliser: completion tokens summed over all ranks / the number of ranks (tensor- or
+    pipeline-parallel peers hold the same micro-batch, so they leave this mean unchanged). One all-reduce
+    when ``torch.distributed`` is initialised; else ``local_tokens``."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return float(local_tokens)
+    backend = torch.distributed.get_backend(group)
+    device = torch.device("cuda", torch.cuda.current_device()) if backend == "nccl" else torch.device("cpu")
+    total = torch.tensor([float(local_tokens)], dtype=torch.float64, device=device)
+    torch.distributed.all_reduce(total, op=torch.distributed.ReduceOp.SUM, group=group)
+    return float(total.item()) / torch.distributed.get_world_size(group)
+
+
 def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Trainer entry point for a batch of whole prompt groups (``scores``, ``group_ids``).
 
@@ -137,20 +166,49 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     term always uses the unclamped ``lp_pol - lp_ref``.
     """
     batch, mask = inputs.batch, inputs.mask
+    weights = batch.get("weights")  # per group: 0 for a best/worst pair under the threshold, a dummy eval batch
+    if weights is not None:
+        keep = weights.to(batch["group_ids"].device)[batch["group_ids"]] > 0
+        if not bool(keep.all()):
+            return _kept_rows_loss(objective_cfg, inputs, keep.to(mask.device))
     advantages = group_advantages(
-        batch["scores"].to(inputs.policy_logps.device), batch["group_ids"], eps=objective_cfg.advantage_eps
+        batch["scores"].to(inputs.policy_logps.device), batch["group_ids"], eps=objective_cfg.advantage_eps,
+        std=objective_cfg.advantage_std,
     )
     if "old_logps" in batch and not inputs.humanline_active:
         logratios = (inputs.policy_logps - batch["old_logps"].to(inputs.policy_logps.device)) * mask
     else:
         logratios = inputs.log_ratios
     ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask if inputs.has_reference else None
+    tokens_per_rank = None
+    if objective_cfg.aggregation == "dapo":
+        tokens_per_rank = mean_tokens_per_rank(float(mask.sum()))
     loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
         ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,
+        tokens_per_rank=tokens_per_rank,
     )
     with torch.no_grad():
         # reference-free: advantage-weighted mean per-token log-prob (rises as better completions gain mass)
         per_token = (inputs.policy_logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
         metrics["policy/adv_logp"] = float((advantages.to(per_token.dtype) * per_token).mean())
     return loss, metrics
+
+
+def _kept_rows_loss(objective_cfg, inputs, keep: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, float]]:
+    """``grpo_batch_loss`` over the rows of groups with positive weight only (the others are dropped, as the
+    authors drop pairs under the score threshold). With none left: a zero loss that keeps the graph (every rank
+    runs the same backward), no metrics, and this rank's share of the ``dapo`` all-reduce (0 tokens)."""
+    if not bool(keep.any()):
+        if objective_cfg.aggregation == "dapo":
+            mean_tokens_per_rank(0.0)
+        return (inputs.log_ratios * 0.0).sum(), {}
+    rows = keep.nonzero().reshape(-1)
+    batch = {k: (v[rows.to(v.device)] if k in _ROW_KEYS else v) for k, v in inputs.batch.items() if k != "weights"}
+    kept = replace(inputs, batch=batch, policy_logps=inputs.policy_logps[rows], ref_logps=inputs.ref_logps[rows],
+                   mask=inputs.mask[rows], log_ratios=inputs.log_ratios[rows])
+    return grpo_batch_loss(objective_cfg, kept)
+
+
+# per-row tensors of a grouped batch (``scores`` and ``group_ids`` included)
+_ROW_KEYS = ("input_ids", "attention_mask", "completion_mask", "scores", "group_ids", "old_logps")

@@ -6,7 +6,7 @@
 * undesirable: ``w_U * (1 - sigmoid(beta * (z0 - r)))``
 
 and the loss is the mean over the micro-batch. ``z0`` comes from ``kto_reference_point`` over the
-mismatched pairs ``(x_i, y_{(i+1) mod B})`` built by ``mismatched_pairs``.
+mismatched pairs built by ``mismatched_pairs``: each prompt with a completion written for another prompt.
 """
 
 from __future__ import annotations
@@ -21,41 +21,75 @@ from .dpo import sequence_logratio
 # every metric ``kto_batch_loss`` reports; the per-kind rewards and ``policy/margin`` only when the batch
 # holds that kind (both kinds), so some micro-batches leave them out
 METRIC_KEYS = (
-    "kto/z0", "count/desirable", "count/undesirable", "rewards/desirable", "rewards/undesirable", "policy/margin",
+    "kto/z0", "kto/kl_same_prompt_frac", "count/desirable", "count/undesirable", "rewards/desirable",
+    "rewards/undesirable", "policy/margin",
 )
 
 
-def mismatched_pairs(
-    prompt_ids: Sequence[Sequence[int]], completion_ids: Sequence[Sequence[int]]
-) -> Tuple[List[List[int]], List[List[int]]]:
-    """Circular shift of the completions: pair ``i`` is ``(x_i, y_{(i+1) mod B})``.
+def _pick_mismatched(prompt: Sequence[int], candidates: Sequence[Tuple[Sequence[int], Sequence[int]]],
+                     start: int) -> Optional[Sequence[int]]:
+    """The first completion of ``candidates`` (scanned circularly from ``start``) whose prompt differs."""
+    n = len(candidates)
+    for k in range(n):
+        other_prompt, completion = candidates[(start + k) % n]
+        if list(other_prompt) != list(prompt):
+            return completion
+    return None
 
-    ``prompt_ids[i]`` / ``completion_ids[i]`` are the token ids of example ``i`` of the local
-    micro-batch. Returns ``(prompts, shifted_completions)`` as new lists of lists, ready to be
-    tokenised into the KL batch whose log-ratios feed ``kto_reference_point``. With ``B == 1`` the
-    only pair is the matched pair ``(x_0, y_0)``.
+
+def mismatched_pairs(
+    prompt_ids: Sequence[Sequence[int]],
+    completion_ids: Sequence[Sequence[int]],
+    weights: Optional[Sequence[float]] = None,
+    donors: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
+) -> Tuple[List[List[int]], List[List[int]], List[bool]]:
+    """KL row ``i`` pairs prompt ``x_i`` with a completion written for a *different* prompt.
+
+    ``prompt_ids[i]`` / ``completion_ids[i]`` are the token ids of example ``i`` of the local micro-batch.
+    Row ``i`` takes the first ``y_j`` of the micro-batch, scanning ``j = i+1, i+2, ...`` circularly, whose
+    prompt differs from ``x_i`` (with distinct prompts this is the circular shift ``y_{(i+1) mod B}``);
+    when every other example of the micro-batch shares ``x_i`` (one prompt per micro-batch: an online
+    best/worst pair, or a pair's two halves side by side), it scans ``donors``, ``(prompt, completion)``
+    pairs from the rest of the rank's / the update's data, from position ``i``. Examples with weight 0
+    (``weights``) never lend their completion: the authors drop such pairs. Only when no completion of
+    another prompt exists anywhere does row ``i`` fall back to ``y_{(i+1) mod B}``, and ``same_prompt[i]``
+    says so. Returns ``(prompts, kl_completions, same_prompt)``.
     """
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(
             f"need one completion per prompt, got {len(prompt_ids)} prompts and {len(completion_ids)} completions"
         )
     n = len(prompt_ids)
+    weights = [1.0] * n if weights is None else [float(w) for w in weights]
     prompts = [list(p) for p in prompt_ids]
-    shifted = [list(completion_ids[(i + 1) % n]) for i in range(n)]
-    return prompts, shifted
+    kl_completions, same_prompt = [], []
+    for i in range(n):
+        in_batch = [(prompt_ids[j], completion_ids[j]) for j in ((i + k) % n for k in range(1, n)) if weights[j] > 0]
+        pick = _pick_mismatched(prompt_ids[i], in_batch, 0)
+        if pick is None and donors:
+            pick = _pick_mismatched(prompt_ids[i], donors, i)
+        same_prompt.append(pick is None)
+        kl_completions.append(list(completion_ids[(i + 1) % n] if pick is None else pick))
+    return prompts, kl_completions, same_prompt
 
 
 def kto_reference_point(
-    kl_logratios: torch.Tensor, kl_mask: torch.Tensor, group: Optional[object] = None
+    kl_logratios: torch.Tensor, kl_mask: torch.Tensor, group: Optional[object] = None,
+    weights: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """``z0 = max(0, sum_ranks sum_b s_b / #{b over ranks: s_b != 0})`` with ``s_b = sum_t d_KL[b, t]``.
 
     ``kl_logratios`` are the (already transformed) per-token log-ratios ``[B, T]`` of the mismatched
-    pairs. The sum and the count are all-reduced over ``group`` when ``torch.distributed`` is
-    initialised. Returns a detached 0-dim tensor (0 when no sequence has a non-zero sum).
+    pairs. Rows whose example has weight 0 (``weights``, ``[B]``: online pairs under the score threshold,
+    dummy eval rows) count in neither the sum nor the count. The sum and the count are all-reduced over
+    ``group`` when ``torch.distributed`` is initialised. Returns a detached 0-dim tensor (0 when no
+    sequence has a non-zero sum).
     """
     with torch.no_grad():
         seq_sums = sequence_logratio(kl_logratios.detach(), kl_mask).to(torch.float64)
+        if weights is not None:
+            keep = weights.to(device=seq_sums.device).reshape(-1) > 0
+            seq_sums = torch.where(keep, seq_sums, torch.zeros_like(seq_sums))
         stats = torch.stack([seq_sums.sum(), (seq_sums != 0).to(torch.float64).sum()])
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM, group=group)
@@ -114,13 +148,20 @@ def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
         kl_reference = inputs.token_logps(kl_batch, "reference")
         kl_mask = batch["kl_completion_mask"].to(device=kl_policy.device, dtype=kl_policy.dtype)
         kl_logratios, _ = inputs.transform(kl_policy, kl_reference, kl_mask)
-    z0 = kto_reference_point(kl_logratios, kl_mask)
+    weights = batch.get("weights")
+    z0 = kto_reference_point(kl_logratios, kl_mask, weights=weights)
     loss, metrics = kto_loss(
         inputs.log_ratios, inputs.mask, batch["desirable"], z0, beta=objective_cfg.beta,
         desirable_weight=objective_cfg.desirable_weight, undesirable_weight=objective_cfg.undesirable_weight,
-        weights=batch.get("weights"),
+        weights=weights,
     )
     with torch.no_grad():
+        same = batch.get("kl_same_prompt")
+        counted = torch.ones(inputs.mask.shape[0], dtype=torch.bool) if weights is None else weights.cpu() > 0
+        if same is not None and counted.any():
+            # > 0 when no completion of another prompt existed in the micro-batch, the rank's or the update's
+            # data: those KL rows pair a prompt with its own completion (z0 is then no KL estimate)
+            metrics["kto/kl_same_prompt_frac"] = float(same.cpu()[counted].float().mean())
         desirable = batch["desirable"].to(inputs.mask.device).bool()
         per_token = sequence_logratio(inputs.policy_logps, inputs.mask) / inputs.mask.sum(-1).clamp(min=1)
         if desirable.any() and (~desirable).any():

@@ -6,7 +6,8 @@ update consumes its share, so with ``every = N`` the samples of update ``n + k``
 stale (the paper's "64x sparser" shape). What a prompt's samples become depends on the objective's
 data kind:
 
-* grouped (GRPO): one group = the prompt's generations with their scores;
+* grouped (GRPO): one group = the prompt's generations with their scores (``rollout.group: best_worst``: only
+  the best and the worst, weight 0 unless their scores differ by more than ``rollout.threshold``);
 * paired (DPO): best vs worst generation, kept (weight 1) when their scores differ by more than
   ``rollout.threshold``, else carried with weight 0;
 * unpaired (KTO): the same best (desirable) and worst (undesirable) pair as two examples.
@@ -23,6 +24,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..data.build import collate_micro_batches
 from .generation import build_sampler, prompt_seed
 from .heldout import check_prompts_have_references
 from .rewards import best_and_worst, build_reward
@@ -72,7 +74,7 @@ class RolloutSource:
         last = min(step + self.cfg.every, self.recipe.train.max_steps)
         scores_all, lengths, kept = [], [], []
         for future in range(step, last):
-            batches = []
+            micro_features = []
             for micro_index in range(self.engine.gradient_accumulation_steps):
                 features, info = self._examples(
                     list(self.engine.micro_batch_positions(future, micro_index, self.recipe.train.micro_batch_size)),
@@ -80,13 +82,15 @@ class RolloutSource:
                 scores_all += info["scores"]
                 lengths += info["lengths"]
                 kept += info["kept"]
-                batch = self.collate(features)
-                if self.data_kind in ("paired", "unpaired"):
+                micro_features.append(features)
+            # KTO's KL rows may borrow completions of the update's other micro-batches on this rank
+            batches = collate_micro_batches(self.collate, micro_features)
+            for features, batch in zip(micro_features, batches):
+                if "weight" in features[0]:  # per pair / example / group
                     batch["weights"] = torch.tensor([f["weight"] for f in features], dtype=torch.float32)
                 if self.needs_old_logps:
                     with torch.no_grad():
                         batch["old_logps"] = self.engine.token_logps(batch, "policy", self.logps_temperature).detach()
-                batches.append(batch)
             self.buffer[future] = batches
         metrics.update(
             rollout=True, rollout_time_s=time.perf_counter() - start,
@@ -129,6 +133,8 @@ class RolloutSource:
         features, kept, lengths = [], [], []
         n = self.cfg.num_generations
         build = EXAMPLE_BUILDERS[self.data_kind]
+        if self.data_kind == "grouped" and self.cfg.group == "best_worst":
+            build = _best_worst_group_examples
         for g, (feature, completions) in enumerate(groups):
             lengths += [len(c) for c in completions]
             kept += build(features, feature["prompt_ids"], completions, scores[g * n : (g + 1) * n], self.cfg.threshold)
@@ -150,6 +156,19 @@ def _group_examples(out: list, prompt_ids, completions, scores, threshold) -> li
         "scores": list(scores),
     })
     return []
+
+
+def _best_worst_group_examples(out: list, prompt_ids, completions, scores, threshold) -> list:
+    """GRPO, ``rollout.group: best_worst``: the best and worst generations as a group of two; weight 0 unless
+    their scores differ by more than ``threshold``."""
+    best, worst, keep = best_and_worst(scores, threshold)
+    out.append({
+        "input_ids": [prompt_ids + completions[i] for i in (best, worst)],
+        "completion_mask": [[0] * len(prompt_ids) + [1] * len(completions[i]) for i in (best, worst)],
+        "scores": [scores[best], scores[worst]],
+        "weight": float(keep),
+    })
+    return [float(keep)]
 
 
 def _pair_examples(out: list, prompt_ids, completions, scores, threshold) -> list:

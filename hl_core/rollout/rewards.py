@@ -78,26 +78,48 @@ def math_correct(completion: str, reference: Optional[str]) -> bool:
         return False
 
 
-def format_ok(completion: str) -> bool:
-    """``<think>...</think><answer>...</answer>`` and nothing else (the MATH runs' format term)."""
-    return bool(isinstance(completion, str) and _FORMAT.match(completion))
+def format_ok(completion: str, style: str = "lenient") -> bool:
+    """The MATH runs' format term. ``lenient``: ``<think>...</think><answer>...</answer>`` with any whitespace
+    around the tags and nothing else. ``newlines``: the open-r1 fork's rule, each tag on its own line
+    (``<think>\n...\n</think>\n<answer>\n...\n</answer>``), the answer's closing tag at the end of a line."""
+    if not isinstance(completion, str):
+        return False
+    if style == "newlines":
+        return bool(_FORMAT_NEWLINES.match(completion))
+    return bool(_FORMAT.match(completion))
+
+
+_FORMAT_NEWLINES = re.compile(r"<think>\n.*?\n</think>\n<answer>\n.*?\n</answer>$", re.DOTALL | re.MULTILINE)
+# the four markers the open-r1 fork's tag-count term looks for, each worth 0.25 when it occurs exactly once
+TAG_MARKERS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
+
+
+def tag_count(completion: str) -> float:
+    """0.25 for each of :data:`TAG_MARKERS` that occurs exactly once in ``completion`` (0 to 1)."""
+    if not isinstance(completion, str):
+        return 0.0
+    return 0.25 * sum(completion.count(marker) == 1 for marker in TAG_MARKERS)
 
 
 class MathReward:
-    """``accuracy_weight * [answer == reference] + format_weight * [<think>/<answer> format]``."""
+    """``accuracy_weight * [answer == reference] + format_weight * [format] + tag_count_weight * tag_count``."""
 
     needs_reference = True
 
     def __init__(self, cfg):
         self.accuracy_weight = cfg.accuracy_weight
         self.format_weight = cfg.format_weight
+        self.format_style = cfg.format_style
+        self.tag_count_weight = cfg.tag_count_weight
 
     def __call__(self, prompts, completions, references) -> List[float]:
         scores = []
         for completion, reference in zip(completions, references):
             score = self.accuracy_weight * float(math_correct(completion, reference))
             if self.format_weight:
-                score += self.format_weight * float(format_ok(completion))
+                score += self.format_weight * float(format_ok(completion, self.format_style))
+            if self.tag_count_weight:
+                score += self.tag_count_weight * tag_count(completion)
             scores.append(score)
         return scores
 

@@ -1,58 +1,73 @@
 """`data.packing: true` against padded micro-batches through the real trainer and DeepSpeed engine: the same
 per-update losses, gradient norms and every other metric within 1e-5 (fp32, CPU) for DPO, KTO, GRPO on offline
-groups and on rollouts, and SFT, with humanline clipping and syncing on; one process and two ZeRO-3 processes.
-The megatron engine refuses packing with the reason."""
+groups and on rollouts, and SFT, with humanline clipping and syncing on; one process and two ZeRO-3 processes
+(`tests/distributed/packing_parity.py` runs both modes from the same start in one process per rank). The
+megatron engine refuses packing with the reason."""
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
+import sys
 
 import pytest
 
-from helpers import REPO, read_jsonl, run_recipe
+from helpers import REPO, _env, free_port
 from launchers.run import main
 
-TINY = REPO / "recipes" / "tiny"
-SHORT = ["train.max_steps=3", "eval.every=null", "checkpoint.save_every=null", "checkpoint.save_final=false"]
-TIMING = ("step_time_s", "sync_time_s", "rollout_time_s", "train_time_s", "tokens_per_s")
+WORKER = REPO / "tests" / "distributed" / "packing_parity.py"
+SINGLE = [
+    "recipes/tiny/humanline_dpo.yaml",
+    "recipes/tiny/humanline_kto.yaml",
+    "recipes/tiny/humanline_grpo.yaml",
+    "recipes/tiny/humanline_sparse_grpo_math.yaml|rollout.every=1",
+    "recipes/repro/warmup.yaml|train.micro_batch_size=16,data.max_length=24",  # bins of 24: two rows each
+]
 
 
-def _metrics(recipe, overrides, out, nproc=1):
-    run_recipe(recipe, [*SHORT, *overrides, f"output_dir={out}"], nproc=nproc)
-    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_jsonl(out / "metrics.jsonl")]
+def _run(specs, tmp_path, nproc=1):
+    out = tmp_path / "parity.json"
+    launcher = [sys.executable] if nproc == 1 else [
+        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
+    proc = subprocess.run([*launcher, str(WORKER), str(out), *specs], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=900)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return json.loads(out.read_text())
 
 
-def _assert_same(padded, packed):
+def _assert_same(modes, name):
+    """Equal metrics, and the packed run really packed (every forward, fewer rows than the padded batch at least
+    once) while the padded one never did."""
+    padded, packed = modes["padded"], modes["packed"]
+    assert modes["padded_forwards"] == [] and modes["packed_forwards"], name
+    assert any(bins < rows for rows, bins in modes["packed_forwards"]), name
     assert len(padded) == len(packed) == 3
     for a, b in zip(padded, packed):
-        assert a.keys() == b.keys()
+        assert a.keys() == b.keys(), name
         for key, value in a.items():
             if isinstance(value, float) and not math.isnan(value):
-                assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-5), (a["step"], key)
+                assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-5), (name, a["step"], key)
             else:
-                assert b[key] == value, (a["step"], key)
+                assert b[key] == value, (name, a["step"], key)
 
 
-@pytest.mark.parametrize("recipe, overrides", [
-    (TINY / "humanline_dpo.yaml", []),
-    (TINY / "humanline_kto.yaml", []),
-    (TINY / "humanline_grpo.yaml", []),
-    (TINY / "humanline_sparse_grpo_math.yaml", ["rollout.every=1"]),
-    (REPO / "recipes" / "repro" / "warmup.yaml", ["train.micro_batch_size=16"]),
-], ids=["dpo", "kto", "grpo_groups", "grpo_rollouts", "sft"])
-def test_packed_equals_padded(recipe, overrides, tmp_path):
-    padded = _metrics(recipe, overrides, tmp_path / "padded")
-    packed = _metrics(recipe, [*overrides, "data.packing=true"], tmp_path / "packed")
-    _assert_same(padded, packed)
+def test_packed_equals_padded_one_process(tmp_path):
+    results = _run(SINGLE, tmp_path)
+    assert len(results) == len(SINGLE)
+    for name, modes in results.items():
+        _assert_same(modes, name)
+    # the runs train: humanline DPO's loss moves over its three updates
+    dpo = results["humanline_dpo"]["padded"]
+    assert dpo[0]["loss"] != dpo[-1]["loss"]
 
 
 def test_packed_equals_padded_zero3_two_processes(tmp_path):
-    overrides = ["engine.zero_stage=3"]
-    padded = _metrics(TINY / "humanline_dpo.yaml", overrides, tmp_path / "padded", nproc=2)
-    packed = _metrics(TINY / "humanline_dpo.yaml", [*overrides, "data.packing=true"], tmp_path / "packed", nproc=2)
-    _assert_same(padded, packed)
+    results = _run(["recipes/tiny/humanline_dpo.yaml|engine.zero_stage=3"], tmp_path, nproc=2)
+    modes = next(iter(results.values()))
+    _assert_same(modes, "zero3")
 
 
 def test_megatron_refuses_packing(capsys):
-    assert main([str(TINY / "megatron_humanline_dpo.yaml"), "--validate", "data.packing=true"]) == 2
+    assert main([str(REPO / "recipes" / "tiny" / "megatron_humanline_dpo.yaml"), "--validate", "data.packing=true"]) == 2
     assert "Transformer Engine" in capsys.readouterr().err

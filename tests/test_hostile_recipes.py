@@ -187,6 +187,7 @@ def _fake_checkpoint(root: Path, files, latest=True) -> Path:
     step.mkdir(parents=True)
     for name in files:
         (step / name).write_text("")
+    (step / "complete.json").write_text("{}")
     if latest:
         (root / "checkpoints" / "latest").write_text("step_3")
     return step

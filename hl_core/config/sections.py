@@ -267,6 +267,14 @@ class TrainConfig(_Section):
     cache_reference_logps: bool = Field(
         False, description="Precompute reference log-probs once (only valid with a frozen reference)."
     )
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="A non-finite loss, gradient or log-ratio in an update: `stop` (save nothing from it, keep the "
+        "last good checkpoint, exit code 3) or `skip` (no optimizer step, the update counted as skipped).",
+    )
+    max_skipped_updates: int = Field(
+        10, ge=1, description="With `on_nonfinite: skip`, stop (exit code 3) after this many skipped updates in a row.",
+    )
     logps_chunk_tokens: int = Field(
         256, ge=1,
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "

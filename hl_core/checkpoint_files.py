@@ -62,7 +62,7 @@ def skipped_notice(skipped: List[Path], chosen: Optional[Path]) -> str:
     names = ", ".join(p.name for p in skipped)
     then = f"resuming from `{chosen.name}`" if chosen is not None else "starting afresh"
     return (f"Ignoring incomplete checkpoint(s) {names} in {skipped[0].parent} (no {COMPLETE_MARKER}: the save was "
-            f"interrupted, or an older version wrote it); {then}.")
+            f"interrupted, or an older version wrote it, then add an empty {COMPLETE_MARKER} to use it); {then}.")
 
 
 def mark_complete(path: Path, updates_done: int) -> None:

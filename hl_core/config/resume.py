@@ -81,7 +81,8 @@ def check_resume(recipe, world_size: int) -> None:
             raise RecipeError(
                 f"{where}: `{target}` is incomplete (no `{COMPLETE_MARKER}`: its save was interrupted, or an older "
                 "version wrote it), so it may hold a mix of files. Fix: point `checkpoint.resume` at a complete "
-                "`step_N` directory (`auto` picks the newest), or use `never`."
+                "`step_N` directory (`auto` picks the newest), or use `never`; if an older version of this pack "
+                f"wrote it whole, add an empty `{COMPLETE_MARKER}` to it."
             )
     if not is_checkpoint(target):
         raise RecipeError(

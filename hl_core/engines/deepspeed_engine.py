@@ -226,11 +226,16 @@ class DeepSpeedEngine(Engine):
         any counted update."""
         lr = self.scheduler.get_last_lr()[0]
         epoch = self.scheduler.last_epoch
-        self._torch_optimizer.step = lambda *args, **kwargs: None
+        optimizer = self._torch_optimizer
+        own = optimizer.__dict__.get("step")  # e.g. the LR scheduler's call-tracking wrapper
+        optimizer.step = lambda *args, **kwargs: None
         try:
             self.policy.step()
         finally:
-            del self._torch_optimizer.step
+            if own is None:
+                del optimizer.step
+            else:
+                optimizer.step = own
         if self.scheduler.last_epoch == epoch:  # DeepSpeed's own overflow path does not advance it
             self.scheduler.step()
         self.policy.zero_grad()

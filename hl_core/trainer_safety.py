@@ -5,6 +5,7 @@ written (complete or invisible, never with non-finite weights). ``Trainer`` inhe
 
 from __future__ import annotations
 
+import json
 import shutil
 from typing import Dict
 
@@ -27,11 +28,18 @@ class TrainerSafety:
             return
         streak = self.skips.in_a_row if self.recipe.train.on_nonfinite == "skip" else 0
         last = ckpt.newest_complete(self.output_dir / "checkpoints")[0]
-        message = nonfinite_message(row["step"], quantity, detail, last and str(last), streak)
         if bar is not None:
             bar.close()
+        self._stop_nonfinite(nonfinite_message(row["step"], quantity, detail, last and str(last), streak))
+
+    def _stop_nonfinite(self, message: str) -> None:
+        """End the run with exit code 3: rank 0 closes the sinks and records why in ``summary.json`` (under
+        ``torchrun`` the launcher itself exits 1 for any failing worker)."""
         if self.is_main:
             self.sinks.close()
+            summary = {"updates": self.updates_done, "skipped_updates": self.skips.total,
+                       "exit_code": NonFiniteStop.exit_code, "stopped": " ".join(message.split())}
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
         raise NonFiniteStop(message)
 
     def _rank0_says(self, flag: bool) -> bool:
@@ -45,9 +53,7 @@ class TrainerSafety:
         """Every rank checks its own shards; a non-finite value anywhere stops the run (exit code 3)."""
         bad = torch.tensor([float(not self.engine.local_weights_finite())], dtype=torch.float64)
         if self.engine.all_reduce_sum(bad).item() > 0:
-            if self.is_main:
-                self.sinks.close()
-            raise NonFiniteStop(
+            self._stop_nonfinite(
                 f"Refused to write {what} at update {self.updates_done}: the policy's weights hold a NaN or inf. "
                 "Fix: lower `train.lr`, set `train.max_grad_norm`, or resume from the last complete checkpoint."
             )

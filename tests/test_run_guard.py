@@ -2,12 +2,14 @@
 
 * the issue's diverging recipe stops with exit code 3 at its first non-finite update, keeping the last good
   checkpoint (loadable, finite) and writing no ``final/``; resumed with ``train.on_nonfinite=skip`` it finishes,
-  every later update logged as skipped, and ``final/`` equals that checkpoint's finite weights;
+  every later update logged as skipped, and ``final/`` equals that checkpoint's finite weights; a checkpoint
+  whose weights hold a NaN is never exported to ``final/`` (exit code 3);
 * a checkpoint file whose pickle would run ``os.system`` is refused (exit code 2, one paragraph) and runs nothing.
 """
 
 import json
 import os
+import shutil
 
 import pytest
 import torch
@@ -20,12 +22,11 @@ DIVERGING = ["train.lr=1e8", "train.max_grad_norm=null", "objective.beta=1000", 
              "checkpoint.save_every=1", "checkpoint.keep_last=1", "eval.every=null"]
 
 
-def _model_weights(step_dir):
+def _model_states(step_dir):
     from hl_core.engines.deepspeed_engine import deepspeed_safe_globals
 
     with torch.serialization.safe_globals(deepspeed_safe_globals()):
-        state = torch.load(step_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
-    return state["module"]
+        return torch.load(step_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
 
 
 def test_nonfinite_stops_with_last_good_checkpoint_then_skip_mode_finishes(tmp_path):
@@ -40,10 +41,22 @@ def test_nonfinite_stops_with_last_good_checkpoint_then_skip_mode_finishes(tmp_p
     assert sorted(p.name for p in (out / "checkpoints").iterdir() if p.is_dir()) == ["step_1"]
     assert (out / "checkpoints" / "step_1" / "complete.json").is_file()
     assert not (out / "final").exists() and not (out / ".final.partial").exists()
-    weights = _model_weights(out / "checkpoints" / "step_1")
+    weights = _model_states(out / "checkpoints" / "step_1")["module"]
     assert weights and all(bool(t.isfinite().all()) for t in weights.values())
     rows = read_jsonl(out / "metrics.jsonl")
     assert [(r["step"], r["skipped"]) for r in rows] == [(0, False), (1, True)]
+    assert json.loads((out / "summary.json").read_text())["exit_code"] == 3
+
+    # a checkpoint whose weights hold a NaN (poisoned by hand here) is never exported: resumed at its last update,
+    # the run goes straight to `final/` and refuses it
+    poisoned = tmp_path / "poisoned"
+    shutil.copytree(out, poisoned)
+    state = _model_states(poisoned / "checkpoints" / "step_1")
+    next(iter(state["module"].values())).view(-1)[0] = float("nan")
+    torch.save(state, poisoned / "checkpoints" / "step_1" / "mp_rank_00_model_states.pt")
+    refused = run_recipe(TINY_HUMANLINE, DIVERGING + [f"output_dir={poisoned}", "train.max_steps=1"], expect=3)
+    assert "Refused to write `final/` at update 1" in refused.stderr and "Traceback" not in refused.stderr
+    assert not (poisoned / "final").exists() and not (poisoned / ".final.partial").exists()
 
     resumed = run_recipe(TINY_HUMANLINE, DIVERGING + [f"output_dir={out}", "train.on_nonfinite=skip"])
     assert "Resumed from" in resumed.stdout

@@ -104,19 +104,34 @@ def publish_final(output_dir: Path) -> None:
 
 # -------------------------------------------------------------------------------------------- loading
 def safe_load(path, map_location="cpu", allowed=()):
-    """``torch.load(weights_only=True)`` with ``allowed`` classes; a file holding anything else is refused with
-    one paragraph (``RecipeError``, exit code 2) and nothing in it is run."""
+    """``torch.load(weights_only=True)`` with ``allowed`` classes. A file holding anything else is refused with one
+    paragraph (``RecipeError``, exit code 2) and nothing in it is run; so is a damaged or truncated file."""
     try:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "weights only load failed" not in str(exc).lower():
+            raise _damaged(path, exc) from None
+        unsafe = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line][:1]
         raise RecipeError(
             f"Refused to load checkpoint file `{path}`: it holds objects outside what this pack's checkpoints contain "
-            f"(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
-            f"Nothing from it was run. ({first}) Fix: resume only from checkpoints this pack wrote, point "
+            "(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
+            f"Nothing from it was run. {' '.join(unsafe)} Fix: resume only from checkpoints this pack wrote, point "
             "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`."
         ) from None
+    except (EOFError, OSError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "PytorchStreamReader" not in str(exc):
+            raise
+        raise _damaged(path, exc) from None
+
+
+def _damaged(path, exc: Exception) -> RecipeError:
+    why = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "empty or cut short"
+    return RecipeError(
+        f"Checkpoint file `{path}` cannot be read ({type(exc).__name__}: {why}): "
+        "it is damaged or truncated although its checkpoint was marked complete. Fix: point `checkpoint.resume` at "
+        "an older `step_N`, or remove this one so that `auto` takes the previous complete checkpoint."
+    )
 
 
 def resume_target(resume: str, output_dir) -> Tuple[Optional[Path], str]:

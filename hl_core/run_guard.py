@@ -85,14 +85,16 @@ def nonfinite_message(update: int, quantity: str, detail: Optional[str], last_ch
                       skipped_in_a_row: int = 0) -> str:
     """The one paragraph printed when a run stops on a non-finite update."""
     what = _WHAT[quantity] + (f" (`{detail}` on rank 0)" if detail else "")
-    streak = f" after {skipped_in_a_row} skipped updates in a row (`train.max_skipped_updates`)" if skipped_in_a_row else ""
+    streak = (f" after {skipped_in_a_row} skipped updates in a row (`train.max_skipped_updates`)"
+              if skipped_in_a_row else "")
     kept = (f"The last good checkpoint, `{last_checkpoint}`, is kept and resumable" if last_checkpoint
             else "No checkpoint was saved before it")
     return (
-        f"Stopped at update {update} (`step` {update} in metrics.jsonl){streak}: {what} is not finite. Nothing from that update was saved and no "
-        f"`final/` was written. {kept}. Fix: lower `train.lr`, set `train.max_grad_norm` (e.g. 1.0), check the data "
-        "and `objective.beta`, and prefer bf16 over fp16 (or fp32 on CPU); `train.on_nonfinite=skip` drops such "
-        "updates instead of stopping."
+        f"Stopped at update {update} (`step` {update} in metrics.jsonl){streak}: {what} is not finite. Nothing "
+        f"from that update was saved and no `final/` was written. {kept}. Fix: lower `train.lr`, set "
+        "`train.max_grad_norm` (e.g. 1.0), check the data and `objective.beta`; under bf16, a run with "
+        "`engine.precision=fp32` tells rounding from real divergence. `train.on_nonfinite=skip` drops such updates "
+        "instead of stopping."
     )
 
 

@@ -206,7 +206,8 @@ class Trainer(TrainerSafety):
         while self.updates_done < stop_at:
             if self._stop_requested():
                 stop_at = self.updates_done  # checkpoint below, then exit (SLURM time limit, preemption, a signal)
-                why = f"{self.signals.name() or 'a signal'} received" if self._signal_seen else f"{STOP_FILE} found in {self.output_dir}"
+                why = (f"{self.signals.name() or 'a signal'} received" if self._signal_seen
+                       else f"{STOP_FILE} found in {self.output_dir}")
                 self._print(f"{why}: checkpointing at update {self.updates_done} and stopping.")
                 break
             row = self.train_step()

@@ -47,7 +47,8 @@ class TrainerSafety:
         return self.engine.all_reduce_sum(torch.tensor([float(self.is_main and flag)], dtype=torch.float64)).item() > 0
 
     def _checkpoint_exists(self, updates_done: int) -> bool:
-        return self._rank0_says(ckpt.is_complete(self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}"))
+        path = self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}"
+        return self._rank0_says(ckpt.is_complete(path))
 
     def _refuse_nonfinite_weights(self, what: str) -> None:
         """Every rank checks its own shards; a non-finite value anywhere stops the run (exit code 3)."""

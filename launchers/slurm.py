@@ -14,9 +14,9 @@ SLURM signal the batch shell S seconds before the time limit; its trap creates `
 the run saves a resumable checkpoint and exits 0 (the trainer's stop-file contract), and the script
 requeues the job with ``scontrol requeue`` unless ``final/`` exists. On preemption or ``scancel`` SLURM sends
 SIGTERM to every process of the step: each rank saves a resumable checkpoint at the next update boundary and
-exits 4 (``hl_core/run_guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it. Logs: ``<output_dir>/slurm/<job
-name>-<job id>.out`` (appended across requeues). Values from the recipe and the command line are
-shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
+exits 4 (``hl_core/run_guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it.
+Logs: ``<output_dir>/slurm/<job name>-<job id>.out`` (appended across requeues). Values from the recipe and
+the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
 must be plain tokens and are rejected otherwise.
 
 Defaults come from the recipe's ``cluster:`` group; the command-line flags win. User mistakes print one

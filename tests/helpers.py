@@ -50,7 +50,8 @@ def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect:
     proc = subprocess.run(recipe_command(recipe, overrides, nproc), cwd=REPO, env=_env(), capture_output=True, text=True,
                           timeout=timeout)
     if proc.returncode != expect:
-        raise AssertionError(f"run exited {proc.returncode}, expected {expect}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"run exited {proc.returncode}, expected {expect}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
 
 

@@ -1,8 +1,13 @@
-"""Checkpoint completeness on disk (``hl_core/checkpoint_files.py``) and the torn metrics line, in one process."""
+"""Checkpoint completeness on disk and safe loading (``hl_core/checkpoint_files.py``), and the torn metrics line,
+in one process."""
 
 import json
+import os
 
-from hl_core.checkpoint_files import newest_complete, resume_target, rotate, skipped_notice
+import pytest
+
+from hl_core.checkpoint_files import newest_complete, resume_target, rotate, safe_load, skipped_notice
+from hl_core.errors import RecipeError
 from hl_core.sinks import JsonlSink
 
 
@@ -21,7 +26,8 @@ def test_auto_takes_the_newest_complete_checkpoint_and_never_reads_latest(tmp_pa
     (ckpts / "latest").write_text("step_14")  # DeepSpeed's view after a kill between its files and ours
     chosen, notice = resume_target("auto", tmp_path)
     assert chosen == ckpts / "step_10"
-    assert notice.startswith("Ignoring incomplete checkpoint(s) step_14, step_12") and "resuming from `step_10`" in notice
+    assert notice.startswith("Ignoring incomplete checkpoint(s) step_14, step_12")
+    assert "resuming from `step_10`" in notice
     assert "\n" not in notice
     assert resume_target("never", tmp_path) == (None, "")
     assert resume_target(str(ckpts / "step_2"), tmp_path) == (ckpts / "step_2", "")
@@ -49,3 +55,30 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path):
     sink = JsonlSink(path, keep_up_to=2)
     sink.write({"step": 3, "loss": 0.25})
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
+
+
+class _RunsACommand:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_safe_load_refuses_code_and_damage_in_one_paragraph(tmp_path):
+    import torch
+
+    marker = tmp_path / "EXECUTED"
+    for legacy in (False, True):  # DeepSpeed writes the legacy (non-zip) format
+        path = tmp_path / f"evil{legacy}.pt"
+        torch.save({"x": _RunsACommand(marker)}, path, _use_new_zipfile_serialization=not legacy)
+        with pytest.raises(RecipeError, match="Refused to load checkpoint file .* Nothing from it was run"):
+            safe_load(path)
+        good = tmp_path / f"good{legacy}.pt"
+        torch.save({"w": torch.ones(64)}, good, _use_new_zipfile_serialization=not legacy)
+        data = good.read_bytes()
+        for cut in (0, len(data) // 2):
+            (tmp_path / "cut.pt").write_bytes(data[:cut])
+            with pytest.raises(RecipeError, match="damaged or truncated"):
+                safe_load(tmp_path / "cut.pt")
+    assert not marker.exists()

@@ -74,7 +74,8 @@ def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
 
     # 1. kill -9 while the save of step_4 hangs after every file and before its marker
     with open(tmp_path / "killed.log", "w+") as log:
-        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}"], log=log, HL_TEST_HANG_BEFORE_COMPLETE="step_4")
+        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}"], log=log,
+                            HL_TEST_HANG_BEFORE_COMPLETE="step_4")
         _wait_for(lambda: (ckpts / "step_4" / "reference_rank00000.pt").exists(), proc, "the save of step_4")
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGKILL)

@@ -306,5 +306,7 @@ class CheckpointConfig(_Section):
 
     save_every: Optional[int] = Field(None, ge=1, description="Save a resumable checkpoint every N updates.")
     keep_last: int = Field(2, ge=1, description="Resumable checkpoints kept on disk.")
-    resume: str = Field("auto", description="`auto` (the newest complete checkpoint in output_dir if any), `never`, or a path.")
+    resume: str = Field(
+        "auto", description="`auto` (the newest complete checkpoint in output_dir if any), `never`, or a path."
+    )
     save_final: bool = Field(True, description="Write `final/`, a Hugging Face model directory, at the end.")

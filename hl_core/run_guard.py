@@ -145,6 +145,7 @@ class StopSignals:
                 print(f"{name} received: checkpointing at the next update boundary, then exiting with code "
                       f"{EXIT_INTERRUPTED} (send it again to exit at once).", flush=True)
         elif now - self.at > DUPLICATE_SIGNAL_S:
+            print(f"{signal.Signals(signum).name} again: exiting at once.", flush=True)
             os._exit(128 + signum)
 
     def name(self) -> str:

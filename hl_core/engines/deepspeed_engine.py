@@ -210,8 +210,8 @@ class DeepSpeedEngine(Engine):
 
     @torch.no_grad()
     def local_grads_finite(self) -> bool:
-        grads = self._local_grads()
-        return not grads or bool(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]).isfinite().all())
+        grads = self._local_grads()  # the norm (fused per dtype, no copies) is finite iff every element is
+        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
 
     @torch.no_grad()
     def local_weights_finite(self) -> bool:

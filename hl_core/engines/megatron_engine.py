@@ -320,7 +320,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         grads = [getattr(p, "main_grad", None) if getattr(p, "main_grad", None) is not None else p.grad
                  for p in self.policy_module.parameters()]
         grads = [g for g in grads if g is not None]
-        return not grads or bool(torch.stack([torch.linalg.vector_norm(g.float()) for g in grads]).isfinite().all())
+        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
 
     @torch.no_grad()
     def local_weights_finite(self) -> bool:

@@ -2,10 +2,10 @@
 in one process."""
 
 import json
-import os
 
 import pytest
 
+from helpers import RunsACommand
 from hl_core.checkpoint_files import newest_complete, resume_target, rotate, safe_load, skipped_notice
 from hl_core.errors import RecipeError
 from hl_core.sinks import JsonlSink
@@ -57,21 +57,13 @@ def test_a_torn_last_metrics_line_is_dropped_on_resume(tmp_path):
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [0, 1, 2, 3]
 
 
-class _RunsACommand:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
 def test_safe_load_refuses_code_and_damage_in_one_paragraph(tmp_path):
     import torch
 
     marker = tmp_path / "EXECUTED"
     for legacy in (False, True):  # DeepSpeed writes the legacy (non-zip) format
         path = tmp_path / f"evil{legacy}.pt"
-        torch.save({"x": _RunsACommand(marker)}, path, _use_new_zipfile_serialization=not legacy)
+        torch.save({"x": RunsACommand(marker)}, path, _use_new_zipfile_serialization=not legacy)
         with pytest.raises(RecipeError, match="Refused to load checkpoint file .* Nothing from it was run"):
             safe_load(path)
         good = tmp_path / f"good{legacy}.pt"

@@ -8,14 +8,13 @@
 """
 
 import json
-import os
 import shutil
 
 import pytest
 import torch
 from safetensors.torch import load_file
 
-from helpers import TINY_HUMANLINE, read_jsonl, run_recipe
+from helpers import TINY_HUMANLINE, RunsACommand, read_jsonl, run_recipe
 from hl_core.run_guard import GuardFlags, SkipCounter, first_nonfinite, nonfinite_message
 
 DIVERGING = ["train.lr=1e8", "train.max_grad_norm=null", "objective.beta=1000", "train.max_steps=6",
@@ -70,19 +69,11 @@ def test_nonfinite_stops_with_last_good_checkpoint_then_skip_mode_finishes(tmp_p
         assert torch.equal(tensor, weights[name]), name
 
 
-class _RunsACommand:
-    def __init__(self, marker):
-        self.marker = marker
-
-    def __reduce__(self):
-        return os.system, (f"touch {self.marker}",)
-
-
 def test_a_checkpoint_that_would_run_code_is_refused(tmp_path):
     out, marker = tmp_path / "run", tmp_path / "EXECUTED"
     step = out / "checkpoints" / "step_1"
     step.mkdir(parents=True)
-    torch.save({"module": {}, "payload": _RunsACommand(marker)}, step / "mp_rank_00_model_states.pt")
+    torch.save({"module": {}, "payload": RunsACommand(marker)}, step / "mp_rank_00_model_states.pt")
     (step / "complete.json").write_text("{}")
     proc = run_recipe(TINY_HUMANLINE, [f"output_dir={out}", "train.max_steps=2"], expect=2)
     assert "Traceback" not in proc.stderr

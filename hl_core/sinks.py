@@ -10,16 +10,27 @@ from typing import Dict, List
 from .errors import RecipeError
 
 
+def _parses(line: str) -> bool:
+    try:
+        json.loads(line)
+        return True
+    except ValueError:
+        return False
+
+
 class JsonlSink:
-    """One JSON object per line. On resume, rows with ``step > keep_up_to`` are dropped first, so a
-    resumed run never duplicates steps logged after its checkpoint was written."""
+    """One JSON object per line. On resume, rows with ``step > keep_up_to`` (and a torn last line) are dropped
+    first, so a resumed run never duplicates steps logged after its checkpoint was written."""
 
     def __init__(self, path: Path, keep_up_to: int = -1):
         self.path = path
         path.parent.mkdir(parents=True, exist_ok=True)
         kept: List[str] = []
         if keep_up_to >= 0 and path.exists():
-            kept = [line for line in path.read_text().splitlines() if line and json.loads(line).get("step", -1) <= keep_up_to]
+            lines = [line for line in path.read_text().split("\n") if line.strip()]
+            if lines and not _parses(lines[-1]):
+                lines.pop()  # a row torn by a kill mid-write: the resumed run logs that update again
+            kept = [line for line in lines if json.loads(line).get("step", -1) <= keep_up_to]
         path.write_text("".join(line + "\n" for line in kept))
 
     def write(self, row: Dict) -> None:

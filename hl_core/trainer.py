@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,13 +20,16 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from . import checkpoint_files as ckpt
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .engines import build_engine
-from .humanline import ReferenceSyncHook, build_transform
+from .humanline import ReferenceSyncHook, SyncRecord, build_transform
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps
+from .run_guard import (EXIT_INTERRUPTED, SLOW_UPDATES_ENV, GuardFlags, SkipCounter, StopSignals, first_nonfinite,
+                        pause_for_test)
 from .sinks import Sinks
+from .trainer_safety import TrainerSafety
 
-CHECKPOINT_PREFIX = "step_"
 STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): checkpoint and exit cleanly
 
 # held-out metrics the end-of-run summary prints (start -> end), when the objective reports them
@@ -114,13 +116,15 @@ class _Accumulator:
             self.sums[key] = self.sums.get(key, 0.0) + float(value) * weight
             self.weights[key] = self.weights.get(key, 0.0) + weight
 
-    def reduce(self, engine) -> Dict[str, float]:
+    def reduce(self, engine, totals: Sequence[float] = ()) -> Dict[str, float]:
+        """The means; with ``totals``, one reduction also sums those numbers over ranks: ``(means, sums)``."""
         keys = self.keys
-        local = torch.tensor([self.sums.get(k, 0.0) for k in keys] + [self.weights.get(k, 0.0) for k in keys],
-                             dtype=torch.float64)
+        local = torch.tensor([self.sums.get(k, 0.0) for k in keys] + [self.weights.get(k, 0.0) for k in keys]
+                             + [float(v) for v in totals], dtype=torch.float64)
         total = engine.all_reduce_sum(local)
         n = len(keys)
-        return {k: total[i].item() / total[n + i].item() for i, k in enumerate(keys) if total[n + i].item() > 0}
+        means = {k: total[i].item() / total[n + i].item() for i, k in enumerate(keys) if total[n + i].item() > 0}
+        return (means, total[2 * n:].tolist()) if len(totals) else means
 
 
 def declared_metric_keys(objective, transform, source_keys: Sequence[str] = ()) -> Tuple[str, ...]:
@@ -129,7 +133,7 @@ def declared_metric_keys(objective, transform, source_keys: Sequence[str] = ()) 
     return tuple(sorted({"loss", *objective.metric_keys, *transform.METRIC_KEYS, *source_keys}))
 
 
-class Trainer:
+class Trainer(TrainerSafety):
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
         self.output_dir = Path(recipe.output_dir)
@@ -140,6 +144,7 @@ class Trainer:
         from .modeling import load_tokenizer
 
         recipe = self.recipe
+        self.signals = StopSignals().install()  # SIGTERM/SIGINT: checkpoint at the next update boundary
         check_recipe(recipe)
         if recipe.train.num_threads:
             torch.set_num_threads(recipe.train.num_threads)
@@ -180,36 +185,28 @@ class Trainer:
 
         self.updates_done = 0
         self.eval_history: List[Dict[str, float]] = []
-        resume_from = self._resume_target()
+        self.skips = SkipCounter(recipe.train.max_skipped_updates)
+        self._stop_seen, self._signal_seen = None, False
+        resume_from, notice = ckpt.resume_target(recipe.checkpoint.resume, self.output_dir)
+        if notice:
+            self._print(notice)
         if resume_from is not None:
-            directory, tag = resume_from
+            directory, tag = resume_from.parent, resume_from.name
             state = self.engine.load(str(directory), tag)
             self.updates_done = int(state.get("updates_done", 0))
             self.eval_history = list(state.get("eval_history", []))
+            self.skips = SkipCounter(recipe.train.max_skipped_updates, *state.get("skipped", (0, 0)))
             if hasattr(self.transform, "load_state_dict") and "transform_state" in state:
                 self.transform.load_state_dict(state["transform_state"])
             source_state = Path(directory) / tag / f"source_rank{self.engine.rank:05d}.pt"
             if hasattr(self.source, "load_state_dict") and source_state.exists():
-                self.source.load_state_dict(torch.load(source_state, map_location="cpu", weights_only=True))
+                self.source.load_state_dict(ckpt.safe_load(source_state))
             self._print(f"Resumed from {directory}/{tag} at update {self.updates_done}.")
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "recipe.resolved.yaml").write_text(recipe_to_yaml(recipe))
         self.sinks = Sinks.from_recipe(recipe, self.output_dir, self.updates_done) if self.is_main else None
         self.engine.barrier()
-
-    def _resume_target(self):
-        resume = self.recipe.checkpoint.resume
-        if resume == "never":
-            return None
-        if resume == "auto":
-            ckpt_dir = self.output_dir / "checkpoints"
-            latest = ckpt_dir / "latest"
-            return (ckpt_dir, latest.read_text().strip()) if latest.exists() else None
-        path = Path(resume)
-        if (path / "latest").exists():
-            return path, (path / "latest").read_text().strip()
-        return path.parent, path.name
 
     # ---------------------------------------------------------------------------------------- train
     def train(self) -> Dict[str, float]:
@@ -224,14 +221,17 @@ class Trainer:
             stop_at = min(stop_at, self.updates_done + recipe.train.stop_after)
         while self.updates_done < stop_at:
             if self._stop_requested():
-                stop_at = self.updates_done  # checkpoint below, then exit cleanly (SLURM time limit, preemption)
-                self._print(f"{STOP_FILE} found in {self.output_dir}: checkpointing at update {self.updates_done} and stopping.")
+                stop_at = self.updates_done  # checkpoint below, then exit (SLURM time limit, preemption, a signal)
+                why = (f"{self.signals.name() or 'a signal'} received" if self._signal_seen
+                       else f"{STOP_FILE} found in {self.output_dir}")
+                self._print(f"{why}: checkpointing at update {self.updates_done} and stopping.")
                 break
             row = self.train_step()
             step_times.append(row["step_time_s"])
             sync_times.append(row["sync_time_s"])
             rollout_times.append(row.get("rollout_time_s", 0.0))
             self._log(row, bar)
+            self._after_nonfinite_check(row, bar)
             if recipe.eval.every is not None and (
                 self.updates_done % recipe.eval.every == 0 or self.updates_done == recipe.train.max_steps
             ):
@@ -249,8 +249,9 @@ class Trainer:
         if not finished:
             self._print(f"Stopped after update {self.updates_done}; resume with checkpoint.resume=auto.")
         if recipe.checkpoint.save_final and finished:
-            self.engine.save_hf(str(self.output_dir / "final"))
-        summary = self._summary(step_times, sync_times, rollout_times, time.perf_counter() - run_start)
+            self._save_final()
+        exit_code = EXIT_INTERRUPTED if self._signal_seen and not finished else 0
+        summary = self._summary(step_times, sync_times, rollout_times, time.perf_counter() - run_start, exit_code)
         if self.is_main:
             self.sinks.close()
         return summary
@@ -263,33 +264,49 @@ class Trainer:
         step_start = time.perf_counter()
         rollout_metrics = self.source.before_step(n)
         acc, tokens = _Accumulator(self.metric_keys, self.objective.name), 0
+        flags, detail = GuardFlags(), None
         batches = self.source.batches(n)
         for micro_index, batch in enumerate(batches):
             tokens += int(batch["attention_mask"].sum())
             loss, metrics = self._loss(batch, train=True)
             engine.backward(loss)
+            metrics = {k: float(v) for k, v in metrics.items()}
             acc.add({"loss": float(loss.detach()), **metrics})
-            if micro_index == len(batches) - 1:
-                # after the last backward (gradient clipping happens inside step), before the optimizer step
-                sync = self.sync_hook.before_optimizer_step(engine, n)
+            flags.loss = max(flags.loss, float(not math.isfinite(float(loss.detach()))))
+            detail = detail or first_nonfinite(metrics)
+            if micro_index < len(batches) - 1:
+                engine.step()  # between accumulation boundaries: no optimizer step
+        flags.statistics = float(detail is not None)
+        flags.grads = float(not engine.local_grads_finite())
+        detail = "loss" if flags.loss else detail
+        # one reduction per update carries the guard (non-finite values on any rank, a pending signal, rank 0's
+        # view of the STOP file) and the token count, before the reference sync and the optimizer step
+        flags.stop_file = float(self.is_main and (self.output_dir / STOP_FILE).exists())
+        flags.signal = float(self.signals.requested)
+        guard = engine.all_reduce_sum(torch.tensor([float(tokens), *flags.values()], dtype=torch.float64))
+        seen = GuardFlags.from_sums(guard[1:].tolist())
+        self._stop_seen, self._signal_seen = bool(seen.stop_file or seen.signal), bool(seen.signal)
+        nonfinite = seen.nonfinite()
+        if nonfinite is None:
+            # after the last backward (gradient clipping happens inside step), before the optimizer step
+            sync = self.sync_hook.before_optimizer_step(engine, n)
             stepped = engine.step()
+        else:  # no optimizer step, reference untouched (`stop` ends the run after logging this row)
+            sync, stepped = SyncRecord(False, 0.0), engine.skip_step()
         engine.synchronize()
+        pause_for_test(SLOW_UPDATES_ENV)
         step_time = time.perf_counter() - step_start
         self.updates_done += 1
         acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})
-        row = {"step": n, **acc.reduce(engine)}
-        # one reduction carries the step's totals and rank 0's view of the STOP file (for the next update)
-        stop_flag = float(self.is_main and (self.output_dir / STOP_FILE).exists())
-        totals = engine.all_reduce_sum(
-            torch.tensor([float(tokens), sync.seconds, step_time, stop_flag], dtype=torch.float64)
-        )
-        self._stop_seen = totals[3].item() > 0
+        means, totals = acc.reduce(engine, totals=(sync.seconds, step_time))
+        row = {"step": n, **means}
         row.update(
-            lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced,
-            step_time_s=totals[2].item() / engine.world_size, sync_time_s=totals[1].item() / engine.world_size,
+            lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced, skipped=nonfinite is not None,
+            step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size,
         )
         # tensor/pipeline-parallel peers see the same tokens: count each data-parallel replica once
-        row["tokens_per_s"] = totals[0].item() * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
+        row["tokens_per_s"] = guard[0].item() * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
+        self.nonfinite = (nonfinite, detail) if nonfinite is not None else None  # acted on once the row is logged
         if "rollout" in rollout_metrics:
             row["rollout"] = bool(rollout_metrics["rollout"])
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
@@ -353,38 +370,15 @@ class Trainer:
 
     # ---------------------------------------------------------------------------------------- save
     def _stop_requested(self) -> bool:
-        """True on every rank when ``<output_dir>/STOP`` exists on rank 0 (a launcher's request to stop).
-        After an update this was already shared in its totals reduction; before the first, ask now."""
-        if getattr(self, "_stop_seen", None) is not None:
+        """True on every rank when ``<output_dir>/STOP`` exists on rank 0 (a launcher's request to stop) or a
+        rank got SIGTERM/SIGINT. After an update this was already shared in its guard reduction; before the
+        first, ask now."""
+        if self._stop_seen is not None:
             return self._stop_seen
-        flag = float(self.is_main and (self.output_dir / STOP_FILE).exists())
-        return self.engine.all_reduce_sum(torch.tensor([flag], dtype=torch.float64)).item() > 0
-
-    def _checkpoint_exists(self, updates_done: int) -> bool:
-        """Decided on rank 0 and shared, so no rank skips a (collective) save another rank performs."""
-        here = (self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}").is_dir()
-        flag = torch.tensor([float(self.is_main and here)], dtype=torch.float64)
-        return self.engine.all_reduce_sum(flag).item() > 0
-
-    def _save_checkpoint(self) -> None:
-        ckpt_dir = self.output_dir / "checkpoints"
-        tag = f"{CHECKPOINT_PREFIX}{self.updates_done}"
-        state = {"updates_done": self.updates_done, "eval_history": self.eval_history}
-        if hasattr(self.transform, "state_dict"):
-            state["transform_state"] = self.transform.state_dict()
-        self.engine.save(str(ckpt_dir), tag, state)
-        if hasattr(self.source, "state_dict"):
-            # per rank: e.g. the sparse-rollout buffer of samples for the coming updates
-            torch.save(self.source.state_dict(), ckpt_dir / tag / f"source_rank{self.engine.rank:05d}.pt")
-            self.engine.barrier()
-        if self.is_main:
-            tags = sorted(
-                (p for p in ckpt_dir.glob(f"{CHECKPOINT_PREFIX}*") if p.is_dir()),
-                key=lambda p: int(p.name[len(CHECKPOINT_PREFIX):]),
-            )
-            for old in tags[: -self.recipe.checkpoint.keep_last]:
-                shutil.rmtree(old, ignore_errors=True)
-        self.engine.barrier()
+        flags = [float(self.is_main and (self.output_dir / STOP_FILE).exists()), float(self.signals.requested)]
+        seen = self.engine.all_reduce_sum(torch.tensor(flags, dtype=torch.float64))
+        self._signal_seen = seen[1].item() > 0
+        return seen.sum().item() > 0
 
     # ---------------------------------------------------------------------------------------- output
     def _progress_bar(self):
@@ -417,9 +411,10 @@ class Trainer:
         else:
             print(text, flush=True)
 
-    def _summary(self, step_times, sync_times, rollout_times, wall) -> Dict[str, float]:
+    def _summary(self, step_times, sync_times, rollout_times, wall, exit_code: int) -> Dict[str, float]:
         summary = {"updates": self.updates_done, "wall_s": wall, "torch_threads": torch.get_num_threads(),
-                   "deterministic": torch.are_deterministic_algorithms_enabled()}
+                   "deterministic": torch.are_deterministic_algorithms_enabled(), "skipped_updates": self.skips.total,
+                   "exit_code": exit_code}
         if step_times:
             mean_step = sum(step_times) / len(step_times)
             total = max(sum(step_times), 1e-12)
@@ -454,6 +449,8 @@ class Trainer:
         return summary
 
     def close(self, destroy_process_group: bool = True) -> None:
+        if getattr(self, "signals", None) is not None:
+            self.signals.uninstall()
         engine = getattr(self, "engine", None)
         if engine is not None:
             engine.close(destroy_process_group)

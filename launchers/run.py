@@ -7,7 +7,9 @@ Examples::
     python launchers/run.py recipes/tiny/humanline_dpo.yaml --validate
     python launchers/run.py recipes/llama3_8b_humanline_dpo.yaml --plan
 
-User mistakes (recipe keys, data rows) print one paragraph and exit with code 2.
+Exit codes: 0 finished (or stopped by a STOP file / ``train.stop_after``), 1 failure, 2 bad input (one
+paragraph, no traceback), 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a
+resumable checkpoint (a second signal: 143 / 130 at once). See ``hl_core/run_guard.py``.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from hl_core.errors import EXIT_USER_ERROR, UserError  # noqa: E402
+from hl_core.run_guard import NonFiniteStop  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -91,12 +94,15 @@ def main(argv=None) -> int:
             return 0
         from hl_core.trainer import run
 
-        run(recipe, after_training=post_training_eval)
-        return 0
+        return run(recipe, after_training=post_training_eval).get("exit_code", 0)
     except UserError as exc:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
+    except NonFiniteStop as exc:
+        if rank == 0:
+            print(f"error: {exc}", file=sys.stderr, flush=True)
+        return exc.exit_code
 
 
 def exit_after_teardown(code: int) -> None:

@@ -12,9 +12,11 @@ checkpoint.resume=auto``. It is ``--requeue``-able: a rerun (preemption, node fa
 path below) resumes from the latest checkpoint in ``output_dir/checkpoints``. ``--signal=B:USR1@S`` makes
 SLURM signal the batch shell S seconds before the time limit; its trap creates ``<output_dir>/STOP``,
 the run saves a resumable checkpoint and exits 0 (the trainer's stop-file contract), and the script
-requeues the job with ``scontrol requeue`` unless ``final/`` exists. Logs: ``<output_dir>/slurm/<job
-name>-<job id>.out`` (appended across requeues). Values from the recipe and the command line are
-shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
+requeues the job with ``scontrol requeue`` unless ``final/`` exists. On preemption or ``scancel`` SLURM sends
+SIGTERM to every process of the step: each rank saves a resumable checkpoint at the next update boundary and
+exits 4 (``hl_core/run_guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it.
+Logs: ``<output_dir>/slurm/<job name>-<job id>.out`` (appended across requeues). Values from the recipe and
+the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
 must be plain tokens and are rejected otherwise.
 
 Defaults come from the recipe's ``cluster:`` group; the command-line flags win. User mistakes print one

@@ -41,18 +41,29 @@ def _env():
     return env
 
 
-def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600) -> subprocess.CompletedProcess:
+def recipe_command(recipe, overrides=(), nproc: int = 1) -> list:
     """``python launchers/run.py`` (nproc 1) or ``torchrun --nproc_per_node N launchers/run.py``."""
     script = [str(REPO / "launchers" / "run.py"), str(recipe), *overrides, "logging.progress_bar=false"]
     if nproc == 1:
-        cmd = [sys.executable, *script]
-    else:
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={free_port()}", *script]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(f"run failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        return [sys.executable, *script]
+    return [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+            *script]
+
+
+def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0) -> subprocess.CompletedProcess:
+    """Run a recipe to its end; its exit code must be ``expect``."""
+    proc = subprocess.run(recipe_command(recipe, overrides, nproc), cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+    if proc.returncode != expect:
+        raise AssertionError(
+            f"run exited {proc.returncode}, expected {expect}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
+
+
+def start_recipe(recipe, overrides=(), nproc: int = 1, log=None, **env) -> subprocess.Popen:
+    """Start a recipe in its own process group (output to the open file ``log``), with extra environment."""
+    return subprocess.Popen(recipe_command(recipe, overrides, nproc), cwd=REPO, env={**_env(), **env}, stdout=log,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
 def run_torchrun(script: Path, args=(), nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
@@ -66,3 +77,13 @@ def run_torchrun(script: Path, args=(), nproc: int = 2, timeout: int = 600) -> s
 
 def read_jsonl(path: Path):
     return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+
+
+class RunsACommand:
+    """Pickles as a call to ``os.system("touch MARKER")``: a hostile checkpoint object (loading it must run nothing)."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)

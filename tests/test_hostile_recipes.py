@@ -187,6 +187,7 @@ def _fake_checkpoint(root: Path, files, latest=True) -> Path:
     step.mkdir(parents=True)
     for name in files:
         (step / name).write_text("")
+    (step / "complete.json").write_text("{}")
     if latest:
         (root / "checkpoints" / "latest").write_text("step_3")
     return step
@@ -243,3 +244,13 @@ def test_run_path_refuses_before_building_anything(tmp_path):
     proc = subprocess.run([sys.executable, str(REPO / "launchers" / "run.py"), str(TINY_HUMANLINE), f"output_dir={afile}"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "`output_dir" in proc.stderr, proc.stderr[-2000:]
+
+
+def test_resume_refuses_an_incomplete_checkpoint_named_explicitly(tmp_path, capsys):
+    """A `step_N` without `complete.json` (a save cut short, or an older version's) is never loaded by name."""
+    step = _fake_checkpoint(tmp_path, DS0, latest=True)
+    (step / "complete.json").unlink()
+    for flag in (["--validate"], []):
+        _refused(capsys, [TINY_HUMANLINE, f"checkpoint.resume={step}", *flag], "is incomplete", "complete.json")
+    _refused(capsys, [TINY_HUMANLINE, f"checkpoint.resume={tmp_path / 'checkpoints'}", "--validate"],
+             "no complete checkpoint")

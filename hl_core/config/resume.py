@@ -10,7 +10,8 @@ What the engines write in ``<output_dir>/checkpoints/step_N/`` (DeepSpeed 0.19, 
 * ZeRO-3: ``zero_pp_rank_{r}_mp_rank_00_model_states.pt`` and ``..._optim_states.pt`` for each rank;
 * Megatron: ``megatron_layout.json`` (tp, pp, world size) and ``mp_rank_pp{p}_tp{t}.pt`` shards.
 
-``<directory>/latest`` names the newest tag; a checkpoint may also be named directly (``.../step_N``).
+A checkpoint counts only with its ``complete.json`` (``hl_core/checkpoint_files.py``); ``latest`` is not read. A
+checkpoint may also be named directly (``.../step_N``).
 """
 
 from __future__ import annotations
@@ -18,8 +19,9 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import List, Optional
+from typing import List
 
+from ..checkpoint_files import COMPLETE_MARKER, is_complete, newest_complete, step_dirs
 from ..errors import RecipeError
 
 MEGATRON_LAYOUT_FILE = "megatron_layout.json"  # hl_core.engines.megatron_checkpoint.LAYOUT_FILE
@@ -27,7 +29,6 @@ _ZERO_OPTIM = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
 _ZERO_MODEL = re.compile(r"zero_pp_rank_\d+_mp_rank_\d+_model_states\.pt")
 _DS_MODEL = re.compile(r"mp_rank_\d+_model_states\.pt")
 _MEGATRON_SHARD = re.compile(r"mp_rank_pp\d+_tp\d+\.pt")
-_STEP = re.compile(r"step_(\d+)")
 FRESH = "start afresh with `checkpoint.resume=never` (or another `output_dir`)"
 
 
@@ -42,29 +43,18 @@ def is_checkpoint(path: Path) -> bool:
                or n == MEGATRON_LAYOUT_FILE for n in names)
 
 
-def newest_in(directory: Path) -> Optional[Path]:
-    """The checkpoint ``directory/latest`` names, else the highest ``step_N`` directory holding checkpoint files,
-    else None."""
-    latest = directory / "latest"
-    if latest.is_file():
-        return directory / latest.read_text().strip()
-    steps = [(int(m.group(1)), p) for p in directory.iterdir()
-             if p.is_dir() and (m := _STEP.fullmatch(p.name)) and is_checkpoint(p)]
-    return max(steps)[1] if steps else None
-
-
 def check_resume(recipe, world_size: int) -> None:
-    """``checkpoint.resume`` names a usable checkpoint for ``world_size`` processes (``auto``: the newest one in
-    ``<output_dir>/checkpoints``, if any). Raises ``RecipeError`` naming the key and the fix."""
+    """``checkpoint.resume`` names a usable, complete checkpoint for ``world_size`` processes (``auto``: the newest
+    complete one in ``<output_dir>/checkpoints``, if any). Raises ``RecipeError`` naming the key and the fix."""
     resume = recipe.checkpoint.resume
     if resume == "never":
         return
     if resume == "auto":
         directory = Path(recipe.output_dir) / "checkpoints"
-        target = newest_in(directory) if directory.is_dir() else None
+        target, _ = newest_complete(directory)
         if target is None:
-            return  # nothing saved yet: a fresh start
-        where = f"`checkpoint.resume: auto` found `{target}` (the newest checkpoint in `{directory}`)"
+            return  # nothing (complete) saved yet: a fresh start; the trainer says which it ignored
+        where = f"`checkpoint.resume: auto` found `{target}` (the newest complete checkpoint in `{directory}`)"
     else:
         path = Path(resume)
         if not path.is_dir():
@@ -72,15 +62,29 @@ def check_resume(recipe, world_size: int) -> None:
                 f"`checkpoint.resume: {resume}` is a file, not a checkpoint directory. Fix: point it at "
                 "`<output_dir>/checkpoints` or a `step_N` directory in it, or use `auto` / `never`."
             )
-        target = path if is_checkpoint(path) else newest_in(path)
+        named = is_checkpoint(path) or is_complete(path)
+        target = path if named else newest_complete(path)[0]
+        if target is None and step_dirs(path):
+            raise RecipeError(
+                f"`checkpoint.resume: {resume}` holds no complete checkpoint: none of its `step_N/` directories has "
+                f"`{COMPLETE_MARKER}` (their saves were interrupted, or an older version wrote them). Fix: point it at "
+                "a complete checkpoint, or use `never`."
+            )
         if target is None:
             raise RecipeError(
-                f"`checkpoint.resume: {resume}` is a directory but not a checkpoint: it has no `latest` file, no "
-                "`step_N/` checkpoints and no checkpoint files. Fix: point it at `<output_dir>/checkpoints` or a "
-                "`step_N` directory in it, or use `auto` / `never`."
+                f"`checkpoint.resume: {resume}` is a directory but not a checkpoint: it has no `step_N/` checkpoints "
+                "and no checkpoint files. Fix: point it at `<output_dir>/checkpoints` or a `step_N` directory in it, "
+                "or use `auto` / `never`."
             )
         where = f"`checkpoint.resume: {resume}`"
-    if not target.is_dir() or not is_checkpoint(target):
+        if not is_complete(target):
+            raise RecipeError(
+                f"{where}: `{target}` is incomplete (no `{COMPLETE_MARKER}`: its save was interrupted, or an older "
+                "version wrote it), so it may hold a mix of files. Fix: point `checkpoint.resume` at a complete "
+                "`step_N` directory (`auto` picks the newest), or use `never`; if an older version of this pack "
+                f"wrote it whole, add an empty `{COMPLETE_MARKER}` to it."
+            )
+    if not is_checkpoint(target):
         raise RecipeError(
             f"{where}, but `{target}` holds no checkpoint files (missing or not a checkpoint of this pack). "
             "Fix: point `checkpoint.resume` at a complete `step_N` directory, or use `never`."

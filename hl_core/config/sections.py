@@ -296,6 +296,14 @@ class TrainConfig(_Section):
         description="Stop this invocation after N updates with a resumable checkpoint (time-boxed jobs); "
         "rerun with `checkpoint.resume: auto` to continue.",
     )
+    on_nonfinite: Literal["stop", "skip"] = Field(
+        "stop",
+        description="A non-finite loss, gradient or log-ratio in an update: `stop` (save nothing from it, keep the "
+        "last good checkpoint, exit code 3) or `skip` (no optimizer step, the update counted as skipped).",
+    )
+    max_skipped_updates: int = Field(
+        10, ge=1, description="With `on_nonfinite: skip`, stop (exit code 3) after this many skipped updates in a row.",
+    )
     logps_chunk_tokens: int = Field(
         256, ge=1,
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "
@@ -327,5 +335,7 @@ class CheckpointConfig(_Section):
 
     save_every: Optional[int] = Field(None, ge=1, description="Save a resumable checkpoint every N updates.")
     keep_last: int = Field(2, ge=1, description="Resumable checkpoints kept on disk.")
-    resume: str = Field("auto", description="`auto` (latest checkpoint in output_dir if any), `never`, or a path.")
+    resume: str = Field(
+        "auto", description="`auto` (the newest complete checkpoint in output_dir if any), `never`, or a path."
+    )
     save_final: bool = Field(True, description="Write `final/`, a Hugging Face model directory, at the end.")

@@ -55,7 +55,12 @@ class Engine:
     * ``reference``: the frozen reference model, or None when the run never reads it
       (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
-    * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints.
+    * ``local_grads_finite()`` (at an accumulation boundary, before ``step``) and ``local_weights_finite()``: this
+      rank's own gradient and weight shards hold no NaN/inf (local checks; the trainer shares the answers).
+    * ``skip_step()``: end the update at a boundary without changing weights, optimizer or reference; returns
+      ``{"lr": ..., "grad_norm": nan}``.
+    * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints (every file
+      loaded with ``weights_only=True``; the trainer marks a checkpoint complete after ``save`` returns).
     * ``save_hf(dir)``: a Hugging Face model directory (safetensors + tokenizer).
     """
 
@@ -99,6 +104,15 @@ class Engine:
         raise NotImplementedError
 
     def sync_reference(self) -> None:
+        raise NotImplementedError
+
+    def local_grads_finite(self) -> bool:
+        raise NotImplementedError
+
+    def local_weights_finite(self) -> bool:
+        raise NotImplementedError
+
+    def skip_step(self) -> Dict[str, float]:
         raise NotImplementedError
 
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:

@@ -21,6 +21,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..checkpoint_files import safe_load
 from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import chunk_positions, sequence_token_logps
@@ -28,6 +29,28 @@ from ..modeling import build_policy_and_reference
 from ..objectives import reference_needed
 from ..packing import packed_sequence_token_logps
 from .base import Engine, launch_environment, lr_lambda
+
+
+def deepspeed_safe_globals() -> list:
+    """The classes DeepSpeed 0.19 pickles into its checkpoint files (optimizer states: the loss scaler, the
+    ZeRO stage enum, fragment addresses of the bf16/ZeRO-1/2 partitions), found by saving ZeRO 0-3 x
+    fp32/bf16 x clipping on/off and listing each file's globals. Nothing with code to run."""
+    from deepspeed.runtime.fp16.loss_scaler import LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, ZeroStageEnum, fragment_address]
+
+
+def safe_checkpoint_engine(config):
+    """A DeepSpeed checkpoint engine whose ``load`` is ``safe_load`` with DeepSpeed's allowlist."""
+    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    class SafeTorchCheckpointEngine(TorchCheckpointEngine):
+        def load(self, path: str, map_location=None):
+            return safe_load(path, map_location=map_location, allowed=deepspeed_safe_globals())
+
+    return SafeTorchCheckpointEngine(config)
 
 
 def _init_distributed(backend: Optional[str]) -> None:
@@ -105,6 +128,8 @@ class DeepSpeedEngine(Engine):
             # built on DeepSpeed's wrapped optimizer, whose param groups are the ones that get stepped
             lr_scheduler=lambda wrapped: torch.optim.lr_scheduler.LambdaLR(wrapped, schedule),
         )
+        self._torch_optimizer = optimizer  # the one DeepSpeed steps (inside its ZeRO wrapper, if any)
+        self.policy.checkpoint_engine = safe_checkpoint_engine(self.policy._config)  # weights_only loads
         self.reference, self._pairs = None, []
         if reference is not None:
             self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
@@ -177,6 +202,52 @@ class DeepSpeedEngine(Engine):
         norm = float(norm.item() if torch.is_tensor(norm) else norm)
         return {"lr": lr, "grad_norm": norm}
 
+    def _local_grads(self):
+        """This rank's gradient storage at an accumulation boundary, before the step: the module's ``.grad``
+        (ZeRO-0), the ZeRO optimizer's reduced partitions (ZeRO-1/2/3), or bf16's fp32 accumulators."""
+        opt = self.policy.optimizer
+        averaged = getattr(opt, "averaged_gradients", None)
+        if self.zero_stage > 0 and averaged:
+            groups = averaged.values() if isinstance(averaged, dict) else averaged
+            return [g for group in groups if group is not None for g in group if g is not None]
+        grads = [p.grad for p in self.policy.module.parameters() if p.grad is not None]
+        if not grads and hasattr(opt, "fp32_groups_gradients_flat"):
+            grads = [g for g in opt.fp32_groups_gradients_flat if g is not None]
+        return grads
+
+    @torch.no_grad()
+    def local_grads_finite(self) -> bool:
+        grads = self._local_grads()  # the norm (fused per dtype, no copies) is finite iff every element is
+        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
+
+    @torch.no_grad()
+    def local_weights_finite(self) -> bool:
+        tensors = []
+        for param in self.policy.module.parameters():
+            tensors.append(param.ds_tensor if hasattr(param, "ds_tensor") else param.data)
+        return all(bool(t.isfinite().all()) for t in tensors if t.numel())
+
+    def skip_step(self) -> Dict[str, float]:
+        """End the update without changing the weights or the optimizer: DeepSpeed's step runs its bookkeeping
+        (gradients cleared, counters advanced) around a no-op optimizer step; the LR schedule advances as on
+        any counted update."""
+        lr = self.scheduler.get_last_lr()[0]
+        epoch = self.scheduler.last_epoch
+        optimizer = self._torch_optimizer
+        own = optimizer.__dict__.get("step")  # e.g. the LR scheduler's call-tracking wrapper
+        optimizer.step = lambda *args, **kwargs: None
+        try:
+            self.policy.step()
+        finally:
+            if own is None:
+                del optimizer.step
+            else:
+                optimizer.step = own
+        if self.scheduler.last_epoch == epoch:  # DeepSpeed's own overflow path does not advance it
+            self.scheduler.step()
+        self.policy.zero_grad()
+        return {"lr": lr, "grad_norm": float("nan")}
+
     # -------------------------------------------------------------------------------------------
     @torch.no_grad()
     def sync_reference(self):
@@ -224,7 +295,7 @@ class DeepSpeedEngine(Engine):
 
     # -------------------------------------------------------------------------------------------
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
-        self.policy.save_checkpoint(directory, tag=tag, client_state=client_state)
+        self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False)
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
         if self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
@@ -237,15 +308,13 @@ class DeepSpeedEngine(Engine):
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
         if self.recipe.humanline.sync_every is not None:
             rank = self.rank if self.zero_stage == 3 else 0
-            if tag is None:
-                tag = (Path(directory) / "latest").read_text().strip()
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
             if not path.exists():
                 raise RecipeError(
                     f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs the reference. "
                     "Fix: resume from a checkpoint written by a syncing run with the same world size."
                 )
-            self._load_reference_shards(torch.load(path, map_location="cpu", weights_only=True))
+            self._load_reference_shards(safe_load(path))
         return client_state or {}
 
     def save_hf(self, directory: str) -> None:

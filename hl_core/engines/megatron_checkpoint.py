@@ -8,7 +8,7 @@
 Layout of ``<directory>/<tag>/``: ``mp_rank_pp<P>_tp<T>.pt`` per model-parallel shard (policy, reference
 when syncing, optimizer state, counters; written by data-parallel rank 0), ``optim_pp<P>_tp<T>.pt`` (GPU:
 the distributed optimizer's parameter state), ``client_state.pt`` and ``megatron_layout.json`` (rank 0);
-``<directory>/latest`` names the newest tag.
+the trainer then marks it complete and writes ``<directory>/latest`` (``hl_core/checkpoint_files.py``).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
+from ..checkpoint_files import safe_load
 from ..errors import RecipeError
 from .megatron_convert import mcore_to_hf, save_hf_directory
 
@@ -54,7 +55,7 @@ class MegatronCheckpointing:
         """Per (pp, tp) shard: policy, reference (when syncing) and optimizer state, written by data-parallel
         rank 0 (the CPU optimizer is replicated over data parallel; the GPU distributed optimizer's
         parameter state is gathered over data parallel by megatron-core's ``save_parameter_state``).
-        Rank 0 writes the client state, the layout and ``latest``."""
+        Rank 0 writes the client state and the layout."""
         path = Path(directory) / tag
         # every rank enters before anything is written: the trainer looks for an existing tag directory
         # on each rank to decide whether to save, so creating it early would race with that check
@@ -74,7 +75,6 @@ class MegatronCheckpointing:
         if self.rank == 0:
             torch.save(client_state, path / "client_state.pt")
             (path / LAYOUT_FILE).write_text(json.dumps({"tp": self.tp, "pp": self.pp, "world_size": self.world_size}))
-            (Path(directory) / "latest").write_text(tag)
         self.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
@@ -91,7 +91,7 @@ class MegatronCheckpointing:
                 f"({layout['world_size']} processes); this run has tp={self.tp}, pp={self.pp} ({self.world_size}). "
                 "Fix: resume with the same `parallel` layout, or export with save_hf and start a new run from it."
             )
-        state = torch.load(self._shard_file(path), map_location="cpu", weights_only=True)
+        state = safe_load(self._shard_file(path))
         self._copy_shard(self.policy_module, state["policy"])
         if self.recipe.humanline.sync_every is not None:
             if "reference" not in state:
@@ -105,7 +105,7 @@ class MegatronCheckpointing:
         self.optimizer.load_state_dict(state["optimizer"])
         if not self.cpu:
             self.optimizer.load_parameter_state(str(self._optimizer_file(path)))
-        return torch.load(path / "client_state.pt", map_location="cpu", weights_only=True) or {}
+        return safe_load(path / "client_state.pt") or {}
 
     def save_hf(self, directory: str) -> None:
         """Gather every (pp, tp) policy shard to rank 0 (data-parallel rank 0 ranks send), merge, write."""

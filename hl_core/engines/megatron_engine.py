@@ -315,6 +315,29 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         norm = float("nan") if norm is None else float(norm)
         return {"lr": lr, "grad_norm": norm}
 
+    @torch.no_grad()
+    def local_grads_finite(self) -> bool:
+        grads = [getattr(p, "main_grad", None) if getattr(p, "main_grad", None) is not None else p.grad
+                 for p in self.policy_module.parameters()]
+        grads = [g for g in grads if g is not None]
+        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
+
+    @torch.no_grad()
+    def local_weights_finite(self) -> bool:
+        return all(bool(p.isfinite().all()) for p in self.policy_module.parameters())
+
+    def skip_step(self) -> Dict[str, float]:
+        """End the update without an optimizer step: gradients dropped, the counters advanced."""
+        self._micro_steps += 1
+        lr = self.recipe.train.lr * self._lr_fn(self.updates_done)
+        if self.cpu:
+            self.optimizer.zero_grad(set_to_none=True)
+        else:
+            self.policy.zero_grad_buffer()
+            self.optimizer.zero_grad()
+        self.updates_done += 1
+        return {"lr": lr, "grad_norm": float("nan")}
+
     def _cpu_step(self) -> float:
         """Gradient all-reduces, global grad norm, clipping and AdamW on the local shards (CPU path)."""
         from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate

@@ -1,0 +1,147 @@
+"""Checkpoints on disk: visible only when complete, loaded without running anyone's code.
+
+* A checkpoint ``<output_dir>/checkpoints/step_N/`` counts only once ``complete.json`` is in it: every rank
+  writes its files (the engine's, our per-rank reference and source shards, the trainer state), then after a
+  barrier rank 0 writes the marker (through a temporary file and a rename) and then ``latest``.
+  ``checkpoint.resume: auto`` takes the newest complete checkpoint and says, in one line, which newer
+  ones it ignored; DeepSpeed's ``latest`` file alone is never trusted.
+* ``final/`` is written to ``.final.partial`` and renamed when whole.
+* Every checkpoint file is read with ``safe_load`` (``torch.load(weights_only=True)``); DeepSpeed's own files
+  go through a checkpoint engine of ours whose allowlist holds exactly the classes DeepSpeed stores
+  (``hl_core/engines/deepspeed_engine.py``): a file with anything else is refused (exit code 2) and
+  nothing in it runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import re
+import shutil
+from pathlib import Path
+from typing import List, Optional, Tuple
+
+import torch
+
+from .errors import RecipeError
+from .run_guard import HANG_BEFORE_COMPLETE_ENV, pause_for_test
+
+COMPLETE_MARKER = "complete.json"
+CHECKPOINT_PREFIX = "step_"
+FINAL_DIR, FINAL_PARTIAL = "final", ".final.partial"
+_STEP = re.compile(r"step_(\d+)")
+
+
+def step_dirs(directory: Path) -> List[Tuple[int, Path]]:
+    """``(N, path)`` for every ``step_N`` directory in ``directory``, newest first."""
+    if not directory.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in directory.iterdir() if p.is_dir() and (m := _STEP.fullmatch(p.name))]
+    return sorted(found, reverse=True)
+
+
+def is_complete(path: Path) -> bool:
+    return (Path(path) / COMPLETE_MARKER).is_file()
+
+
+def newest_complete(directory: Path) -> Tuple[Optional[Path], List[Path]]:
+    """The newest complete checkpoint in ``directory`` (or None), and the newer incomplete ones passed over."""
+    skipped = []
+    for _, path in step_dirs(Path(directory)):
+        if is_complete(path):
+            return path, skipped
+        skipped.append(path)
+    return None, skipped
+
+
+def skipped_notice(skipped: List[Path], chosen: Optional[Path]) -> str:
+    """One line about incomplete checkpoints that ``auto`` ignores (empty when there are none)."""
+    if not skipped:
+        return ""
+    names = ", ".join(p.name for p in skipped)
+    then = f"resuming from `{chosen.name}`" if chosen is not None else "starting afresh"
+    return (f"Ignoring incomplete checkpoint(s) {names} in {skipped[0].parent} (no {COMPLETE_MARKER}: the save was "
+            f"interrupted, or an older version wrote it, then add an empty {COMPLETE_MARKER} to use it); {then}.")
+
+
+def mark_complete(path: Path, updates_done: int) -> None:
+    """Rank 0, after every rank's files are written: the marker, then ``latest`` (both atomic renames)."""
+    pause_for_test(HANG_BEFORE_COMPLETE_ENV, at=path.name)
+    _write_atomic(path / COMPLETE_MARKER, json.dumps({"updates_done": updates_done}))
+    _write_atomic(path.parent / "latest", path.name)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "w") as fh:
+        fh.write(text)
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)
+
+
+def rotate(directory: Path, keep_last: int) -> None:
+    """Rank 0, after a complete save: keep the newest ``keep_last`` complete checkpoints; remove older ones and
+    the incomplete leftovers older than the newest complete one (a save interrupted in an earlier run)."""
+    complete = 0
+    for _, path in step_dirs(directory):
+        if is_complete(path):
+            complete += 1
+            if complete > keep_last:
+                shutil.rmtree(path, ignore_errors=True)
+        elif complete:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def publish_final(output_dir: Path) -> None:
+    """Rank 0: ``.final.partial`` -> ``final`` (an older ``final`` is replaced)."""
+    partial, final = output_dir / FINAL_PARTIAL, output_dir / FINAL_DIR
+    if final.exists():
+        shutil.rmtree(final)
+    os.replace(partial, final)
+
+
+# -------------------------------------------------------------------------------------------- loading
+def safe_load(path, map_location="cpu", allowed=()):
+    """``torch.load(weights_only=True)`` with ``allowed`` classes. A file holding anything else is refused with one
+    paragraph (``RecipeError``, exit code 2) and nothing in it is run; so is a damaged or truncated file."""
+    try:
+        with torch.serialization.safe_globals(list(allowed)):
+            return torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        if "weights only load failed" not in str(exc).lower():
+            raise _damaged(path, exc) from None
+        unsafe = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line][:1]
+        raise RecipeError(
+            f"Refused to load checkpoint file `{path}`: it holds objects outside what this pack's checkpoints contain "
+            "(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
+            f"Nothing from it was run. {' '.join(unsafe)} Fix: resume only from checkpoints this pack wrote, point "
+            "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`."
+        ) from None
+    except (EOFError, OSError, RuntimeError) as exc:
+        if isinstance(exc, RuntimeError) and "PytorchStreamReader" not in str(exc):
+            raise
+        raise _damaged(path, exc) from None
+
+
+def _damaged(path, exc: Exception) -> RecipeError:
+    why = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "empty or cut short"
+    return RecipeError(
+        f"Checkpoint file `{path}` cannot be read ({type(exc).__name__}: {why}): "
+        "it is damaged or truncated although its checkpoint was marked complete. Fix: point `checkpoint.resume` at "
+        "an older `step_N`, or remove this one so that `auto` takes the previous complete checkpoint."
+    )
+
+
+def resume_target(resume: str, output_dir) -> Tuple[Optional[Path], str]:
+    """``checkpoint.resume`` -> the complete checkpoint to load (or None for a fresh start) and a one-line notice
+    about newer incomplete ones passed over (or ''). ``check_resume`` (``hl_core/config/resume.py``) has already
+    refused an explicit path that is not a complete checkpoint."""
+    if resume == "never":
+        return None, ""
+    path = Path(output_dir) / "checkpoints" if resume == "auto" else Path(resume)
+    if resume != "auto" and is_complete(path):
+        return path, ""
+    chosen, skipped = newest_complete(path)
+    return chosen, skipped_notice(skipped, chosen)

@@ -1,0 +1,163 @@
+"""What stops a run early, and with which exit code: non-finite updates and SIGTERM/SIGINT.
+
+Exit codes of ``launchers/run.py`` (the README's Reliability section lists them too):
+
+    0 finished (or stopped cleanly by a STOP file or ``train.stop_after``), 1 failure (a bug, a crash),
+    2 bad input, 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a resumable
+    checkpoint; a second signal exits at once with 128 + the signal (143 for SIGTERM, 130 for SIGINT).
+
+Per update every rank checks its own view (the loss and the objective's statistics of its micro-batches,
+its own gradient shards) and the flags travel in the update's totals reduction, together with the STOP
+file and a pending signal, so all ranks decide alike without another collective (``GuardFlags``).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Dict, Iterable, List, Optional
+
+EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+DUPLICATE_SIGNAL_S = 1.0  # launchers forward the signal the process group already got: one request, not two
+# test hooks (tests/test_resume.py): hang the save of one checkpoint (`step_N`) after every rank's files and before
+# its completeness marker, so a kill lands there; sleep after each update, so a signal lands mid-run
+HANG_BEFORE_COMPLETE_ENV = "HL_TEST_HANG_BEFORE_COMPLETE"
+SLOW_UPDATES_ENV = "HL_TEST_UPDATE_SLEEP_S"
+
+
+class NonFiniteStop(Exception):
+    """The run stopped on a non-finite update (exit code 3); the message is one paragraph."""
+
+    exit_code = EXIT_NONFINITE
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
+def first_nonfinite(values: Dict[str, float]) -> Optional[str]:
+    """The first key (sorted) whose value is a non-finite number, else None."""
+    for key in sorted(values):
+        value = values[key]
+        if isinstance(value, float) and not math.isfinite(value):
+            return key
+    return None
+
+
+@dataclass
+class GuardFlags:
+    """One update's view of this rank, as the numbers appended to its totals reduction; after the
+    reduction the same class reads the sums (any rank's flag counts)."""
+
+    stop_file: float = 0.0
+    signal: float = 0.0
+    loss: float = 0.0
+    grads: float = 0.0
+    statistics: float = 0.0
+    NAMES = ("stop_file", "signal", "loss", "grads", "statistics")
+
+    def values(self) -> List[float]:
+        return [float(getattr(self, name)) for name in self.NAMES]
+
+    @classmethod
+    def from_sums(cls, sums: Iterable[float]) -> "GuardFlags":
+        return cls(*(float(v > 0) for v in sums))
+
+    def nonfinite(self) -> Optional[str]:
+        """Which quantity went non-finite on some rank (the first of loss, gradients, statistics), or None."""
+        for name in ("loss", "grads", "statistics"):
+            if getattr(self, name):
+                return name
+        return None
+
+
+_WHAT = {
+    "loss": "the loss",
+    "grads": "a gradient (the gradient norm of some rank's shard is NaN or inf)",
+    "statistics": "a log-ratio statistic of the objective",
+}
+
+
+def nonfinite_message(update: int, quantity: str, detail: Optional[str], last_checkpoint: Optional[str],
+                      skipped_in_a_row: int = 0) -> str:
+    """The one paragraph printed when a run stops on a non-finite update."""
+    what = _WHAT[quantity] + (f" (`{detail}` on rank 0)" if detail else "")
+    streak = (f" after {skipped_in_a_row} skipped updates in a row (`train.max_skipped_updates`)"
+              if skipped_in_a_row else "")
+    kept = (f"The last good checkpoint, `{last_checkpoint}`, is kept and resumable" if last_checkpoint
+            else "No checkpoint was saved before it")
+    return (
+        f"Stopped at update {update} (`step` {update} in metrics.jsonl){streak}: {what} is not finite. Nothing "
+        f"from that update was saved and no `final/` was written. {kept}. Fix: lower `train.lr`, set "
+        "`train.max_grad_norm` (e.g. 1.0), check the data and `objective.beta`; under bf16, a run with "
+        "`engine.precision=fp32` tells rounding from real divergence. `train.on_nonfinite=skip` drops such updates "
+        "instead of stopping."
+    )
+
+
+class SkipCounter:
+    """``train.on_nonfinite: skip``: counts skipped updates, in total and in a row."""
+
+    def __init__(self, limit: int, in_a_row: int = 0, total: int = 0):
+        self.limit, self.in_a_row, self.total = limit, in_a_row, total
+
+    def record(self, skipped: bool) -> bool:
+        """Record one update; True when the run must stop (``limit`` skipped in a row)."""
+        self.in_a_row = self.in_a_row + 1 if skipped else 0
+        self.total += int(skipped)
+        return self.in_a_row >= self.limit
+
+
+@dataclass
+class StopSignals:
+    """SIGTERM/SIGINT: the first asks for a checkpoint and a clean stop at the next update boundary
+    (``requested``); a second one (a copy forwarded by the launcher within ``DUPLICATE_SIGNAL_S`` does not
+    count) exits at once with 128 + the signal. SIGUSR1 keeps its SLURM meaning (the job's shell writes STOP)."""
+
+    received: Optional[int] = None
+    at: float = 0.0
+    _previous: Dict[int, object] = field(default_factory=dict)
+
+    def install(self) -> "StopSignals":
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT):
+                self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def uninstall(self) -> None:
+        for sig, previous in self._previous.items():
+            signal.signal(sig, previous)
+        self._previous.clear()
+
+    @property
+    def requested(self) -> bool:
+        return self.received is not None
+
+    def _handle(self, signum, frame) -> None:
+        now = time.monotonic()
+        if self.received is None:
+            self.received, self.at = signum, now
+            name = signal.Signals(signum).name
+            if os.environ.get("RANK", "0") == "0":
+                print(f"{name} received: checkpointing at the next update boundary, then exiting with code "
+                      f"{EXIT_INTERRUPTED} (send it again to exit at once).", flush=True)
+        elif now - self.at > DUPLICATE_SIGNAL_S:
+            print(f"{signal.Signals(signum).name} again: exiting at once.", flush=True)
+            os._exit(128 + signum)
+
+    def name(self) -> str:
+        return signal.Signals(self.received).name if self.received else ""
+
+
+def pause_for_test(env: str, at: str = "") -> None:
+    """Test hooks: sleep ``$env`` seconds (``SLOW_UPDATES_ENV``), or an hour when ``$env`` names ``at``
+    (``HANG_BEFORE_COMPLETE_ENV``: the test kills the process meanwhile)."""
+    value = os.environ.get(env)
+    if value and at:
+        if value == at:
+            time.sleep(3600)
+    elif value:
+        time.sleep(float(value))

@@ -1,0 +1,94 @@
+"""The trainer's safety side: what ends a run on a non-finite update, and how checkpoints and ``final/`` are
+written (complete or invisible, never with non-finite weights). ``Trainer`` inherits it; it uses the trainer's
+``engine``, ``recipe``, ``output_dir``, ``is_main``, ``sinks``, ``skips``, ``updates_done``, ``eval_history``,
+``transform`` and ``source``."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from typing import Dict
+
+import torch
+
+from . import checkpoint_files as ckpt
+from .checkpoint_files import CHECKPOINT_PREFIX
+from .run_guard import NonFiniteStop, nonfinite_message
+
+
+class TrainerSafety:
+    """Mixed into ``Trainer``: the non-finite decision after each logged update, checkpoint and ``final/`` writes."""
+
+    def _after_nonfinite_check(self, row: Dict, bar) -> None:
+        """``train.on_nonfinite``: a skipped update counts toward ``train.max_skipped_updates`` in a row; in
+        ``stop`` mode, or at that limit, the run ends here (exit code 3) with nothing saved from it."""
+        quantity, detail = self.nonfinite or (None, None)
+        at_limit = self.skips.record(quantity is not None)
+        if quantity is None or (self.recipe.train.on_nonfinite == "skip" and not at_limit):
+            return
+        streak = self.skips.in_a_row if self.recipe.train.on_nonfinite == "skip" else 0
+        last = ckpt.newest_complete(self.output_dir / "checkpoints")[0]
+        if bar is not None:
+            bar.close()
+        self._stop_nonfinite(nonfinite_message(row["step"], quantity, detail, last and str(last), streak))
+
+    def _stop_nonfinite(self, message: str) -> None:
+        """End the run with exit code 3: rank 0 closes the sinks and records why in ``summary.json`` (under
+        ``torchrun`` the launcher itself exits 1 for any failing worker)."""
+        if self.is_main:
+            self.sinks.close()
+            summary = {"updates": self.updates_done, "skipped_updates": self.skips.total,
+                       "exit_code": NonFiniteStop.exit_code, "stopped": " ".join(message.split())}
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        raise NonFiniteStop(message)
+
+    def _rank0_says(self, flag: bool) -> bool:
+        """Rank 0's answer, shared, so no rank skips a (collective) save another rank performs."""
+        return self.engine.all_reduce_sum(torch.tensor([float(self.is_main and flag)], dtype=torch.float64)).item() > 0
+
+    def _checkpoint_exists(self, updates_done: int) -> bool:
+        path = self.output_dir / "checkpoints" / f"{CHECKPOINT_PREFIX}{updates_done}"
+        return self._rank0_says(ckpt.is_complete(path))
+
+    def _refuse_nonfinite_weights(self, what: str) -> None:
+        """Every rank checks its own shards; a non-finite value anywhere stops the run (exit code 3)."""
+        bad = torch.tensor([float(not self.engine.local_weights_finite())], dtype=torch.float64)
+        if self.engine.all_reduce_sum(bad).item() > 0:
+            self._stop_nonfinite(
+                f"Refused to write {what} at update {self.updates_done}: the policy's weights hold a NaN or inf. "
+                "Fix: lower `train.lr`, set `train.max_grad_norm`, or resume from the last complete checkpoint."
+            )
+
+    def _save_checkpoint(self) -> None:
+        """Every rank writes its files, then rank 0 marks the checkpoint complete (``checkpoint_files``)."""
+        ckpt_dir = self.output_dir / "checkpoints"
+        tag = f"{CHECKPOINT_PREFIX}{self.updates_done}"
+        self._refuse_nonfinite_weights(f"checkpoint `{tag}`")
+        if self.is_main and (ckpt_dir / tag).exists():
+            shutil.rmtree(ckpt_dir / tag)  # an incomplete leftover of an interrupted save
+        self.engine.barrier()
+        state = {"updates_done": self.updates_done, "eval_history": self.eval_history,
+                 "skipped": [self.skips.in_a_row, self.skips.total]}
+        if hasattr(self.transform, "state_dict"):
+            state["transform_state"] = self.transform.state_dict()
+        self.engine.save(str(ckpt_dir), tag, state)
+        if hasattr(self.source, "state_dict"):
+            # per rank: e.g. the sparse-rollout buffer of samples for the coming updates
+            torch.save(self.source.state_dict(), ckpt_dir / tag / f"source_rank{self.engine.rank:05d}.pt")
+        self.engine.barrier()
+        if self.is_main:
+            ckpt.mark_complete(ckpt_dir / tag, self.updates_done)
+            ckpt.rotate(ckpt_dir, self.recipe.checkpoint.keep_last)
+        self.engine.barrier()
+
+    def _save_final(self) -> None:
+        """``final/``: written whole to ``.final.partial``, then renamed; never with non-finite weights."""
+        self._refuse_nonfinite_weights("`final/`")
+        partial = self.output_dir / ckpt.FINAL_PARTIAL
+        if self.is_main and partial.exists():
+            shutil.rmtree(partial)
+        self.engine.barrier()
+        self.engine.save_hf(str(partial))
+        if self.is_main:
+            ckpt.publish_final(self.output_dir)
+        self.engine.barrier()

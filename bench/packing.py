@@ -1,6 +1,6 @@
 """Packed against padded micro-batches on long-tailed preference data, side by side in one process.
 
-    python bench/packing.py                    # 16 updates, padded and packed alternating (about 10 min on 2 cores)
+    python bench/packing.py                    # 16 updates, padded and packed alternating (about 2 min on 2 cores)
     python bench/packing.py --updates 8 --micro-batch 4
 
 Data: preference pairs whose completion lengths are log-normal (median 150 tokens, 95th percentile about 900,

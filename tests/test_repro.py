@@ -104,8 +104,34 @@ def test_a_failing_run_is_reported_with_its_log_not_a_traceback(tmp_path, capsys
     from eval.repro import __main__ as repro
 
     run = repro.Run("online", 0, repro.RECIPES / "online.yaml", ["train.max_steps=0"], tmp_path / "bad")
-    monkeypatch.setattr(repro, "warmups", lambda *a, **k: {0: tmp_path / "no-model"})
+    monkeypatch.setattr(repro, "accepted_warmups", lambda *a, **k: ({0: tmp_path / "no-model"}, []))
     monkeypatch.setattr(repro, "grid_runs", lambda *a, **k: [run])
     assert repro.cli(["--arms", "online", "--seeds", "1", "--out", str(tmp_path / "out"), "--jobs", "1"]) == 1
     err = capsys.readouterr().err
     assert "run online warm-up 0 seed 0 failed (exit 2)" in err and "driver.log" in err and "Traceback" not in err
+
+
+def test_warmups_below_the_minimum_are_replaced_by_the_next_seed(tmp_path, monkeypatch):
+    """Seeds are tried in order; one whose held-out accuracy at the end of the warm-up is under the grid's minimum
+    is recorded as rejected and the next seed is drawn until enough pass."""
+    from eval.repro import __main__ as repro
+    from eval.repro.studies import FULL
+
+    accuracy = {0: 0.29, 1: 0.03, 2: 0.27, 3: 0.31}
+    asked = []
+
+    def fake_warmups(cache, overrides, seeds, jobs, name="warmup"):
+        asked.append(list(seeds))
+        assert "eval.held_out=reward" in overrides and "eval.every=600" in overrides
+        out = {}
+        for s in seeds:
+            final = tmp_path / f"w{s}" / "final"
+            final.mkdir(parents=True)
+            (final.parent / "eval.jsonl").write_text(json.dumps({"step": 600, "reward": accuracy[s]}) + "\n")
+            out[s] = final
+        return out
+
+    monkeypatch.setattr(repro, "warmups", fake_warmups)
+    models, table = repro.accepted_warmups(tmp_path, FULL, 3, jobs=2)
+    assert sorted(models) == [0, 2, 3] and asked == [[0, 1, 2], [3]]
+    assert [w["accepted"] for w in table] == [True, False, True, True]

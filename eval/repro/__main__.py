@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import stats
 from .preference import file_digest
-from .runs import REPO, Run, RunFailed, environment, run_all, warmups
+from .runs import REPO, WARMUP_RECIPE as RUNS_WARMUP_RECIPE, Run, RunFailed, environment, run_all, warmups
 from .studies import FULL, QUICK, RECIPES, STUDIES, Arm, Grid, Study
 
 
@@ -41,6 +41,40 @@ def grid_runs(arms: Sequence[Arm], grid: Grid, models: Dict[int, Path], out: Pat
                                                                        f"train.seed={seed}", *extra],
                                 out / "runs" / (arm.name + tag) / f"warmup{w}-seed{seed}", warmup=w))
     return runs
+
+
+WARMUP_EVAL = ("data.eval.path=tests/fixtures/toy_add/prompts_eval.jsonl", "data.eval.limit=256", "eval.at_start=false",
+               "eval.held_out=reward", "rollout.reward.kind=math", "rollout.temperature=1.0", "rollout.max_new_tokens=4")
+
+
+def accepted_warmups(cache: Path, grid: Grid, count: int, jobs: int) -> Tuple[Dict[int, Path], List[dict]]:
+    """The first ``count`` warm-up seeds (0, 1, 2, ...) whose held-out accuracy at the end of the warm-up (one
+    sampled answer per held-out problem, the arms' measure) reaches ``grid.warmup_min_accuracy``: a warm-up that
+    did not learn the task is not a start. Returns the accepted models and every tried seed's accuracy."""
+    from hl_core.config import load_recipe
+
+    steps = load_recipe(RUNS_WARMUP_RECIPE, list(grid.warmup_overrides)).train.max_steps
+    overrides = [*grid.warmup_overrides, *WARMUP_EVAL, f"eval.every={steps}"]
+    models: Dict[int, Path] = {}
+    table: List[dict] = []
+    seed = 0
+    while len(models) < count:
+        if seed >= 2 * count + 2:
+            raise RunFailed(f"only {len(models)} of {seed} warm-up seeds reached held-out accuracy "
+                            f"{grid.warmup_min_accuracy} (tried: {table}); check recipes/repro/warmup.yaml")
+        batch = list(range(seed, seed + count - len(models)))
+        built = warmups(cache, overrides, batch, jobs)
+        for s in batch:
+            evals = [json.loads(line) for line in (built[s].parent / "eval.jsonl").read_text().splitlines() if line]
+            accuracy = float(evals[-1]["reward"])
+            table.append({"seed": s, "accuracy": accuracy, "accepted": accuracy >= grid.warmup_min_accuracy})
+            if table[-1]["accepted"]:
+                models[s] = built[s]
+            else:
+                print(f"warm-up {s}: held-out accuracy {accuracy:.3f} < {grid.warmup_min_accuracy}: not a start, "
+                      "drawing the next seed")
+        seed += len(batch)
+    return models, table
 
 
 def offline_data(study: Study, cache: Path, grid: Grid, jobs: int) -> Dict[str, Path]:
@@ -120,6 +154,10 @@ def write_report(out: Path, study: Study, runs: Sequence[Run], labels: Dict[str,
     if checks:
         lines += ["Sanity checks: " + ", ".join(f"{k} = {v:.4f}" if isinstance(v, float) else f"{k} = {v}"
                                                 for k, v in checks.items()), ""]
+    if meta.get("warmup_acceptance"):
+        lines += ["Warm-ups tried (accepted at held-out accuracy >= the grid's minimum, fixed before any RL run): "
+                  + ", ".join(f"seed {w['seed']} {w['accuracy']:.3f} ({'accepted' if w['accepted'] else 'rejected'})"
+                              for w in meta["warmup_acceptance"]), ""]
     env = meta["environment"]
     lines += [f"{study.metric[0].upper()}{study.metric[1:]}: one sampled completion (T = the arm's temperature) per "
               f"held-out prompt. {len(meta['warmups'])} warm-up model(s) x {len(meta['seeds'])} RL seed(s) per arm. "
@@ -210,7 +248,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     out = Path(args.out or REPO / "runs" / "repro" / (study.name + ("" if mode == "study" else f"-{mode}")))
     cache = Path(args.cache) if args.cache else out.parent / "cache" if not args.quick else out
     start = time.perf_counter()
-    models = warmups(cache, grid.warmup_overrides, range(args.warmups or (1 if args.sweep else grid.warmups)), jobs)
+    models, warmup_table = accepted_warmups(cache, grid, args.warmups or (1 if args.sweep else grid.warmups), jobs)
     data = offline_data(study, cache, grid, jobs)
     if args.sweep:
         return sweep(study, grid, models, out, seeds, jobs, start, data)
@@ -227,8 +265,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if repeat is not None:
         repeat = next(r for r in runs if r.arm == repeat.arm)
         runs = [r for r in runs if r is not repeat]
-    meta = {"mode": mode, "grid": regime(study, grid), "warmups": sorted(models), "seeds": list(seeds),
-            "environment": environment(jobs), "wall_s": time.perf_counter() - start}
+    meta = {"mode": mode, "grid": regime(study, grid), "warmups": sorted(models), "warmup_acceptance": warmup_table,
+            "seeds": list(seeds), "environment": environment(jobs), "wall_s": time.perf_counter() - start}
     if data:
         meta["offline_data"] = json.loads(data["meta"].read_text())
     checks = study.checks(runs, repeat) if study.checks else {}

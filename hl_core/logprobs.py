@@ -133,6 +133,13 @@ def sequence_token_logps(
     mask to keep only completion tokens.
     """
     logits = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).logits
+    return prefix_token_logps(logits, input_ids, chunk_size, temperature)
+
+
+def prefix_token_logps(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK,
+                       temperature: float = 1.0) -> torch.Tensor:
+    """``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` from the model's ``logits`` over ``input_ids``
+    (``[B, T]``, 0 at position 0)."""
     # score position t's logits against token t + 1 over the whole (unsliced) logits tensor, the last
     # position against an invalid label: slicing the logits would make autograd allocate a second
     # logits-sized gradient for the slice

@@ -107,14 +107,10 @@ def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor,
                                 temperature: float = 1.0) -> torch.Tensor:
     """:func:`hl_core.logprobs.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
     ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``)."""
-    from .logprobs import chunk_positions, token_logps
+    from .logprobs import chunk_positions, prefix_token_logps
 
     packed = pack_rows(input_ids, attention_mask, capacity, pad_token_id)
-    chunk_size = chunk_positions(packed.input_ids.shape[0], chunk_tokens)
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                    use_cache=False).logits
-    ids = packed.input_ids
-    labels = torch.cat([ids[:, 1:], ids.new_full((ids.shape[0], 1), -1)], dim=1)
-    shifted = token_logps(logits, labels, chunk_size=chunk_size, temperature=temperature)
-    aligned = torch.cat([shifted.new_zeros(shifted.shape[0], 1), shifted[:, :-1]], dim=1)
-    return unpack_token_logps(aligned, packed)
+    chunk_size = chunk_positions(packed.input_ids.shape[0], chunk_tokens)
+    return unpack_token_logps(prefix_token_logps(logits, packed.input_ids, chunk_size, temperature), packed)

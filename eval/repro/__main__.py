@@ -24,7 +24,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import stats
 from .preference import file_digest
-from .runs import REPO, WARMUP_RECIPE as RUNS_WARMUP_RECIPE, Run, RunFailed, environment, run_all, warmups
+from .._common import read_jsonl
+from .runs import REPO, WARMUP_RECIPE, Run, RunFailed, environment, run_all, warmups
 from .studies import FULL, QUICK, RECIPES, STUDIES, Arm, Grid, Study
 
 
@@ -53,7 +54,7 @@ def accepted_warmups(cache: Path, grid: Grid, count: int, jobs: int) -> Tuple[Di
     did not learn the task is not a start. Returns the accepted models and every tried seed's accuracy."""
     from hl_core.config import load_recipe
 
-    steps = load_recipe(RUNS_WARMUP_RECIPE, list(grid.warmup_overrides)).train.max_steps
+    steps = load_recipe(WARMUP_RECIPE, list(grid.warmup_overrides)).train.max_steps
     overrides = [*grid.warmup_overrides, *WARMUP_EVAL, f"eval.every={steps}"]
     models: Dict[int, Path] = {}
     table: List[dict] = []
@@ -65,8 +66,7 @@ def accepted_warmups(cache: Path, grid: Grid, count: int, jobs: int) -> Tuple[Di
         batch = list(range(seed, seed + count - len(models)))
         built = warmups(cache, overrides, batch, jobs)
         for s in batch:
-            evals = [json.loads(line) for line in (built[s].parent / "eval.jsonl").read_text().splitlines() if line]
-            accuracy = float(evals[-1]["reward"])
+            accuracy = float(read_jsonl(built[s].parent / "eval.jsonl")[-1]["reward"])
             table.append({"seed": s, "accuracy": accuracy, "accepted": accuracy >= grid.warmup_min_accuracy})
             if table[-1]["accepted"]:
                 models[s] = built[s]

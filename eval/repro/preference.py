@@ -22,6 +22,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from .._common import read_jsonl
+
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO / "tests" / "fixtures" / "toy_add" / "prompts_train.jsonl"
 ANSWER_DIGITS = 3
@@ -78,7 +80,7 @@ def build_offline_data(model_dir: Path, out: Path, prompts_path: Path = PROMPTS,
     if paths["meta"].exists():
         print(f"offline data: cached at {directory}")
         return paths
-    rows = [json.loads(line) for line in prompts_path.read_text().splitlines() if line.strip()][:limit]
+    rows = read_jsonl(prompts_path)[:limit]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
     pairs, groups, all_scores, ties = [], [], [], 0

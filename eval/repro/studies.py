@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Tuple
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "repro"
@@ -202,6 +202,3 @@ PREFERENCE = Study(
 
 STUDIES = {"grpo": GRPO, "preference": PREFERENCE}
 
-
-def arms_named(study: Study, names: Sequence[str]) -> List[Arm]:
-    return [study.arm(n) for n in names]

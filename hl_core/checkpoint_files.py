@@ -33,6 +33,11 @@ FINAL_DIR, FINAL_PARTIAL = "final", ".final.partial"
 _STEP = re.compile(r"step_(\d+)")
 
 
+def reference_logps_file(rank: int) -> str:
+    """A rank's look-ahead reference log-probs in a checkpoint (``reference_logps.LookaheadReference``)."""
+    return f"reference_logps_rank{rank:05d}.pt"
+
+
 def step_dirs(directory: Path) -> List[Tuple[int, Path]]:
     """``(N, path)`` for every ``step_N`` directory in ``directory``, newest first."""
     if not directory.is_dir():

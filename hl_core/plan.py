@@ -31,7 +31,8 @@ P' is the largest per-rank shard under tensor/pipeline parallelism: ``(layers/pp
 embedding on the first stage and the (untied, or tied copy with pp > 1) output layer on the last.
 The reference model has no gradients or optimizer: partitioned like the policy under ZeRO-3 (2P/N),
 sharded like the policy under Megatron (2P'), whole (2P) under ZeRO-0/1/2; 0 when the run builds none
-(SFT, and standard rollout GRPO without a KL term: ``hl_core.objectives.reference_needed``).
+(SFT, and standard rollout GRPO without a KL term: ``hl_core.objectives.reference_needed``; look-ahead syncing
+and a cached frozen reference: ``reference_mode``, whose log-probs live in CPU memory, noted).
 
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
 16-bit activations, no sequence parallelism), per layer and micro-batch of b sequences of length s:
@@ -57,7 +58,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from .config import Recipe, batch_layout
 from .model_specs import ModelSpec, check_layout, resolve_spec
-from .objectives import reference_needed
+from .objectives import reference_mode
 from .plan_terms import layer_activation_bytes, logits_bytes, norm_bytes
 
 GIB = 1024 ** 3
@@ -181,9 +182,16 @@ def memory_plan(
         step_grads = master_grads  # the float32 gradients the bf16 optimizer builds at the step
         reference = pb * P / dp if stage == 3 else pb * P
 
-    if not reference_needed(recipe):
+    mode, why = reference_mode(recipe)
+    if mode == "none":
         reference = 0.0
         notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
+    elif mode in ("cached", "lookahead"):
+        reference = 0.0
+        updates = recipe.train.max_steps if mode == "cached" else recipe.humanline.sync_every
+        kept = updates * accum * sequences_per_micro_batch(recipe, group_size) * recipe.data.max_length * 4 / 2**20
+        notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
+                     f"{kept:.1f} MiB per rank ({updates} update(s) of padded float32 rows)")
 
     # activations and logits (hl_core.plan_terms: counted tensor by tensor, checked against measurement)
     b = sequences_per_micro_batch(recipe, group_size)

@@ -23,7 +23,8 @@ import torch
 from . import checkpoint_files as ckpt
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .engines import build_engine
-from .humanline import ReferenceSyncHook, SyncRecord, build_transform
+from .humanline import SyncRecord, build_transform
+from .reference_logps import build_reference_logps
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps
 from .run_guard import (EXIT_INTERRUPTED, SLOW_UPDATES_ENV, GuardFlags, SkipCounter, StopSignals, first_nonfinite,
                         pause_for_test)
@@ -156,7 +157,6 @@ class Trainer(TrainerSafety):
         self.objective = OBJECTIVES[recipe.objective.name]
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
-        self.sync_hook = ReferenceSyncHook(recipe.humanline.sync_every, recipe.humanline.sync_offset)
         self.train_data, self.eval_data = build_datasets(recipe, self.tokenizer, show_progress=self.is_main)
         self.collate = self.train_data.collate
         order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)
@@ -183,6 +183,13 @@ class Trainer(TrainerSafety):
         self.eval_metric_keys = declared_metric_keys(self.objective, self.transform,
                                                      self.held_out.METRIC_KEYS if self.held_out else ())
 
+        # the reference's log-probs: its copy, or computed by the policy (cached before training, or at each sync)
+        loss_evals = self.eval_data is not None and self.held_out is None and recipe.eval.every is not None
+        self.reference = build_reference_logps(recipe, self.engine, self.source.batches,
+                                               self._eval_batches if loss_evals else None, self._evaluates_at,
+                                               show_progress=self.is_main)
+        self.sync_hook = self.reference.sync_hook  # before each optimizer step: sync, or compute ahead
+        self._print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
         self.updates_done = 0
         self.eval_history: List[Dict[str, float]] = []
         self.skips = SkipCounter(recipe.train.max_skipped_updates)
@@ -201,6 +208,8 @@ class Trainer(TrainerSafety):
             source_state = Path(directory) / tag / f"source_rank{self.engine.rank:05d}.pt"
             if hasattr(self.source, "load_state_dict") and source_state.exists():
                 self.source.load_state_dict(ckpt.safe_load(source_state))
+            if self.reference.state_dict() is not None:  # look-ahead: the log-probs kept for the current window
+                self.reference.load_state_dict(ckpt.safe_load(Path(directory) / tag / ckpt.reference_logps_file(self.engine.rank)))
             self._print(f"Resumed from {directory}/{tag} at update {self.updates_done}.")
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)
@@ -232,9 +241,7 @@ class Trainer(TrainerSafety):
             rollout_times.append(row.get("rollout_time_s", 0.0))
             self._log(row, bar)
             self._after_nonfinite_check(row, bar)
-            if recipe.eval.every is not None and (
-                self.updates_done % recipe.eval.every == 0 or self.updates_done == recipe.train.max_steps
-            ):
+            if self._evaluates_at(self.updates_done):
                 self._evaluate(bar)
             every = recipe.checkpoint.save_every
             if every is not None and self.updates_done % every == 0:
@@ -318,16 +325,16 @@ class Trainer(TrainerSafety):
         temperature = self.logps_temperature
         with torch.set_grad_enabled(train):
             policy_logps = engine.token_logps(batch, "policy", temperature)
-        if engine.has_reference:
-            ref_logps = engine.token_logps(batch, "reference", temperature)
+        if self.reference.available:
+            ref_logps = self.reference.logps(batch, temperature, policy_logps)
         else:
             ref_logps = policy_logps.detach()  # log-ratios are 0: the objective ignores them
         mask = batch["completion_mask"].to(device=policy_logps.device, dtype=policy_logps.dtype)
         log_ratios, hl_metrics = self.transform(policy_logps, ref_logps, mask)
         inputs = ObjectiveInputs(
             batch=batch, policy_logps=policy_logps, ref_logps=ref_logps, mask=mask, log_ratios=log_ratios,
-            transform=self.transform, token_logps=engine.token_logps, humanline_active=self.recipe.humanline.enabled,
-            has_reference=engine.has_reference,
+            transform=self.transform, token_logps=self.reference.token_logps,
+            humanline_active=self.recipe.humanline.enabled, has_reference=self.reference.available,
         )
         loss, metrics = self.objective.batch_loss(self.recipe.objective, inputs)
         return loss, {**metrics, **hl_metrics}
@@ -337,27 +344,13 @@ class Trainer(TrainerSafety):
     def _evaluate(self, bar=None) -> Dict[str, float]:
         """Held-out loss and objective metrics over the whole eval split (sharded over ranks)."""
         engine, recipe = self.engine, self.recipe
-        batch_size = recipe.eval.batch_size or recipe.train.micro_batch_size
-        n = len(self.eval_data)
-        per_round = batch_size * engine.dp_size
-        rounds = math.ceil(n / per_round)
-        if recipe.eval.max_batches is not None:
-            rounds = min(rounds, recipe.eval.max_batches)
-        from .data.build import eval_batch
-
         acc = _Accumulator(self.eval_metric_keys, self.objective.name)
-        if self.held_out is not None:
-            rounds = 0  # held-out reward of fresh samples instead of an offline loss
+        if self.held_out is not None:  # held-out reward of fresh samples instead of an offline loss
             metrics, weight = self.held_out.evaluate(self.eval_data, self.updates_done)
             acc.add(metrics, weight=weight)
-        for r in range(rounds):
-            start = r * per_round + engine.dp_rank * batch_size
-            real = [i for i in range(start, start + batch_size) if i < n]
-            # every rank runs the same number of forwards (ZeRO-3 gathers are collective): a rank with
-            # no rows left runs one dummy example and gives it zero weight
-            batch = eval_batch(self.collate, self.eval_data, real, range(r * per_round, min(n, (r + 1) * per_round)))
+        for batch, real in self._eval_batches(with_rows=True) if self.held_out is None else ():
             loss, metrics = self._loss(batch, train=False)
-            acc.add({"loss": float(loss), **metrics}, weight=float(len(real)))
+            acc.add({"loss": float(loss), **metrics}, weight=float(real))
         result = acc.reduce(engine)
         row = {"kind": "eval", "step": self.updates_done, **result}
         self.eval_history.append({k: v for k, v in row.items() if k != "kind"})
@@ -367,6 +360,19 @@ class Trainer(TrainerSafety):
                      if k in result}
             self._print(f"eval @ {self.updates_done}: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()), bar)
         return result
+
+    def _eval_batches(self, with_rows: bool = False):
+        """This rank's eval micro-batches (``data.build.eval_batches``), with their real row counts if asked."""
+        from .data.build import eval_batches
+
+        recipe, engine = self.recipe, self.engine
+        for batch, real in eval_batches(self.collate, self.eval_data, recipe.eval.batch_size or recipe.train.micro_batch_size,
+                                        engine.dp_rank, engine.dp_size, recipe.eval.max_batches):
+            yield (batch, real) if with_rows else batch
+
+    def _evaluates_at(self, updates_done: int) -> bool:
+        every = self.recipe.eval.every
+        return every is not None and (updates_done % every == 0 or updates_done == self.recipe.train.max_steps)
 
     # ---------------------------------------------------------------------------------------- save
     def _stop_requested(self) -> bool:

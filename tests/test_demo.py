@@ -43,7 +43,9 @@ def test_demo_checkpoints_rotate_and_final_loads(demo):
     ckpts = sorted(p.name for p in (out / "checkpoints").glob("step_*"))
     assert ckpts == ["step_20", "step_40"]  # save_every 20, keep_last 2
     assert (out / "checkpoints" / "latest").read_text().strip() == "step_40"
-    assert (out / "checkpoints" / "step_40" / "reference_rank00000.pt").exists()
+    # offline syncing runs without a reference copy: the checkpoint keeps the look-ahead log-probs instead
+    assert (out / "checkpoints" / "step_40" / "reference_logps_rank00000.pt").exists()
+    assert not (out / "checkpoints" / "step_40" / "reference_rank00000.pt").exists()
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model = AutoModelForCausalLM.from_pretrained(out / "final")

@@ -41,7 +41,7 @@ PUBLISHED_PARAMS = {
 def _recipe(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
     return load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
                                         "model.attn_implementation=sdpa", "engine.precision=bf16",
-                                        "train.micro_batch_size=1", *overrides])
+                                        "train.micro_batch_size=1", "humanline.reference=copy", *overrides])
 
 
 def _meta_model(spec):
@@ -287,3 +287,17 @@ def test_run_py_plan_flag(monkeypatch, capsys):
     assert run.main([str(TINY_HUMANLINE), "--plan", "model.name_or_path=acme/unknown-70b",
                      "model.random_init=false"]) == 2
     assert "model_specs" in capsys.readouterr().err
+
+
+def test_copy_free_reference_holds_no_weights():
+    """Look-ahead syncing and a cached frozen reference build no reference model: 0 bytes of it, and a note with
+    the CPU memory their log-probs take."""
+    copy = memory_plan(_recipe(), 8)
+    lookahead = memory_plan(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "humanline.reference=auto"), 8)
+    cached = memory_plan(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "humanline.reference=auto",
+                                 "humanline.sync_every=null", "train.cache_reference_logps=true"), 8)
+    assert copy["bytes"]["reference"] > 0
+    for plan, mode in ((lookahead, "lookahead"), (cached, "cached")):
+        assert plan["bytes"]["reference"] == 0
+        assert any(f"no reference model ({mode}" in note and "MiB per rank" in note for note in plan["notes"])
+        assert plan["bytes"]["total"] == pytest.approx(copy["bytes"]["total"] - copy["bytes"]["reference"])

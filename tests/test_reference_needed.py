@@ -1,5 +1,5 @@
-"""Runs that never read the reference build none: SFT, and standard rollout GRPO without a KL term.
-The rule (``hl_core.objectives.reference_needed``), the real engines that follow it, and the plan's memory."""
+"""Runs that never read the reference build none: SFT, and standard rollout GRPO without a KL term; nor do runs
+whose reference log-probs the policy computes (look-ahead syncing, a cached frozen reference). The rule (``hl_core.objectives.reference_needed``), the real engines that follow it, and the plan's memory."""
 
 import json
 
@@ -36,10 +36,14 @@ def test_engines_build_the_reference_only_when_needed(tmp_path):
         f"ds_grpo_no_kl|{grpo}|objective.beta_kl=0,engine.zero_stage=3",
         f"ds_grpo_kl|{grpo}|objective.beta_kl=0.01,engine.zero_stage=3",
         f"megatron_sft|{WARMUP}|engine.name=megatron",
-        f"megatron_dpo|{TINY / 'megatron_humanline_dpo.yaml'}|parallel.tp=1",
+        f"megatron_dpo|{TINY / 'megatron_humanline_dpo.yaml'}|parallel.tp=1,humanline.reference=copy",
+        # the reference is read, but its log-probs come from the policy: look-ahead syncing, a cached frozen one
+        f"ds_dpo_lookahead|{TINY / 'humanline_dpo.yaml'}|",
+        f"megatron_dpo_lookahead|{TINY / 'megatron_humanline_dpo.yaml'}|parallel.tp=1",
+        f"ds_kto_cached|{TINY / 'offline_kto.yaml'}|train.cache_reference_logps=true",
     ], nproc=1)
     got = json.loads(report.read_text())
-    for name in ("ds_sft", "ds_grpo_no_kl", "megatron_sft"):
+    for name in ("ds_sft", "ds_grpo_no_kl", "megatron_sft", "ds_dpo_lookahead", "megatron_dpo_lookahead", "ds_kto_cached"):
         entry = got[name]
         assert entry["has_reference"] is False and entry["reference_built"] is False, (name, entry)
         assert "built no reference model" in entry["reference_logps_error"]

@@ -67,7 +67,10 @@ def _assert_same_losses(straight, resumed):
 
 
 def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
-    overrides = COMMON + ["engine.zero_stage=0", "humanline.transform=sample", "checkpoint.save_every=2"]
+    # look-ahead syncing (offline data, `humanline.reference: auto`) every 3 updates: step_2 and step_4 fall inside
+    # a window whose log-probs were computed at its start, so they resume from the checkpoint's copy
+    overrides = COMMON + ["engine.zero_stage=0", "humanline.transform=sample", "checkpoint.save_every=2",
+                          "humanline.sync_every=3"]
     straight, out = tmp_path / "straight", tmp_path / "run"
     run_recipe(TINY_HUMANLINE, overrides + [f"output_dir={straight}"])
     ckpts = out / "checkpoints"
@@ -76,7 +79,7 @@ def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
     with open(tmp_path / "killed.log", "w+") as log:
         proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}"], log=log,
                             HL_TEST_HANG_BEFORE_COMPLETE="step_4")
-        _wait_for(lambda: (ckpts / "step_4" / "reference_rank00000.pt").exists(), proc, "the save of step_4")
+        _wait_for(lambda: (ckpts / "step_4" / "reference_logps_rank00000.pt").exists(), proc, "the save of step_4")
         time.sleep(0.5)
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
@@ -101,7 +104,8 @@ def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
 
 
 def test_resume_after_sigterm_two_processes_zero3(tmp_path):
-    overrides = COMMON + ["engine.zero_stage=3", "engine.zero3_param_persistence_threshold=100", "checkpoint.save_every=null"]
+    overrides = COMMON + ["engine.zero_stage=3", "engine.zero3_param_persistence_threshold=100", "checkpoint.save_every=null",
+                          "humanline.reference=copy"]  # each rank's reference shard resumes
     straight, out = tmp_path / "straight", tmp_path / "run"
     run_recipe(TINY_HUMANLINE, overrides + [f"output_dir={straight}"], nproc=2)
     with open(tmp_path / "sigterm.log", "w+") as log:

@@ -69,6 +69,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "or `data.eval_fraction` (e.g. 0.05), or `eval.every=null`."
         )
     check_held_out(recipe)
+    check_reference_source(recipe)
     resume = recipe.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise RecipeError(
@@ -110,6 +111,32 @@ def check_held_out(recipe: Recipe) -> None:
             "`answer` for the math reward); `data.eval_fraction` would hold out training examples instead. Fix: set "
             "`data.eval.path`, or `eval.held_out=loss`."
         )
+
+
+def check_reference_source(recipe: Recipe) -> None:
+    """``train.cache_reference_logps`` and ``humanline.reference`` against what the run's reference is."""
+    from ..objectives import lookahead_blocker, reference_needed
+
+    if recipe.train.cache_reference_logps:
+        why = None
+        if not reference_needed(recipe):
+            why = "nothing in this run reads the reference's log-probs"
+        elif recipe.humanline.sync_every is not None:
+            why = (f"`humanline.sync_every: {recipe.humanline.sync_every}` moves the reference, so log-probs computed "
+                   "before training go stale; syncing on offline data already builds no reference copy "
+                   "(`humanline.reference: lookahead`, chosen by `auto`)")
+        elif recipe.rollout.every is not None:
+            why = "rollouts (`rollout.every`) are sampled during training, so their log-probs cannot be computed before it"
+        if why:
+            raise RecipeError(f"`train.cache_reference_logps: true` does not apply: {why}. "
+                              "Fix: `train.cache_reference_logps=false`.")
+    if recipe.humanline.reference == "lookahead":
+        blocker = ("syncing is off (`humanline.sync_every` is null): a frozen reference is cached with "
+                   "`train.cache_reference_logps: true`" if recipe.humanline.sync_every is None
+                   else lookahead_blocker(recipe))
+        if blocker:
+            raise RecipeError(f"`humanline.reference: lookahead` does not apply: {blocker}. "
+                              "Fix: `humanline.reference=auto` (look-ahead where it applies, else a reference copy).")
 
 
 def env_world_size() -> Optional[int]:

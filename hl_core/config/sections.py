@@ -202,6 +202,13 @@ class HumanlineConfig(_Section):
         "with the pre-update weights. 0 (HALOs: updates 0, k, 2k, ...); `sync_every - 1` is the open-r1 fork's "
         "callback (after updates k, 2k, ... counted from 1). Must be smaller than `sync_every`.",
     )
+    reference: Literal["auto", "copy", "lookahead"] = Field(
+        "auto",
+        description="Where a synced reference's log-probs come from. `copy`: a second model that each sync "
+        "overwrites. `lookahead` (offline data only): no second model; at each sync the policy (no gradients, eval "
+        "mode, its pre-update weights) computes the log-probs the batches up to the next sync will need, and keeps "
+        "them. `auto`: `lookahead` where it applies, else `copy` (the run log says which and why).",
+    )
     log_eps_P: float = Field(-1.5, le=0, description="Lower clip bound on the per-token log-ratio (<= 0).")
     log_eps_R: float = Field(1.5, ge=0, description="Upper clip bound on the per-token log-ratio (>= 0).")
     gamma_P: float = Field(0.5, gt=0, description="Beta(gamma_P, beta_P) draw for the policy-side rejection test.")
@@ -303,6 +310,13 @@ class TrainConfig(_Section):
     )
     max_skipped_updates: int = Field(
         10, ge=1, description="With `on_nonfinite: skip`, stop (exit code 3) after this many skipped updates in a row.",
+    )
+    cache_reference_logps: bool = Field(
+        False,
+        description="Frozen reference (no syncing), offline data: compute its log-probs for every batch of the run "
+        "(and the eval set) once before training, sharded over ranks, store them under `output_dir/reference_cache/` "
+        "with a fingerprint of what they depend on, and build no reference model. A rerun or resume with the same "
+        "fingerprint reuses them.",
     )
     logps_chunk_tokens: int = Field(
         256, ge=1,

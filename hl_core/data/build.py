@@ -136,6 +136,21 @@ def eval_batch(collate: Callable, data, real: Sequence[int], round_rows: Sequenc
     return batch
 
 
+def eval_batches(collate: Callable, data, batch_size: int, dp_rank: int, dp_size: int,
+                 max_batches: Optional[int] = None):
+    """One rank's eval micro-batches over the split, each with its number of real rows: every rank runs the
+    same number of rounds (ZeRO-3 gathers are collective), a rank with no rows left a dummy of weight 0."""
+    n = len(data)
+    per_round = batch_size * dp_size
+    rounds = -(-n // per_round)
+    if max_batches is not None:
+        rounds = min(rounds, max_batches)
+    for r in range(rounds):
+        start = r * per_round + dp_rank * batch_size
+        real = [i for i in range(start, start + batch_size) if i < n]
+        yield eval_batch(collate, data, real, range(r * per_round, min(n, (r + 1) * per_round))), len(real)
+
+
 def _load(source, recipe, kind: str):
     load, _, _ = DATA_KINDS[kind].functions()
     extra = {"system_prompt": recipe.rollout.system_prompt} if kind == "prompts" else {}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import socket
@@ -93,6 +94,22 @@ class Engine:
 
     def token_logps(self, batch: Dict[str, torch.Tensor], model: str = "policy") -> torch.Tensor:
         raise NotImplementedError
+
+    def _policy_module(self) -> torch.nn.Module:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def policy_as_reference(self):
+        """The policy in eval mode under no-grad, as the reference model runs: for log-probs the policy computes
+        in place of a reference copy (a cached frozen reference, look-ahead syncing)."""
+        module = self._policy_module()
+        was_training = module.training
+        module.eval()
+        try:
+            with torch.no_grad():
+                yield
+        finally:
+            module.train(was_training)
 
     def backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError

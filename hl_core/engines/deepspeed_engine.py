@@ -7,7 +7,8 @@
   parameters kept whole under the persistence threshold (``param.ds_persist``), also ``param.data``.
   Nothing is gathered.
 * No reference engine at all when the run never reads it (``objectives.reference_needed``: SFT, standard
-  rollout GRPO without a KL term).
+  rollout GRPO without a KL term) or reads it without a copy (``objectives.reference_mode``: a cached frozen
+  reference, look-ahead syncing).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import chunk_positions, sequence_token_logps
 from ..modeling import build_policy_and_reference
-from ..objectives import reference_needed
+from ..objectives import reference_model_needed
 from ..packing import packed_sequence_token_logps
 from .base import Engine, launch_environment, lr_lambda
 
@@ -108,7 +109,7 @@ class DeepSpeedEngine(Engine):
 
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=reference_needed(recipe),
+            with_reference=reference_model_needed(recipe),
         )
         decay, no_decay = [], []
         for name, param in policy.named_parameters():
@@ -159,6 +160,9 @@ class DeepSpeedEngine(Engine):
             return forward(engine, input_ids, attention_mask, temperature=temperature)
         with torch.no_grad():
             return forward(engine, input_ids, attention_mask, temperature=temperature)
+
+    def _policy_module(self):
+        return self.policy.module
 
     @torch.no_grad()
     @contextlib.contextmanager
@@ -297,7 +301,7 @@ class DeepSpeedEngine(Engine):
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
         self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False)
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
-        if self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
+        if self.has_reference and self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
             torch.save(self._reference_shards(), path)
         self.barrier()
@@ -306,7 +310,7 @@ class DeepSpeedEngine(Engine):
         load_path, client_state = self.policy.load_checkpoint(directory, tag=tag)
         if load_path is None:
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
-        if self.recipe.humanline.sync_every is not None:
+        if self.has_reference and self.recipe.humanline.sync_every is not None:
             rank = self.rank if self.zero_stage == 3 else 0
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
             if not path.exists():

@@ -66,7 +66,7 @@ class MegatronCheckpointing:
         if self.dp_rank == 0:
             state = {"policy": self._local_state(self.policy_module), "updates_done": self.updates_done,
                      "micro_steps": self._micro_steps}
-            if self.recipe.humanline.sync_every is not None:
+            if self.has_reference and self.recipe.humanline.sync_every is not None:
                 state["reference"] = self._local_state(self.reference)
             state["optimizer"] = self.optimizer.state_dict()  # GPU: the non-parameter part (steps, groups)
             torch.save(state, self._shard_file(path))
@@ -93,7 +93,7 @@ class MegatronCheckpointing:
             )
         state = safe_load(self._shard_file(path))
         self._copy_shard(self.policy_module, state["policy"])
-        if self.recipe.humanline.sync_every is not None:
+        if self.has_reference and self.recipe.humanline.sync_every is not None:
             if "reference" not in state:
                 raise RecipeError(
                     f"Checkpoint `{path}` has no reference shard, but this run syncs the reference. "

@@ -52,7 +52,7 @@ import torch
 from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import chunk_positions
-from ..objectives import reference_needed
+from ..objectives import reference_model_needed
 from ..modeling import DTYPES
 from .base import Engine, launch_environment, lr_lambda
 from . import megatron_cpu
@@ -145,7 +145,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         policy = self._build_model()
         self._load_initial_weights(policy)
         self.reference = None
-        if reference_needed(recipe):
+        if reference_model_needed(recipe):
             reference = self._build_model()
             with torch.no_grad():
                 for p, r in zip(policy.parameters(), reference.parameters()):
@@ -381,6 +381,9 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         self.require_reference()
         for _, pol, ref in self._pairs:
             ref.data.copy_(pol.data)
+
+    def _policy_module(self):
+        return self.policy_module
 
     def generation_module(self):
         raise RecipeError(

@@ -65,7 +65,44 @@ def reference_needed(recipe) -> bool:
     behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
     return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
 
+def lookahead_blocker(recipe) -> Optional[str]:
+    """Why look-ahead syncing cannot serve this run's reference log-probs (None when it can)."""
+    if recipe.rollout.every is not None:
+        return ("its batches are rollouts (`rollout.every`), sampled after the sync from the updated policy, so "
+                "they are not known at the sync")
+    if recipe.train.on_nonfinite == "skip":
+        return ("`train.on_nonfinite: skip`: a skipped update does not sync, and the reference it keeps is one "
+                "whose log-probs were not computed ahead")
+    return None
+
+
+def reference_mode(recipe) -> Tuple[str, str]:
+    """Where the reference's log-probs come from, and why: ``none`` (nothing reads them), ``cached`` (frozen,
+    precomputed once: ``train.cache_reference_logps``), ``lookahead`` (synced, computed by the policy at each
+    sync for the batches up to the next: ``humanline.reference``) or ``copy`` (a second model)."""
+    if not reference_needed(recipe):
+        return "none", "nothing reads the reference's log-probs"
+    if recipe.train.cache_reference_logps:
+        return "cached", "frozen reference, log-probs precomputed once (`train.cache_reference_logps`)"
+    if recipe.humanline.sync_every is None:
+        return "copy", "frozen reference kept as a second model (`train.cache_reference_logps: true` drops it)"
+    if recipe.humanline.reference == "copy":
+        return "copy", "`humanline.reference: copy`"
+    blocker = lookahead_blocker(recipe)
+    if blocker is not None:
+        return "copy", f"look-ahead syncing does not apply: {blocker}"
+    return "lookahead", "offline data: each sync computes the log-probs of the batches up to the next sync"
+
+
+def reference_model_needed(recipe) -> bool:
+    """Whether the engine builds a second (reference) model."""
+    return reference_mode(recipe)[0] == "copy"
+
+
 __all__ = [
+    "lookahead_blocker",
+    "reference_mode",
+    "reference_model_needed",
     "ObjectiveInputs",
     "ObjectiveSpec",
     "OBJECTIVES",

@@ -22,7 +22,8 @@ from hl_core.trainer import Trainer  # noqa: E402
 
 report_path, out_dir, recipe_path, sync_every = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 recipe = load_recipe(recipe_path, [
-    f"humanline.sync_every={sync_every}", f"output_dir={out_dir}", "logging.progress_bar=false", *sys.argv[5:],
+    f"humanline.sync_every={sync_every}", "humanline.reference=copy", f"output_dir={out_dir}", "logging.progress_bar=false",
+    *sys.argv[5:],
 ])
 trainer = Trainer(recipe)
 trainer.setup()

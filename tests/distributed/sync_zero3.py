@@ -24,7 +24,7 @@ recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [
     "engine.zero_stage=3",
     # small threshold: norms (64 elements) stay whole on every rank (ds_persist), matrices are partitioned
     "engine.zero3_param_persistence_threshold=100",
-    f"humanline.sync_every={sync_every}", f"output_dir={out_dir}", "eval.every=null",
+    f"humanline.sync_every={sync_every}", "humanline.reference=copy", f"output_dir={out_dir}", "eval.every=null",
     "checkpoint.save_every=null", "checkpoint.save_final=false", "logging.progress_bar=false",
     "train.max_steps=5", "train.lr=5e-3",
 ])

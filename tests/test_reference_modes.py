@@ -1,0 +1,144 @@
+"""The reference without a second copy of the weights (``objectives.reference_mode``): look-ahead syncing and a
+cached frozen reference give the same per-update losses, grad norms, metrics and evaluations as a reference
+copy, within 1e-6 (fp32, CPU), on the real engines: one process, two ZeRO-3 processes, megatron tp=2 and pp=2
+(``tests/distributed/reference_parity.py``). The choice and its refusals; the cache on disk (fingerprint,
+corrupted and partial files). Resume inside a look-ahead window: ``tests/test_resume.py``."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from helpers import REPO, TINY_OFFLINE, read_jsonl, run_recipe, run_torchrun
+from hl_core.config import load_recipe
+from hl_core.objectives import reference_mode
+from launchers.run import main
+
+WORKER = REPO / "tests" / "distributed" / "reference_parity.py"
+TINY = "recipes/tiny"
+FROZEN = "humanline.sync_every=null"  # the humanline clamp stays on
+
+
+def _parity(tmp_path, specs, nproc=1):
+    report = tmp_path / "parity.json"
+    if nproc == 1:
+        import subprocess
+        import sys
+
+        from helpers import _env
+
+        proc = subprocess.run([sys.executable, str(WORKER), str(report), *specs], cwd=REPO, env=_env(),
+                              capture_output=True, text=True, timeout=900)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    else:
+        run_torchrun(WORKER, [report, *specs], nproc=nproc, timeout=900)
+    results = json.loads(report.read_text())
+    assert list(results) == list(specs)
+    for spec, entry in results.items():
+        _assert_same(spec, entry)
+    return results
+
+
+def _assert_same(spec, entry):
+    copy, free = entry["copy"], entry["free"]
+    assert entry["copy_built"] and entry["copy_mode"] == "copy", spec
+    assert not entry["free_built"] and entry["free_mode"] in ("lookahead", "cached"), spec
+    assert entry["free_forwards"] > 0 and entry["copy_forwards"] == 0, spec  # the policy stood in for the reference
+    assert [r.get("kind") for r in copy].count("eval") == 4, spec  # evaluations at 0, 2, 4, 5
+    assert len(copy) == len(free) == 9, spec
+    for a, b in zip(copy, free):
+        assert a.keys() == b.keys(), spec
+        for key, value in a.items():
+            if isinstance(value, float) and not math.isnan(value):
+                assert b[key] == pytest.approx(value, abs=1e-6, rel=1e-6), (spec, a["step"], a.get("kind"), key)
+            else:
+                assert b[key] == value, (spec, a["step"], key)
+    losses = [r["loss"] for r in copy if r.get("kind") != "eval"]
+    assert max(losses) - min(losses) > 1e-4, spec  # the runs train: not a vacuous comparison
+
+
+def test_copy_free_equals_copy_one_process(tmp_path):
+    specs = [f"{TINY}/humanline_{objective}.yaml|humanline.sync_every={k}" for objective in ("dpo", "kto", "grpo")
+             for k in (1, 3)]
+    specs += [f"{TINY}/humanline_{objective}.yaml|{FROZEN}" for objective in ("dpo", "kto", "grpo")]
+    results = _parity(tmp_path, specs)
+    k3 = results[f"{TINY}/humanline_dpo.yaml|humanline.sync_every=3"]
+    assert [r["synced"] for r in k3["free"] if r.get("kind") != "eval"] == [True, False, False, True, False]
+
+
+def test_copy_free_equals_copy_zero3_two_processes(tmp_path):
+    _parity(tmp_path, [f"{TINY}/humanline_dpo.yaml|engine.zero_stage=3,humanline.sync_every=3",
+                       f"{TINY}/humanline_kto.yaml|engine.zero_stage=3,{FROZEN}"], nproc=2)
+
+
+@pytest.mark.parametrize("recipe", ["megatron_humanline_dpo.yaml", "megatron_tp1_pp2_humanline_dpo.yaml"])
+def test_copy_free_equals_copy_megatron(tmp_path, recipe):
+    _parity(tmp_path, [f"{TINY}/{recipe}|humanline.sync_every=3", f"{TINY}/{recipe}|{FROZEN}"], nproc=2)
+
+
+# ------------------------------------------------------------------------------------------ the choice
+@pytest.mark.parametrize("recipe, overrides, mode", [
+    ("humanline_dpo.yaml", [], "lookahead"),
+    ("humanline_dpo.yaml", ["humanline.reference=copy"], "copy"),
+    ("humanline_dpo.yaml", ["train.on_nonfinite=skip"], "copy"),
+    ("humanline_sparse_grpo_math.yaml", [], "copy"),  # rollouts
+    ("offline_dpo.yaml", [], "copy"),
+    ("offline_dpo.yaml", ["train.cache_reference_logps=true"], "cached"),
+])
+def test_reference_mode_choice(recipe, overrides, mode):
+    assert reference_mode(load_recipe(REPO / TINY / recipe, overrides))[0] == mode
+
+
+@pytest.mark.parametrize("recipe, overrides, needle", [
+    ("humanline_dpo.yaml", ["train.cache_reference_logps=true"], "moves the reference"),
+    ("online_grpo_math.yaml", ["train.cache_reference_logps=true", "objective.beta_kl=0.01"], "rollouts"),
+    ("online_grpo_math.yaml", ["train.cache_reference_logps=true", "objective.beta_kl=0"], "nothing in this run reads"),
+    ("humanline_sparse_grpo_math.yaml", ["humanline.reference=lookahead"], "not known at the sync"),
+    ("humanline_dpo.yaml", ["humanline.reference=lookahead", "train.on_nonfinite=skip"], "on_nonfinite: skip"),
+    ("offline_dpo.yaml", ["humanline.reference=lookahead"], "syncing is off"),
+])
+def test_refusals_name_the_key(capsys, recipe, overrides, needle):
+    assert main([str(REPO / TINY / recipe), "--validate", *overrides]) == 2
+    err = capsys.readouterr().err
+    assert needle in err and "Fix:" in err and "Traceback" not in err
+
+
+# ------------------------------------------------------------------------------------------ the cache on disk
+def test_cache_is_fingerprinted_checked_and_rebuilt(tmp_path):
+    data = tmp_path / "train.jsonl"
+    data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text())
+    out = tmp_path / "run"
+    common = [f"output_dir={out}", "train.max_steps=3", "eval.every=null", "checkpoint.save_every=null",
+              "checkpoint.save_final=false", "logging.progress_bar=false", "checkpoint.resume=never",
+              "train.cache_reference_logps=true", f"data.train.path={data}"]
+    cache = out / "reference_cache" / "rank00000"
+
+    first = run_recipe(TINY_OFFLINE, common)
+    assert "reference log-probs: cached" in first.stdout
+    manifest = json.loads((cache / "manifest.json").read_text())
+    assert list(manifest["parts"]) == ["updates-000000-000002"]
+    part = cache / "updates-000000-000002.pt"
+    losses = [r["loss"] for r in read_jsonl(out / "metrics.jsonl")]
+    stamp = part.stat().st_mtime_ns
+
+    second = run_recipe(TINY_OFFLINE, common)  # same fingerprint: read, not computed
+    assert "recomputing" not in second.stdout and "again" not in second.stdout
+    assert part.stat().st_mtime_ns == stamp
+    assert [r["loss"] for r in read_jsonl(out / "metrics.jsonl")] == losses
+
+    part.write_bytes(part.read_bytes()[:100])  # a torn file: its checksum no longer matches
+    third = run_recipe(TINY_OFFLINE, common)
+    assert "missing or corrupted: computing it again" in third.stdout
+    assert [r["loss"] for r in read_jsonl(out / "metrics.jsonl")] == losses
+
+    fourth = run_recipe(TINY_OFFLINE, [*common, "data.max_length=48"])
+    assert "data.max_length" in fourth.stdout and "recomputing" in fourth.stdout
+
+    rows = data.read_text().splitlines()
+    first = json.loads(rows[0])
+    first["chosen"][-1]["content"] += " indeed"  # one completion changes
+    data.write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")
+    fifth = run_recipe(TINY_OFFLINE, [*common, "data.max_length=48"])
+    assert "data.train file train.jsonl" in fifth.stdout and "recomputing" in fifth.stdout

@@ -1,0 +1,83 @@
+"""LoRA through PEFT (`model.lora`) on the real DeepSpeed engine, CPU, tiny model: training, syncing the adapter
+only, the reference adapter's timing, no second model, `final/` loading with PEFT, resume, and config errors."""
+
+import json
+import math
+
+import pytest
+
+from helpers import REPO, read_jsonl, run_recipe, run_torchrun
+
+LORA = REPO / "recipes" / "tiny" / "humanline_dpo_lora.yaml"
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("lora")
+    run_torchrun(REPO / "tests/distributed/lora_harness.py", [out / "report.json", out], nproc=1)
+    return json.loads((out / "report.json").read_text())
+
+
+def test_synced_lora_copies_only_the_adapter_and_references_the_pre_update_adapter(report):
+    assert report["reference_engine"] is False and report["has_reference"] is True  # no second model
+    assert report["optimizer_is_policy_adapter"] and not report["reference_trainable"]
+    records = report["records"]
+    assert len(records) == 12
+    for r in records:
+        # the sync copies exactly the adapter's bytes: 10x fewer than the model holds here, far fewer at scale
+        assert r["sync_bytes"] == report["adapter_bytes"] < report["model_bytes"] / 10
+        assert r["ref_vs_policy"] == 0.0 and not r["reference_grads"]  # reference adapter == theta_n, no grads
+        assert r["policy_moved"] > 1e-4  # the optimizer step changed the policy...
+        assert r["next_ref_vs_pre_policy"] <= 1e-6  # ...and the next update's reference is the pre-update policy
+    assert abs(report["synced_losses"][0] - math.log(2)) < 1e-6  # policy == reference at update 0
+
+
+def test_lora_final_loads_with_peft_and_merged(report):
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged"} <= set(report["final_files"])
+    assert report["final_peft_vs_policy"] < 1e-5 and report["final_merged_vs_policy"] < 1e-5
+
+
+def test_frozen_lora_reference_is_the_base_model_and_the_loss_falls(report):
+    assert report["frozen_reference_engine"] is False and report["frozen_has_reference"] is True
+    assert report["frozen_pairs"] == 0  # nothing to sync
+    assert report["frozen_extra_params"] == report["frozen_adapter_params"]  # base + one adapter, no second model
+    assert report["frozen_ref_vs_base_before"] < 1e-5 and report["frozen_ref_vs_base_after"] < 1e-5
+    assert report["frozen_policy_vs_base_after"] > 1e-2  # the policy moved, the reference did not
+    losses = report["frozen_losses"]
+    assert abs(losses[0] - math.log(2)) < 1e-6
+    assert sum(losses[-4:]) / 4 < losses[0] - 0.02, losses
+
+
+def test_lora_resume_reproduces_the_uninterrupted_run(tmp_path):
+    common = ["train.max_steps=6", "eval.every=null", "checkpoint.save_final=false"]
+    run_recipe(LORA, [*common, f"output_dir={tmp_path / 'whole'}", "checkpoint.save_every=null"])
+    split = tmp_path / "split"
+    run_recipe(LORA, [*common, f"output_dir={split}", "checkpoint.save_every=3", "train.stop_after=3"])
+    ckpt = split / "checkpoints" / "step_3"
+    assert sorted(p.name for p in ckpt.rglob("reference_rank*.pt")), "the reference adapter is kept"
+    assert sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()) < 400_000  # the frozen base is not saved
+    run_recipe(LORA, [*common, f"output_dir={split}", "checkpoint.save_every=3"])
+    whole, resumed = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(split / "metrics.jsonl")
+    assert [r["step"] for r in resumed] == list(range(6))
+    for a, b in zip(whole, resumed):
+        assert abs(a["loss"] - b["loss"]) < 1e-6, (a["step"], a["loss"], b["loss"])
+
+
+def test_lora_config_errors(tmp_path):
+    proc = run_recipe(LORA, ["--validate", "engine.name=megatron", f"output_dir={tmp_path}"], expect=2)
+    assert "`model.lora`" in proc.stderr and "megatron engine has no LoRA" in proc.stderr
+    proc = run_recipe(LORA, ["model.lora.target_modules=[nope_proj]", f"output_dir={tmp_path}"], expect=2)
+    assert "`model.lora.target_modules" in proc.stderr and "q_proj" in proc.stderr
+
+
+def test_lora_off_by_r_null_zero3_refused_and_post_training_evals_need_the_merged_model():
+    from hl_core.config import load_recipe
+    from hl_core.config.checks import check_lora
+    from hl_core.errors import RecipeError
+
+    assert not load_recipe(LORA, ["model.lora.r=null"]).model.lora_enabled
+    with pytest.raises(RecipeError, match="engine.zero_stage=2"):
+        check_lora(load_recipe(LORA, ["engine.zero_stage=3"]))
+    recipe = load_recipe(LORA, ["model.lora.save_merged=false", "eval.data_quality.enabled=true"])
+    with pytest.raises(RecipeError, match="save_merged=true"):
+        check_lora(recipe)

@@ -27,8 +27,16 @@ class _Section(BaseModel):
 
 
 class LoraSection(_Section):
-    """LoRA adapters through PEFT (DeepSpeed engine, ZeRO 0-2); PEFT's own names. `r: null` (or no block)
-    trains every weight."""
+    """LoRA adapters through PEFT (DeepSpeed engine, ZeRO 0-2; the megatron engine and ZeRO-3 refuse it at
+    config time); PEFT's own names. `r: null` (or no block) trains every weight. Only the adapter trains (its
+    init seeded by `train.seed`); there is never a second model: a frozen reference (`humanline.sync_every:
+    null`) is the base with the adapter switched off, a synced one the base plus a frozen copy of the adapter,
+    and a sync copies the adapter's tensors only. Checkpoints keep the adapter, its optimizer states and the
+    reference adapter, not the frozen base (rebuilt from `model.name_or_path`, or with `random_init` from
+    `train.seed`). `final/` holds the adapter in PEFT format (`PeftModel.from_pretrained(base, "final")`) and the
+    tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it).
+    `--plan` counts the adapter from the model's dimensions. Example: `recipes/tiny/humanline_dpo_lora.yaml`;
+    memory and speed against full fine-tuning: `bench/lora.py`."""
 
     r: Optional[int] = Field(
         None, ge=1, description="LoRA rank (PEFT `r`); null = full fine-tuning (the block is ignored).",

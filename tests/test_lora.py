@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from helpers import REPO, read_jsonl, run_recipe, run_torchrun
+from helpers import REPO, run_recipe, run_torchrun
 
 LORA = REPO / "recipes" / "tiny" / "humanline_dpo_lora.yaml"
 
@@ -48,19 +48,13 @@ def test_frozen_lora_reference_is_the_base_model_and_the_loss_falls(report):
     assert sum(losses[-4:]) / 4 < losses[0] - 0.02, losses
 
 
-def test_lora_resume_reproduces_the_uninterrupted_run(tmp_path):
-    common = ["train.max_steps=6", "eval.every=null", "checkpoint.save_final=false"]
-    run_recipe(LORA, [*common, f"output_dir={tmp_path / 'whole'}", "checkpoint.save_every=null"])
-    split = tmp_path / "split"
-    run_recipe(LORA, [*common, f"output_dir={split}", "checkpoint.save_every=3", "train.stop_after=3"])
-    ckpt = split / "checkpoints" / "step_3"
-    assert sorted(p.name for p in ckpt.rglob("reference_rank*.pt")), "the reference adapter is kept"
-    assert sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file()) < 400_000  # the frozen base is not saved
-    run_recipe(LORA, [*common, f"output_dir={split}", "checkpoint.save_every=3"])
-    whole, resumed = read_jsonl(tmp_path / "whole" / "metrics.jsonl"), read_jsonl(split / "metrics.jsonl")
-    assert [r["step"] for r in resumed] == list(range(6))
-    for a, b in zip(whole, resumed):
-        assert abs(a["loss"] - b["loss"]) < 1e-6, (a["step"], a["loss"], b["loss"])
+def test_lora_resume_reproduces_the_uninterrupted_run(report):
+    assert report["resume_reference_files"] == ["reference_rank00000.pt"]  # the reference adapter is kept
+    assert report["resume_checkpoint_bytes"] < 400_000  # the frozen base (656 KB in fp32 here) is not saved
+    whole, resumed = report["resume_whole"], report["resume_split"]
+    assert [step for step, _ in resumed] == list(range(6))
+    for (step, a), (_, b) in zip(whole, resumed):
+        assert abs(a - b) < 1e-6, (step, a, b)
 
 
 def test_lora_config_errors(tmp_path):

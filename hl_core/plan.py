@@ -139,6 +139,23 @@ def memory_plan(
     pb = 2 if bf16 else 4  # bytes per parameter / activation element
     P, L = spec.num_params(), spec.largest_layer_params()
     notes: List[str] = []
+    lora, A = None, 0
+    if recipe.model.lora_enabled:  # hl_core/plan_lora.py: the adapter from the dimensions and PEFT's matching
+        from .config.checks import check_lora
+        from .plan_lora import lora_terms
+
+        check_lora(recipe)
+        lora = lora_terms(spec, recipe.model.lora, pb)
+        A = lora["adapter_params"]
+        copy = reference_mode(recipe)[0] == "copy"
+        synced = copy and recipe.humanline.sync_every is not None
+        notes.append(
+            f"LoRA r={recipe.model.lora.r} on {lora['adapted_modules']} modules: {_count(A)} adapter params "
+            f"({100 * A / P:.2f}% of the model) get gradients and AdamW states; the reference is "
+            + ("the base plus a frozen adapter copy (the adapter's bytes)" if synced else
+               "the base with the adapter off (0 bytes)" if copy else "no model (see below)")
+        )
+    T = A if lora else P  # trainable parameters
 
     if engine == "megatron":
         shard = _megatron_shard_params(spec, tp, pp)
@@ -166,21 +183,23 @@ def memory_plan(
                 low += resident_grads
             backward_grads = 0.0 if bf16 else pb * P / dp
             params_on_rank = P / dp
-        else:
-            weights = pb * P
-            low = pb * P / dp if stage == 2 else pb * P
+        else:  # LoRA: the frozen base whole, gradients and optimizer states for the T = A adapter params only
+            weights = pb * (P + A)
+            low = pb * T / dp if stage == 2 else pb * T
             resident_grads, backward_grads = 0.0, low  # compute-dtype gradients (ZeRO-2: this rank's partition)
-            params_on_rank = P
+            params_on_rank = P + A
         if bf16:
-            master_grads = 4 * P if stage == 0 else 4 * P / dp
+            master_grads = 4 * T if stage == 0 else 4 * T / dp
             grads = low + master_grads
-            optimizer = 12 * P if stage == 0 else 12 * P / dp
+            optimizer = 12 * T if stage == 0 else 12 * T / dp
         else:
             master_grads = 0.0
             grads = low
-            optimizer = 8 * P if stage == 0 else 8 * P / dp
+            optimizer = 8 * T if stage == 0 else 8 * T / dp
         step_grads = master_grads  # the float32 gradients the bf16 optimizer builds at the step
         reference = pb * P / dp if stage == 3 else pb * P
+        if lora:  # no second model: a frozen copy of the adapter (synced) or nothing (the adapter switched off)
+            reference = pb * A if synced else 0.0
 
     mode, why = reference_mode(recipe)
     if mode == "none":
@@ -207,6 +226,9 @@ def memory_plan(
     final_norm = s * b * norm_bytes(spec, pb) * in_flight  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
     activations_ckpt = (pb * s * b * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
+    if lora:  # what the adapters keep (A's outputs, dropout copies): all layers, or one layer being recomputed
+        activations_full += s * b * lora["activation_bytes_per_token"]
+        activations_ckpt += s * b * lora["activation_bytes_per_token"] / spec.num_layers
     gemma2 = spec.model_type.startswith("gemma2")
     # megatron's Gemma 2 path: megatron-core's cross entropy (a float32 softmax kept); HF's Gemma 2: the tanh
     # of its final logit soft-capping kept beside the logits
@@ -239,6 +261,7 @@ def memory_plan(
     )
     return dict(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
+        trainable_params=T, lora_adapter_params=A,
         engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
         world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
         gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,

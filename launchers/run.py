@@ -62,6 +62,8 @@ def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
         return {}
     from eval.run_from_recipe import run_post_training_eval
 
+    if recipe.model.lora_enabled:
+        model_dir = Path(model_dir) / "merged"  # `final/` holds the adapter; the merged model is beside it
     print(f"post-training evals: {', '.join(enabled)} on {model_dir}", flush=True)
     results = run_post_training_eval(recipe, model_dir=model_dir, output_dir=recipe.output_dir, raise_on_error=False)
     failed = [b for b in enabled if isinstance(results.get(b), dict) and "error" in results[b]]

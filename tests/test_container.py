@@ -80,12 +80,12 @@ def _requirements():
 
 
 def _setup_requirements():
-    """install_requires and the eval/megatron extras, read from setup.py's literal lists."""
+    """install_requires and the eval/megatron/lora extras, read from setup.py's literal lists."""
     tree = ast.parse((REPO / "setup.py").read_text())
     call = next(n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "setup")
     kw = {k.arg: ast.literal_eval(k.value) for k in call.keywords if k.arg in ("install_requires", "extras_require")}
     names = list(kw["install_requires"])
-    for extra in ("eval", "megatron"):
+    for extra in ("eval", "megatron", "lora"):
         names += kw["extras_require"].get(extra, [])
     return [Requirement(r) for r in names]
 

@@ -63,6 +63,7 @@ def test_copy_free_equals_copy_one_process(tmp_path):
     specs = [f"{TINY}/humanline_{objective}.yaml|humanline.sync_every={k}" for objective in ("dpo", "kto", "grpo")
              for k in (1, 3)]
     specs += [f"{TINY}/humanline_{objective}.yaml|{FROZEN}" for objective in ("dpo", "kto", "grpo")]
+    specs += [f"{TINY}/humanline_dpo_lora.yaml|humanline.sync_every=3"]  # LoRA: the adapter copy vs look-ahead
     results = _parity(tmp_path, specs)
     k3 = results[f"{TINY}/humanline_dpo.yaml|humanline.sync_every=3"]
     assert [r["synced"] for r in k3["free"] if r.get("kind") != "eval"] == [True, False, False, True, False]

@@ -10,12 +10,15 @@ from typing import Optional, Tuple
 from ..errors import RecipeError
 from .resume import check_resume
 from .schema import Recipe
+from .sections_run import POST_TRAINING_EVALS
 
 
 def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks (the
     checkpoint to resume is checked against it, else against ``WORLD_SIZE`` from the launcher, else 1)."""
     hl = recipe.humanline
+    if recipe.model.lora_enabled:
+        check_lora(recipe)
     if recipe.engine.name == "megatron":
         import importlib.util
 
@@ -95,6 +98,32 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     if world_size is not None:
         batch_layout(recipe, world_size)
+
+
+def check_lora(recipe: Recipe) -> None:
+    """``model.lora`` needs PEFT and the DeepSpeed engine at ZeRO 0-2; the post-training evals read the merged model."""
+    import importlib.util
+
+    lora = recipe.model.lora
+    if recipe.engine.name != "deepspeed":
+        raise RecipeError(
+            f"`model.lora` (r={lora.r}) is not available with `engine.name: {recipe.engine.name}`: the megatron engine "
+            "has no LoRA. Fix: `engine.name=deepspeed`, or `model.lora.r=null` for full fine-tuning."
+        )
+    if recipe.engine.zero_stage == 3:
+        raise RecipeError(
+            "`model.lora` is not supported with `engine.zero_stage: 3` yet (the adapter would be partitioned; its "
+            "sync and export are written for whole parameters). Fix: `engine.zero_stage=2` (the frozen base weights "
+            "are not in the optimizer, so ZeRO-2 already shards all that LoRA trains), or `model.lora.r=null`."
+        )
+    if importlib.util.find_spec("peft") is None:
+        raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or `model.lora.r=null`.")
+    evals = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
+    if evals and recipe.eval.after_training and not lora.save_merged:
+        raise RecipeError(
+            f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only the "
+            "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or `eval.after_training=false`."
+        )
 
 
 def check_held_out(recipe: Recipe) -> None:

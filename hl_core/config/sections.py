@@ -26,6 +26,46 @@ class _Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True, protected_namespaces=(), allow_inf_nan=False)
 
 
+class LoraSection(_Section):
+    """LoRA adapters through PEFT (DeepSpeed engine, ZeRO 0-2; the megatron engine and ZeRO-3 refuse it at
+    config time); PEFT's own names. `r: null` (or no block) trains every weight. Only the adapter trains (its
+    init seeded by `train.seed`); there is never a second model: a frozen reference (`humanline.sync_every:
+    null`) is the base with the adapter switched off, a synced one the base plus a frozen copy of the adapter,
+    and a sync copies the adapter's tensors only. Checkpoints keep the adapter, its optimizer states and the
+    reference adapter, not the frozen base (rebuilt from `model.name_or_path`, or with `random_init` from
+    `train.seed`). `final/` holds the adapter in PEFT format (`PeftModel.from_pretrained(base, "final")`) and the
+    tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it).
+    `--plan` counts the adapter from the model's dimensions. Example: `recipes/tiny/humanline_dpo_lora.yaml`;
+    memory and speed against full fine-tuning: `bench/lora.py`."""
+
+    r: Optional[int] = Field(
+        None, ge=1, description="LoRA rank (PEFT `r`); null = full fine-tuning (the block is ignored).",
+    )
+    alpha: float = Field(8.0, gt=0, description="LoRA scaling numerator (PEFT `lora_alpha`): updates are scaled by alpha / r.")
+    dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input (PEFT `lora_dropout`).")
+    target_modules: Optional[Union[str, list]] = Field(
+        None, description="Modules that get an adapter (PEFT `target_modules`): a list of module-name suffixes "
+        "(e.g. `[q_proj, v_proj]`), a regular expression matched against full names, or `all-linear`; null = "
+        "PEFT's default for the architecture (Llama/Qwen2/Gemma 2: `q_proj`, `v_proj`).",
+    )
+    save_merged: bool = Field(
+        False, description="Also write the merged model (base + adapter, a plain Hugging Face model) to "
+        "`final/merged/`; `final/` itself holds the adapter in PEFT format. Needed by the post-training evals.",
+    )
+
+    @field_validator("target_modules")
+    @classmethod
+    def _names(cls, value):
+        if isinstance(value, list) and (not value or not all(isinstance(v, str) and v for v in value)):
+            raise ValueError("`model.lora.target_modules` must be a non-empty list of module names, a regular "
+                             "expression, `all-linear`, or null")
+        return value
+
+    @property
+    def enabled(self) -> bool:
+        return self.r is not None
+
+
 class ModelConfig(_Section):
     """The policy model (the reference starts as a copy of it) and its tokenizer."""
 
@@ -50,6 +90,16 @@ class ModelConfig(_Section):
         description="Values set on the model's config before building it, e.g. `{hidden_size: 256}` with "
         "`random_init` for a larger benchmark model, or `{attention_dropout: 0.0}`.",
     )
+
+    lora: Optional[LoraSection] = Field(
+        None, description="LoRA adapters (PEFT): `r`, `alpha`, `dropout`, `target_modules`, `save_merged`; null or "
+        "`r: null` = full fine-tuning. The reference is the base model with the adapter off (frozen) or the base "
+        "plus a frozen copy of the adapter (synced): no second model.",
+    )
+
+    @property
+    def lora_enabled(self) -> bool:
+        return self.lora is not None and self.lora.enabled
 
     @field_validator("attn_implementation")
     @classmethod

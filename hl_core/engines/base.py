@@ -78,8 +78,9 @@ class Engine:
         return self.reference is not None
 
     def require_reference(self):
-        """The reference model, or a clear error when this run built none (a trainer bug, not a user mistake)."""
-        if self.reference is None:
+        """The reference model (None for a LoRA reference, which lives in the policy module), or a clear error
+        when this run has none (a trainer bug, not a user mistake)."""
+        if not self.has_reference:
             raise RuntimeError(
                 "This run built no reference model (`objectives.reference_needed` is false for its recipe), "
                 "yet its reference log-probs or a reference sync were asked for."

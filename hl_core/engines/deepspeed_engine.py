@@ -9,6 +9,8 @@
 * No reference engine at all when the run never reads it (``objectives.reference_needed``: SFT, standard
   rollout GRPO without a KL term) or reads it without a copy (``objectives.reference_mode``: a cached frozen
   reference, look-ahead syncing).
+* LoRA (``model.lora``, ZeRO 0-2): no reference engine either; the reference is the policy module with its
+  adapter off, or with a frozen ``reference`` adapter that syncing overwrites (``engines/lora.py``).
 """
 
 from __future__ import annotations
@@ -107,12 +109,22 @@ class DeepSpeedEngine(Engine):
             "steps_per_print": 10**9,
         }
 
+        self._lora_reference = reference_model_needed(recipe)  # LoRA: a reference adapter (copy mode only)
+        self.lora, self.last_sync_bytes = None, 0  # bytes the last sync copied on this rank
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=reference_model_needed(recipe),
+            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled,
         )
+        if recipe.model.lora_enabled:
+            from .lora import wrap_lora
+
+            synced = self._lora_reference and recipe.humanline.sync_every is not None
+            self.lora = wrap_lora(policy, recipe.model.lora, synced, train.seed, recipe.model.gradient_checkpointing)
+            policy = self.lora.model
         decay, no_decay = [], []
         for name, param in policy.named_parameters():
+            if not param.requires_grad:  # LoRA's frozen base weights and reference adapter
+                continue
             shape = getattr(param, "ds_shape", param.shape)  # loaded under zero.Init: already partitioned
             (no_decay if len(shape) < 2 else decay).append(param)
         groups = [
@@ -136,9 +148,15 @@ class DeepSpeedEngine(Engine):
             self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
             self.reference.eval()
             self._pairs = self._parameter_pairs()
+        if self.lora is not None:
+            self._pairs = self.lora.pairs  # synced: (reference adapter name, policy tensor, reference tensor)
         self._last_grad_norm = float("nan")
 
     # -------------------------------------------------------------------------------------------
+    @property
+    def has_reference(self) -> bool:
+        return self.reference is not None or (self.lora is not None and self._lora_reference)
+
     def _parameter_pairs(self):
         pol = list(self.policy.module.named_parameters())
         ref = list(self.reference.module.named_parameters())
@@ -147,7 +165,7 @@ class DeepSpeedEngine(Engine):
         return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
-        engine = self.policy if model == "policy" else self.require_reference()
+        engine = self.policy if model == "policy" else (self.require_reference() or self.policy)  # LoRA: one module
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
         if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
@@ -158,7 +176,7 @@ class DeepSpeedEngine(Engine):
                                         chunk_size=chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens))
         if model == "policy":
             return forward(engine, input_ids, attention_mask, temperature=temperature)
-        with torch.no_grad():
+        with torch.no_grad(), (self.lora.reference_forward() if self.lora is not None else contextlib.nullcontext()):
             return forward(engine, input_ids, attention_mask, temperature=temperature)
 
     def _policy_module(self):
@@ -179,6 +197,8 @@ class DeepSpeedEngine(Engine):
 
     def full_state_dict(self):
         """The policy's full weights (gathered under ZeRO-3; rank 0 gets them, others None)."""
+        if self.lora is not None:
+            return self.lora.merged_state_dict()
         if self.zero_stage == 3:
             return self.policy._zero3_consolidated_16bit_state_dict()
         return {k: v.detach().cpu() for k, v in self.policy.module.state_dict().items()}
@@ -264,16 +284,21 @@ class DeepSpeedEngine(Engine):
         re-gathers it from the fresh partition.
         """
         self.require_reference()
+        copied = 0
         for _, pol, ref in self._pairs:
             if not hasattr(pol, "ds_tensor"):
                 ref.data.copy_(pol.data)
+                copied += ref.numel() * ref.element_size()
                 continue
             ref.ds_tensor.data.copy_(pol.ds_tensor.data)
+            copied += ref.ds_tensor.numel() * ref.ds_tensor.element_size()
             if _holds_whole(ref):
                 if _holds_whole(pol):
                     ref.data.copy_(pol.data)
+                    copied += ref.numel() * ref.element_size()
                 else:
                     ref.partition()
+        self.last_sync_bytes = copied
 
     def _reference_shards(self) -> Dict[str, torch.Tensor]:
         shards = {}
@@ -299,7 +324,9 @@ class DeepSpeedEngine(Engine):
 
     # -------------------------------------------------------------------------------------------
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
-        self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False)
+        # LoRA: the frozen base is rebuilt from `model.name_or_path`; the reference adapter is kept below
+        self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False,
+                                    exclude_frozen_parameters=self.lora is not None)
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
         if self.has_reference and self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
@@ -307,7 +334,7 @@ class DeepSpeedEngine(Engine):
         self.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
-        load_path, client_state = self.policy.load_checkpoint(directory, tag=tag)
+        load_path, client_state = self.policy.load_checkpoint(directory, tag=tag, load_module_strict=self.lora is None)
         if load_path is None:
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
         if self.has_reference and self.recipe.humanline.sync_every is not None:
@@ -322,6 +349,12 @@ class DeepSpeedEngine(Engine):
         return client_state or {}
 
     def save_hf(self, directory: str) -> None:
+        if self.lora is not None:  # the adapter in PEFT format (+ `merged/` when asked)
+            if self.rank == 0:
+                Path(directory).mkdir(parents=True, exist_ok=True)
+                self.lora.save_final(directory, self.tokenizer, self.recipe.model.lora.save_merged)
+            self.barrier()
+            return
         state_dict = self.full_state_dict()
         if self.rank == 0:
             Path(directory).mkdir(parents=True, exist_ok=True)

@@ -37,7 +37,7 @@ def run(recipe_path: str, overrides: list, out_dir: Path):
     try:
         trainer.setup()
         trainer.train()
-        rank, built, mode = trainer.engine.rank, trainer.engine.reference is not None, trainer.reference.mode
+        rank, built, mode = trainer.engine.rank, trainer.engine.has_reference, trainer.reference.mode
     finally:
         trainer.close(destroy_process_group=False)
     rows = []

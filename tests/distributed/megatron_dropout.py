@@ -23,6 +23,7 @@ REPO = Path(__file__).resolve().parents[2]
 report_path, out_dir = sys.argv[1], sys.argv[2]
 recipe = load_recipe(REPO / "recipes/tiny/megatron_tp1_pp2_humanline_dpo.yaml", [
     "model.config_overrides={attention_dropout: 0.3}", "train.max_steps=3", "eval.every=null",
+    "humanline.reference=copy",  # the reference model's forward pieces are what this script compares
     "checkpoint.save_every=null", "checkpoint.save_final=false", "checkpoint.resume=never",
     f"output_dir={out_dir}", "logging.progress_bar=false",
 ])

@@ -19,7 +19,10 @@ The update's loss does not depend on the split. Each objective's micro-batch los
 trainer scales micro-batch ``m`` by ``share_m / D``, ``D`` = the rank's total share (or, for GRPO's
 ``dapo``, the share summed over ranks / world size), so the gradient is that of one mean over the update.
 Metrics are weighted likewise (``ObjectiveSpec.metric_weights``; counts summed per rank; statistics of the
-whole update from ``prepare_update``), so they too are independent of the split.
+whole update from ``prepare_update``), so they too are independent of the split. The reported ``loss`` is
+the rank's update loss (the mean over ranks of what each rank's gradient is of). Not split-independent:
+``humanline.transform: sample``, whose rejection bound ``M`` is a maximum over the micro-batch (the method's
+definition), and its random draws.
 """
 
 from __future__ import annotations

@@ -98,7 +98,8 @@ def max_over_ranks(engine, value: int) -> int:
     return int(engine.all_reduce_sum(slots).max().item())
 
 
-def collate_bins(collate: Callable, features: List[dict], bins: List[List[int]], more: Sequence[dict] = ()) -> List[dict]:
+def collate_bins(collate: Callable, features: List[dict], bins: List[List[int]],
+                 more: Sequence[dict] = ()) -> List[dict]:
     """One batch per bin. A collate function that borrows (``donors``: KTO's KL rows) and takes ``rows`` pairs
     over the whole update (``features``, then ``more``: other ranks' examples), so a KL row does not depend
     on the split; one without ``rows`` gets the other bins' units (the next one first) then ``more``."""
@@ -163,7 +164,8 @@ class UpdateNormaliser:
         shares = [0.0 if b.get("dummy") else float(spec.loss_share(cfg, b)) for b in self.batches]
         total = sum(shares)
         if spec.share_scope(cfg) == "world":
-            total = self.engine.all_reduce_sum(torch.tensor([total], dtype=torch.float64))[0].item() / self.engine.world_size
+            summed = self.engine.all_reduce_sum(torch.tensor([total], dtype=torch.float64))[0].item()
+            total = summed / self.engine.world_size
         self.shares = [s / total if total > 0 else 0.0 for s in shares]
         accumulation = self.engine.gradient_accumulation_steps
         self.factors = [s * accumulation for s in self.shares]

@@ -76,7 +76,8 @@ class OfflineSource:
     def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder, budget: Optional[int] = None):
         from .micro_batches import check_budget_fits
 
-        self.engine, self.micro, self.dataset, self.order, self.budget = engine, micro_batch_size, dataset, order, budget
+        self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order
+        self.budget = budget
         check_budget_fits(budget, dataset, "example")
 
     def before_step(self, step: int) -> Dict[str, float]:
@@ -87,7 +88,8 @@ class OfflineSource:
         from .micro_batches import update_batches
 
         engine = self.engine
-        own = [p for m in range(engine.gradient_accumulation_steps) for p in engine.micro_batch_positions(step, m, self.micro)]
+        own = [p for m in range(engine.gradient_accumulation_steps)
+               for p in engine.micro_batch_positions(step, m, self.micro)]
         others = []
         if takes_donors(self.dataset.collate):
             # the update's other examples (all ranks): KTO pairs a prompt with another prompt's completion

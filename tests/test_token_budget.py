@@ -26,6 +26,8 @@ SINGLE = [
     "recipes/tiny/humanline_kto.yaml|train.micro_batch_size=4,train.gradient_accumulation_steps=4|150",
     "recipes/tiny/humanline_grpo.yaml|train.micro_batch_size=1,train.gradient_accumulation_steps=4,"
     "humanline.sync_every=2|300",
+    # the whole update in one micro-batch: GRPO's token mean is over the update's tokens, however it is split
+    "recipes/tiny/humanline_grpo.yaml|train.micro_batch_size=1,train.gradient_accumulation_steps=4|100000",
     f"recipes/tiny/online_dpo_rm.yaml|{HUMANLINE_GRPO_ONLINE},humanline.sync_every=1,train.micro_batch_size=1,"
     "train.gradient_accumulation_steps=4|300",
     "recipes/repro/warmup.yaml|train.micro_batch_size=16,train.gradient_accumulation_steps=4|100",

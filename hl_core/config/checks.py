@@ -102,12 +102,14 @@ def token_budget_floor(recipe: Recipe) -> Tuple[int, str]:
     fits, and what that example is (offline GRPO groups vary in size: the loaded data is checked too)."""
     name, rollout = recipe.objective.name, recipe.rollout
     if rollout.every is not None:
-        row, what = recipe.data.max_prompt_length + rollout.max_new_tokens, "`data.max_prompt_length` + `rollout.max_new_tokens`"
+        row = recipe.data.max_prompt_length + rollout.max_new_tokens
+        what = "`data.max_prompt_length` + `rollout.max_new_tokens`"
         rows = {"dpo": 2, "kto": 1}.get(name, 2 if rollout.group == "best_worst" else rollout.num_generations)
     else:
         row, what = recipe.data.max_length, "`data.max_length`"
         rows = 2 if name == "dpo" else 1
-    unit = {"dpo": "pair (chosen + rejected)", "grpo": "prompt group", "kto": "example", "sft": "row"}.get(name, "example")
+    units = {"dpo": "pair (chosen + rejected)", "grpo": "prompt group", "kto": "example", "sft": "row"}
+    unit = units.get(name, "example")
     return rows * row, f"{rows} x {what} = {rows * row} tokens, the largest possible {unit}"
 
 
@@ -125,8 +127,8 @@ def check_token_budget(recipe: Recipe) -> None:
     floor, why = token_budget_floor(recipe)
     if budget < floor:
         raise RecipeError(
-            f"`train.max_tokens_per_micro_batch: {budget}` cannot hold the largest example: {why}. Nothing is ever cut or "
-            f"dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those lengths."
+            f"`train.max_tokens_per_micro_batch: {budget}` cannot hold the largest example: {why}. Nothing is ever "
+            f"cut or dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those lengths."
         )
 
 

@@ -1,6 +1,8 @@
 """Supervised fine-tuning (the warm-up of the reproduction study): token-level negative log-likelihood.
 
-``loss = -sum_t lp_pol[t] * mask[t] / sum_t mask[t]`` over all completion tokens of the micro-batch.
+``loss = -sum_t lp_pol[t] * mask[t] / sum_t mask[t]`` over all completion tokens of the micro-batch; in
+training, over those of the whole update (the trainer weights each micro-batch by its tokens:
+``hl_core.micro_batches``).
 No reference model and no humanline transform are involved.
 """
 

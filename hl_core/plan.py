@@ -44,6 +44,8 @@ micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). f
 keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation.
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
 plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2).
+With a token budget (``train.max_tokens_per_micro_batch``) the activations and logits are those of that many
+tokens instead of ``b*s`` (the eager score term still uses s, the longest row).
 Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
 pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
 the first row of a local .jsonl; else 2, as preference pairs become groups of two).
@@ -220,19 +222,22 @@ def memory_plan(
     else:
         eager = (recipe.model.attn_implementation or "sdpa") == "eager"
     t = tp if engine == "megatron" else 1
-    per_layer = s * b * layer_activation_bytes(spec, pb, t, s, eager)
+    # tokens per micro-batch: b rows of <= s tokens, or the token budget (`train.max_tokens_per_micro_batch`)
+    budget = recipe.train.max_tokens_per_micro_batch
+    tokens = budget if budget is not None else s * b
+    per_layer = tokens * layer_activation_bytes(spec, pb, t, s, eager)
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
     in_flight = min(pp, accum) if engine == "megatron" else 1
-    final_norm = s * b * norm_bytes(spec, pb) * in_flight  # the final RMSNorm, once per token
+    final_norm = tokens * norm_bytes(spec, pb) * in_flight  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
-    activations_ckpt = (pb * s * b * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
+    activations_ckpt = (pb * tokens * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
     if lora:  # what the adapters keep (A's outputs, dropout copies): all layers, or one layer being recomputed
-        activations_full += s * b * lora["activation_bytes_per_token"]
-        activations_ckpt += s * b * lora["activation_bytes_per_token"] / spec.num_layers
+        activations_full += tokens * lora["activation_bytes_per_token"]
+        activations_ckpt += tokens * lora["activation_bytes_per_token"] / spec.num_layers
     gemma2 = spec.model_type.startswith("gemma2")
     # megatron's Gemma 2 path: megatron-core's cross entropy (a float32 softmax kept); HF's Gemma 2: the tanh
     # of its final logit soft-capping kept beside the logits
-    logits = logits_bytes(b, s, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax=engine == "megatron" and gemma2,
+    logits = logits_bytes(1, tokens, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax=engine == "megatron" and gemma2,
                           softcap_copy=engine != "megatron" and gemma2)
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
@@ -252,6 +257,10 @@ def memory_plan(
         notes.append(f"GRPO: {size} completions per prompt group ({origin})")
     if recipe.rollout.every is not None:
         notes.append("rollouts: generation memory (KV cache, sampling) is not counted")
+    if budget is not None:
+        notes.append(f"token budget: activations and logits for {budget} tokens per micro-batch "
+                     "(`train.max_tokens_per_micro_batch`, real tokens; padding to a micro-batch's longest row adds "
+                     "to it unless `data.packing: true`)")
 
     bytes_ = dict(
         weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
@@ -266,6 +275,7 @@ def memory_plan(
         world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
         gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
         sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
+        tokens_per_micro_batch=tokens, token_budget=budget,
         gradient_checkpointing=checkpointing, gpu_memory_gib=gpu_gib,
         bytes=bytes_, gib={k: v / GIB for k, v in bytes_.items()},
         exceeds=total / GIB > gpu_gib, notes=notes,
@@ -294,8 +304,11 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         if world_size is None else f"world: {plan['world_size']} processes",
         f"layout: dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}; {engine}, {plan['precision']}",
         f"batch: micro {plan['micro_batch_size']} x grad-accum {plan['gradient_accumulation_steps']} x dp {plan['dp']}"
-        f" = global {plan['global_batch_size']} ({plan['sequences_per_micro_batch']} sequences of <= {plan['seq_len']}"
-        f" tokens per micro-batch, {plan['attention']} attention)",
+        f" = global {plan['global_batch_size']} ("
+        + (f"micro-batches of <= {plan['token_budget']} tokens (token budget), rows of <= {plan['seq_len']} tokens"
+           if plan["token_budget"] is not None else
+           f"{plan['sequences_per_micro_batch']} sequences of <= {plan['seq_len']} tokens per micro-batch")
+        + f", {plan['attention']} attention)",
         f"per-GPU memory estimate ({unit}):",
         "  at rest (between updates)",
         f"    weights (policy)            {v['weights']:9.2f}",
@@ -329,7 +342,8 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
             hints.append("raise `engine.zero_stage`")
         if plan["engine"] == "megatron":
             hints.append("raise `parallel.tp` (splits weights, activations and logits) or `parallel.pp` (splits layers)")
-        hints += ["lower `train.micro_batch_size` or `data.max_length`", "use more GPUs"]
+        hints += ["lower `train.max_tokens_per_micro_batch`" if plan["token_budget"] is not None
+                  else "lower `train.micro_batch_size` or `data.max_length`", "use more GPUs"]
         lines.append(
             f"WARNING: the estimate ({g['total']:.1f} GiB per GPU) exceeds `cluster.gpu_memory_gb` "
             f"({plan['gpu_memory_gib']:g}). Fix: " + ", or ".join(hints) + "."

@@ -2,6 +2,7 @@
 
 Per optimizer update ``n`` (``n`` = updates already done):
 
+    micro-batches: fixed or by token budget, each weighted by its share of the update (hl_core.micro_batches)
     for each micro-batch:  policy/reference token log-probs -> humanline transform -> objective -> backward
     humanline sync (n % k == 0), after the last backward and before the optimizer step
     optimizer step (gradient clipping inside), metrics, periodic eval and checkpoint
@@ -24,6 +25,7 @@ from . import checkpoint_files as ckpt
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .engines import build_engine
 from .humanline import SyncRecord, build_transform
+from .micro_batches import UpdateNormaliser, finish_metrics
 from .reference_logps import build_reference_logps
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps
 from .run_guard import (EXIT_INTERRUPTED, SLOW_UPDATES_ENV, GuardFlags, SkipCounter, StopSignals, first_nonfinite,
@@ -67,30 +69,37 @@ class DataOrder:
 
 
 class OfflineSource:
-    """Micro-batches from the (tokenized) offline data set, in the seeded data order."""
+    """Micro-batches from the (tokenized) offline data set, in the seeded data order: the rank's units of the
+    update, fixed or by token budget (``hl_core.micro_batches``)."""
 
     METRIC_KEYS = ()  # before_step reports nothing
 
-    def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder):
+    def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder, budget: Optional[int] = None):
+        from .micro_batches import check_budget_fits
+
         self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order
+        self.budget = budget
+        check_budget_fits(budget, dataset, "example")
 
     def before_step(self, step: int) -> Dict[str, float]:
         return {}
 
     def batches(self, step: int) -> List[dict]:
-        from .data.build import collate_micro_batches, takes_donors
+        from .data.build import takes_donors
+        from .micro_batches import update_batches
 
         engine = self.engine
-        own = [list(engine.micro_batch_positions(step, m, self.micro)) for m in range(engine.gradient_accumulation_steps)]
+        own = [p for m in range(engine.gradient_accumulation_steps)
+               for p in engine.micro_batch_positions(step, m, self.micro)]
         others = []
         if takes_donors(self.dataset.collate):
             # the update's other examples (all ranks): KTO pairs a prompt with another prompt's completion
             per_update = engine.gradient_accumulation_steps * engine.dp_size * self.micro
-            mine = {p for positions in own for p in positions}
+            mine = set(own)
             others = [self.dataset[self.order(p)] for p in range(step * per_update, (step + 1) * per_update)
                       if p not in mine]
-        micro = [[self.dataset[self.order(p)] for p in positions] for positions in own]
-        return collate_micro_batches(self.dataset.collate, micro, others)
+        features = [self.dataset[self.order(p)] for p in own]
+        return update_batches(self.dataset.collate, features, engine, self.micro, self.budget, others)
 
 
 @dataclass
@@ -172,7 +181,8 @@ class Trainer(TrainerSafety):
                 data_kind_of_objective(recipe), order, needs_old_logps(recipe), self.logps_temperature,
             )
         else:
-            self.source = OfflineSource(self.engine, recipe.train.micro_batch_size, self.train_data, order)
+            self.source = OfflineSource(self.engine, recipe.train.micro_batch_size, self.train_data, order,
+                                        recipe.train.max_tokens_per_micro_batch)
         self.held_out = None  # held-out evaluation by the reward of sampled completions (eval.held_out)
         if self.eval_data is not None and held_out_reward(recipe):
             from .rollout.heldout import HeldOutReward
@@ -273,16 +283,21 @@ class Trainer(TrainerSafety):
         acc, tokens = _Accumulator(self.metric_keys, self.objective.name), 0
         flags, detail = GuardFlags(), None
         batches = self.source.batches(n)
+        # each micro-batch's share of the update's loss; the update's statistics (KTO's z0)
+        update = UpdateNormaliser(self.objective, self.recipe.objective, batches, engine, self.transform.METRIC_KEYS)
+        update.prepare(self.reference.token_logps, self.transform)
         for micro_index, batch in enumerate(batches):
-            tokens += int(batch["attention_mask"].sum())
+            tokens += 0 if batch.get("dummy") else int(batch["attention_mask"].sum())
             loss, metrics = self._loss(batch, train=True)
-            engine.backward(loss)
+            engine.mark_accumulation_boundary(micro_index == len(batches) - 1)
+            engine.backward(update.scaled(micro_index, loss))
             metrics = {k: float(v) for k, v in metrics.items()}
-            acc.add({"loss": float(loss.detach()), **metrics})
+            update.add(micro_index, float(loss.detach()), metrics)
             flags.loss = max(flags.loss, float(not math.isfinite(float(loss.detach()))))
             detail = detail or first_nonfinite(metrics)
             if micro_index < len(batches) - 1:
                 engine.step()  # between accumulation boundaries: no optimizer step
+        update.finish(acc)
         flags.statistics = float(detail is not None)
         flags.grads = float(not engine.local_grads_finite())
         detail = "loss" if flags.loss else detail
@@ -306,7 +321,7 @@ class Trainer(TrainerSafety):
         self.updates_done += 1
         acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})
         means, totals = acc.reduce(engine, totals=(sync.seconds, step_time))
-        row = {"step": n, **means}
+        row = {"step": n, **finish_metrics(self.objective, means)}
         row.update(
             lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced, skipped=nonfinite is not None,
             step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size,
@@ -335,6 +350,7 @@ class Trainer(TrainerSafety):
             batch=batch, policy_logps=policy_logps, ref_logps=ref_logps, mask=mask, log_ratios=log_ratios,
             transform=self.transform, token_logps=self.reference.token_logps,
             humanline_active=self.recipe.humanline.enabled, has_reference=self.reference.available,
+            update_normalised=train,
         )
         loss, metrics = self.objective.batch_loss(self.recipe.objective, inputs)
         return loss, {**metrics, **hl_metrics}

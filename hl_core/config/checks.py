@@ -44,6 +44,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "need Transformer Engine's attention (its local DotProductAttention refuses `packed_seq_params`), which "
             "this setup does not install. Fix: `data.packing=false`, or `engine.name=deepspeed`."
         )
+    check_token_budget(recipe)
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "
@@ -123,6 +124,41 @@ def check_lora(recipe: Recipe) -> None:
         raise RecipeError(
             f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only the "
             "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or `eval.after_training=false`."
+        )
+
+
+def token_budget_floor(recipe: Recipe) -> Tuple[int, str]:
+    """The fewest tokens ``train.max_tokens_per_micro_batch`` must allow so that the largest possible example
+    fits, and what that example is (offline GRPO groups vary in size: the loaded data is checked too)."""
+    name, rollout = recipe.objective.name, recipe.rollout
+    if rollout.every is not None:
+        row = recipe.data.max_prompt_length + rollout.max_new_tokens
+        what = "`data.max_prompt_length` + `rollout.max_new_tokens`"
+        rows = {"dpo": 2, "kto": 1}.get(name, 2 if rollout.group == "best_worst" else rollout.num_generations)
+    else:
+        row, what = recipe.data.max_length, "`data.max_length`"
+        rows = 2 if name == "dpo" else 1
+    units = {"dpo": "pair (chosen + rejected)", "grpo": "prompt group", "kto": "example", "sft": "row"}
+    unit = units.get(name, "example")
+    return rows * row, f"{rows} x {what} = {rows * row} tokens, the largest possible {unit}"
+
+
+def check_token_budget(recipe: Recipe) -> None:
+    """``train.max_tokens_per_micro_batch``: DeepSpeed only, and large enough for the largest example."""
+    budget = recipe.train.max_tokens_per_micro_batch
+    if budget is None:
+        return
+    if recipe.engine.name == "megatron":
+        raise RecipeError(
+            f"`train.max_tokens_per_micro_batch: {budget}` is not available with `engine.name: megatron`: its pipeline "
+            "schedules run a fixed number of micro-batches of fixed shape per update. Fix: "
+            "`train.max_tokens_per_micro_batch=null` (fixed `train.micro_batch_size`), or `engine.name=deepspeed`."
+        )
+    floor, why = token_budget_floor(recipe)
+    if budget < floor:
+        raise RecipeError(
+            f"`train.max_tokens_per_micro_batch: {budget}` cannot hold the largest example: {why}. Nothing is ever "
+            f"cut or dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those lengths."
         )
 
 

@@ -368,6 +368,14 @@ class TrainConfig(_Section):
         "with a fingerprint of what they depend on, and build no reference model. A rerun or resume with the same "
         "fingerprint reuses them.",
     )
+    max_tokens_per_micro_batch: Optional[int] = Field(
+        None, ge=1,
+        description="Token-budget micro-batches: each update's examples (the same ones as with fixed micro-batches) "
+        "are split first-fit decreasing by real tokens (a DPO pair, a KTO example, a whole GRPO group, an SFT row "
+        "stays together) into micro-batches of at most this many tokens; the update's loss, gradient and metrics "
+        "do not depend on the split. null: `micro_batch_size` examples per micro-batch. Must hold the largest "
+        "example (checked); DeepSpeed engine only.",
+    )
     logps_chunk_tokens: int = Field(
         256, ge=1,
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "

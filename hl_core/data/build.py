@@ -236,6 +236,9 @@ def describe_data(recipe, train: TokenizedDataset, evaluation: Optional[Tokenize
             text += f" ({s.identical_dropped} dropped: identical completions)"
         parts.append(text)
     limits = f"`data.max_length` {recipe.data.max_length}, `data.max_prompt_length` {recipe.data.max_prompt_length}"
+    budget = recipe.train.max_tokens_per_micro_batch
+    if budget is not None:  # the checks refuse a budget that an example could exceed: nothing is cut or dropped for it
+        limits += f"; micro-batches of <= {budget} tokens (`train.max_tokens_per_micro_batch`; no example cut or dropped)"
     return f"{', '.join(parts)}; {limits}"
 
 

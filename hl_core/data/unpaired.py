@@ -188,7 +188,7 @@ def _cap_completion(prompt: List[int], completion: List[int], max_length: Option
 
 def collate_unpaired(
     features: List[Dict[str, Any]], pad_token_id: int, max_length: Optional[int] = None,
-    donors: Optional[List[Dict[str, Any]]] = None,
+    donors: Optional[List[Dict[str, Any]]] = None, rows: Optional[List[int]] = None,
 ) -> Dict[str, "torch.Tensor"]:
     """Right-pad B tokenized examples; also build the KTO reference-point (KL) batch.
 
@@ -201,6 +201,11 @@ def collate_unpaired(
     rows: ``max_length`` when given, else the
     smallest ``"max_length"`` stored in the features by :func:`tokenize_unpaired` (none: no cap); a KL
     completion that does not fit is cut after the prompt, keeping its final EOS.
+
+    ``rows``: the batch holds only ``features[rows]`` while the KL pairing runs over all ``features`` (the
+    trainer passes a rank's whole update, so a KL row does not depend on how the update was split into
+    micro-batches: ``hl_core.micro_batches``), scanning from ``i + s`` with ``s`` the longest run of one
+    prompt in consecutive examples, so a prompt's examples side by side borrow different completions.
     """
     import torch
 
@@ -213,15 +218,25 @@ def collate_unpaired(
         max_length = min(stored) if stored else None
     prompts = [list(f["prompt_ids"]) for f in features]
     completions = [list(f["completion_ids"]) for f in features]
+    weights = [f.get("weight", 1.0) for f in features]
+    pool = [(f["prompt_ids"], f["completion_ids"]) for f in donors or () if f.get("weight", 1.0) > 0]
+    shift = 1
+    if rows is not None:  # a whole update: prompts may come in runs (an online pair's two examples side by side)
+        runs = [1]
+        for previous, prompt in zip(prompts, prompts[1:]):
+            runs.append(runs[-1] + 1 if prompt == previous else 1)
+        shift = max(runs)
+    kl_prompts, kl_completions, same_prompt = mismatched_pairs(prompts, completions, weights, pool, shift=shift)
+    if rows is not None:
+        pick = lambda values: [values[i] for i in rows]  # noqa: E731
+        features, prompts, completions = pick(features), pick(prompts), pick(completions)
+        kl_prompts, kl_completions, same_prompt = pick(kl_prompts), pick(kl_completions), pick(same_prompt)
     out = pad_right(
         [p + c for p, c in zip(prompts, completions)],
         [[0] * len(p) + [1] * len(c) for p, c in zip(prompts, completions)],
         pad_token_id,
     )
     out["desirable"] = torch.tensor([bool(f["desirable"]) for f in features], dtype=torch.bool)
-    weights = [f.get("weight", 1.0) for f in features]
-    pool = [(f["prompt_ids"], f["completion_ids"]) for f in donors or () if f.get("weight", 1.0) > 0]
-    kl_prompts, kl_completions, same_prompt = mismatched_pairs(prompts, completions, weights, pool)
     kl_completions = [_cap_completion(p, c, max_length) for p, c in zip(kl_prompts, kl_completions)]
     kl = pad_right(
         [p + c for p, c in zip(kl_prompts, kl_completions)],

@@ -118,6 +118,11 @@ class Engine:
     def is_accumulation_boundary(self) -> bool:
         raise NotImplementedError
 
+    def mark_accumulation_boundary(self, is_last: bool) -> None:
+        """Before each backward: whether it is the update's last micro-batch (with token-budget micro-batches
+        their number varies per update, so an engine must not count them). Engines whose updates always hold
+        ``gradient_accumulation_steps`` micro-batches may ignore it."""
+
     def step(self) -> Optional[Dict[str, float]]:
         raise NotImplementedError
 

@@ -206,6 +206,11 @@ class DeepSpeedEngine(Engine):
     def backward(self, loss):
         self.policy.backward(loss)
 
+    def mark_accumulation_boundary(self, is_last: bool) -> None:
+        # DeepSpeed would count micro-steps modulo `gradient_accumulation_steps`; the trainer says where the
+        # update ends (token-budget updates hold a varying number of micro-batches)
+        self.policy.set_gradient_accumulation_boundary(is_last)
+
     def is_accumulation_boundary(self) -> bool:
         return self.policy.is_gradient_accumulation_boundary()
 

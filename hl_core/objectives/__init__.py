@@ -33,6 +33,16 @@ class ObjectiveSpec:
     needs_reference: bool = True
     # every metric ``batch_loss`` may report: the trainer reduces this fixed set (reporting another is an error)
     metric_keys: Tuple[str, ...] = ()
+    # training micro-batches (hl_core.micro_batches): (cfg, batch) -> what the micro-batch loss is a mean over
+    loss_share: Optional[Callable] = None
+    # (cfg) -> "rank" (the update's mean per rank) or "world" (normalised by the share over ranks / world size)
+    share_scope: Callable = lambda cfg: "rank"
+    # (cfg, batch) -> {metric: weight in the update's mean, or None for a count summed per rank}
+    metric_weights: Callable = lambda cfg, batch: {}
+    # (cfg, batches, token_logps, transform) -> statistics of the whole update; may add keys to the batches
+    prepare_update: Optional[Callable] = None
+    # reduced means -> means with the derived metrics recomputed
+    finish_metrics: Optional[Callable] = None
 
 
 OBJECTIVES: Dict[str, ObjectiveSpec] = {}
@@ -42,11 +52,20 @@ def register_objective(spec: ObjectiveSpec) -> None:
     OBJECTIVES[spec.name] = spec
 
 
-register_objective(ObjectiveSpec("dpo", dpo_loss, "paired", dpo_batch_loss, metric_keys=dpo.METRIC_KEYS))
-register_objective(ObjectiveSpec("kto", kto_loss, "unpaired", kto_batch_loss, metric_keys=kto.METRIC_KEYS))
-register_objective(ObjectiveSpec("grpo", grpo_loss, "grouped", grpo_batch_loss, True, True, metric_keys=grpo.METRIC_KEYS))
-register_objective(ObjectiveSpec("sft", sft_loss, "sft", sft_batch_loss, needs_reference=False, metric_keys=sft.METRIC_KEYS))
-
+register_objective(ObjectiveSpec(
+    "dpo", dpo_loss, "paired", dpo_batch_loss, metric_keys=dpo.METRIC_KEYS, loss_share=dpo.dpo_loss_share,
+    metric_weights=dpo.dpo_metric_weights))
+register_objective(ObjectiveSpec(
+    "kto", kto_loss, "unpaired", kto_batch_loss, metric_keys=kto.METRIC_KEYS, loss_share=kto.kto_loss_share,
+    metric_weights=kto.kto_metric_weights, prepare_update=kto.kto_prepare_update,
+    finish_metrics=kto.kto_finish_metrics))
+register_objective(ObjectiveSpec(
+    "grpo", grpo_loss, "grouped", grpo_batch_loss, True, True, metric_keys=grpo.METRIC_KEYS,
+    loss_share=grpo.grpo_loss_share, share_scope=grpo.grpo_share_scope, metric_weights=grpo.grpo_metric_weights,
+    prepare_update=grpo.grpo_prepare_update))
+register_objective(ObjectiveSpec(
+    "sft", sft_loss, "sft", sft_batch_loss, needs_reference=False, metric_keys=sft.METRIC_KEYS,
+    loss_share=sft.sft_loss_share, metric_weights=sft.sft_metric_weights, finish_metrics=sft.sft_finish_metrics))
 
 def needs_old_logps(recipe) -> bool:
     """Rollouts: whether the objective's ratio is against the behaviour policy's log-probs, kept at sampling

@@ -21,6 +21,7 @@ class ObjectiveInputs:
       (synced) reference rather than a behaviour policy.
     * ``has_reference``: False when the trainer skipped the reference forward because nothing reads it
       (``ref_logps`` is then a detached copy of ``policy_logps``).
+    * ``update_normalised``: see the field.
     """
 
     batch: Dict[str, torch.Tensor]
@@ -32,6 +33,9 @@ class ObjectiveInputs:
     token_logps: Callable[[Dict[str, torch.Tensor], str], torch.Tensor]
     humanline_active: bool
     has_reference: bool = True
+    # training: the trainer weights this micro-batch's mean by its share of the update
+    # (``hl_core.micro_batches``), so an objective takes plain micro-batch means (GRPO's ``dapo``: no all-reduce)
+    update_normalised: bool = False
 
 
 def weighted_mean(losses: torch.Tensor, weights: Optional[torch.Tensor] = None) -> torch.Tensor:

@@ -76,3 +76,16 @@ def policy_preference_metrics(chosen_logps, chosen_mask, rejected_logps, rejecte
     rejected_mean = rejected_sum / rejected_mask.sum(-1).clamp(min=1)
     wins = (chosen_sum > rejected_sum).float() + 0.5 * (chosen_sum == rejected_sum).float()
     return {"policy/accuracy": float(wins.mean()), "policy/margin": float((chosen_mean - rejected_mean).mean())}
+
+
+def dpo_loss_share(objective_cfg, batch) -> float:
+    """What one micro-batch's DPO loss is a mean over: its pairs' total weight (all pairs count 1 without
+    ``weights``)."""
+    weights = batch.get("weights")
+    return float(weights.sum()) if weights is not None else float(batch["input_ids"].shape[0] // 2)
+
+
+def dpo_metric_weights(objective_cfg, batch) -> Dict[str, float]:
+    """Every DPO metric is a mean over the micro-batch's pairs."""
+    pairs = float(batch["input_ids"].shape[0] // 2)
+    return {key: pairs for key in METRIC_KEYS}

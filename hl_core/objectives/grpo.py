@@ -10,6 +10,14 @@
   all ranks (the open-r1 fork's ``loss_type: dapo``, which the MATH runs used); on one rank it equals
   ``"token"``.
 
+In training these means are over the whole optimizer update, not one micro-batch (``hl_core.micro_batches``:
+the trainer weights micro-batch ``m`` by its share): ``"token"`` divides by the completion tokens of the
+rank's whole update, ``"dapo"`` by the update's completion tokens over all ranks / the number of ranks,
+``"sequence"`` by the update's sequences. This is the token-level aggregation the method describes, and it
+makes the loss independent of how the update is split into micro-batches; with more than one micro-batch
+per update it differs from the per-micro-batch means this module computed before (one micro-batch per
+update: unchanged). Evaluation still takes means per evaluation batch.
+
 In humanline GRPO the ratio is clipped twice: in log space upstream (``hl_core.humanline``), then by
 the PPO clip here.
 """
@@ -181,7 +189,7 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
         logratios = inputs.log_ratios
     ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask if inputs.has_reference else None
     tokens_per_rank = None
-    if objective_cfg.aggregation == "dapo":
+    if objective_cfg.aggregation == "dapo" and not inputs.update_normalised:
         tokens_per_rank = mean_tokens_per_rank(float(mask.sum()))
     loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
@@ -200,7 +208,7 @@ def _kept_rows_loss(objective_cfg, inputs, keep: torch.Tensor) -> Tuple[torch.Te
     authors drop pairs under the score threshold). With none left: a zero loss that keeps the graph (every rank
     runs the same backward), no metrics, and this rank's share of the ``dapo`` all-reduce (0 tokens)."""
     if not bool(keep.any()):
-        if objective_cfg.aggregation == "dapo":
+        if objective_cfg.aggregation == "dapo" and not inputs.update_normalised:
             mean_tokens_per_rank(0.0)
         return (inputs.log_ratios * 0.0).sum(), {}
     rows = keep.nonzero().reshape(-1)
@@ -212,3 +220,52 @@ def _kept_rows_loss(objective_cfg, inputs, keep: torch.Tensor) -> Tuple[torch.Te
 
 # per-row tensors of a grouped batch (``scores`` and ``group_ids`` included)
 _ROW_KEYS = ("input_ids", "attention_mask", "completion_mask", "scores", "group_ids", "old_logps")
+
+
+_TOKEN_METRICS = ("clip/low_frac", "clip/high_frac", "clip/frac", "ratio/mean", "kl/mean")
+_UPDATE_METRICS = ("advantages/mean", "advantages/std", "advantages/min", "advantages/max")
+
+
+def _kept_rows(batch) -> torch.Tensor:
+    """Bool ``[N]``: rows of groups with positive weight (all rows without ``weights``)."""
+    weights = batch.get("weights")
+    if weights is None:
+        return torch.ones(batch["group_ids"].shape[0], dtype=torch.bool)
+    return weights.cpu()[batch["group_ids"].cpu()] > 0
+
+
+def grpo_loss_share(objective_cfg, batch) -> float:
+    """What one micro-batch's GRPO loss is a mean over: its kept completion tokens (``token``, ``dapo``) or
+    kept sequences (``sequence``)."""
+    keep = _kept_rows(batch)
+    if objective_cfg.aggregation == "sequence":
+        return float(keep.sum())
+    return float(batch["completion_mask"].cpu()[keep].sum())
+
+
+def grpo_share_scope(objective_cfg) -> str:
+    """``dapo`` normalises by the update's tokens over all ranks / the number of ranks; the others per rank."""
+    return "world" if objective_cfg.aggregation == "dapo" else "rank"
+
+
+def grpo_metric_weights(objective_cfg, batch) -> Dict[str, float]:
+    keep = _kept_rows(batch)
+    tokens = float(batch["completion_mask"].cpu()[keep].sum())
+    return {**{key: tokens for key in _TOKEN_METRICS}, "policy/adv_logp": float(keep.sum())}
+
+
+def grpo_prepare_update(objective_cfg, batches, token_logps, transform) -> Dict[str, float]:
+    """The advantage statistics of the rank's whole update (its kept rows; groups never straddle
+    micro-batches, so every row's advantage is the same however the update is split)."""
+    values = []
+    for batch in batches:
+        if batch.get("dummy"):
+            continue
+        advantages = group_advantages(batch["scores"], batch["group_ids"], eps=objective_cfg.advantage_eps,
+                                      std=objective_cfg.advantage_std)
+        values.append(advantages.cpu()[_kept_rows(batch)].float())
+    values = torch.cat(values) if values else torch.zeros(0)
+    if not values.numel():
+        return {}
+    return {"advantages/mean": float(values.mean()), "advantages/std": float(values.std(unbiased=False)),
+            "advantages/min": float(values.min()), "advantages/max": float(values.max())}

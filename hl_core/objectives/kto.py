@@ -7,6 +7,9 @@
 
 and the loss is the mean over the micro-batch. ``z0`` comes from ``kto_reference_point`` over the
 mismatched pairs built by ``mismatched_pairs``: each prompt with a completion written for another prompt.
+In training, ``z0`` and the KL rows are those of the whole update (``kto_prepare_update``; the pairing runs
+over the rank's whole update), and the trainer weights each micro-batch by its share of the update
+(``hl_core.micro_batches``), so the update's loss does not depend on its split into micro-batches.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from .dpo import sequence_logratio
 # holds that kind (both kinds), so some micro-batches leave them out
 METRIC_KEYS = (
     "kto/z0", "kto/kl_same_prompt_frac", "count/desirable", "count/undesirable", "rewards/desirable",
-    "rewards/undesirable", "policy/margin",
+    "rewards/undesirable", "policy/margin", "policy/logp_desirable", "policy/logp_undesirable",
 )
 
 
@@ -42,6 +45,7 @@ def mismatched_pairs(
     completion_ids: Sequence[Sequence[int]],
     weights: Optional[Sequence[float]] = None,
     donors: Sequence[Tuple[Sequence[int], Sequence[int]]] = (),
+    shift: int = 1,
 ) -> Tuple[List[List[int]], List[List[int]], List[bool]]:
     """KL row ``i`` pairs prompt ``x_i`` with a completion written for a *different* prompt.
 
@@ -53,7 +57,9 @@ def mismatched_pairs(
     pairs from the rest of the rank's / the update's data, from position ``i``. Examples with weight 0
     (``weights``) never lend their completion: the authors drop such pairs. Only when no completion of
     another prompt exists anywhere does row ``i`` fall back to ``y_{(i+1) mod B}``, and ``same_prompt[i]``
-    says so. Returns ``(prompts, kl_completions, same_prompt)``.
+    says so. ``shift``: the scan starts at ``j = i + shift`` instead (then wraps round to ``i + 1``), e.g.
+    2 when each prompt's examples come in pairs side by side, so that the two rows of a prompt borrow
+    different completions. Returns ``(prompts, kl_completions, same_prompt)``.
     """
     if len(prompt_ids) != len(completion_ids):
         raise ValueError(
@@ -64,7 +70,8 @@ def mismatched_pairs(
     prompts = [list(p) for p in prompt_ids]
     kl_completions, same_prompt = [], []
     for i in range(n):
-        in_batch = [(prompt_ids[j], completion_ids[j]) for j in ((i + k) % n for k in range(1, n)) if weights[j] > 0]
+        order = [*range(min(shift, n - 1) if n > 1 else 1, n), *range(1, min(shift, n - 1) if n > 1 else 1)]
+        in_batch = [(prompt_ids[j], completion_ids[j]) for j in ((i + k) % n for k in order) if weights[j] > 0]
         pick = _pick_mismatched(prompt_ids[i], in_batch, 0)
         if pick is None and donors:
             pick = _pick_mismatched(prompt_ids[i], donors, i)
@@ -86,16 +93,49 @@ def kto_reference_point(
     sequence has a non-zero sum).
     """
     with torch.no_grad():
-        seq_sums = sequence_logratio(kl_logratios.detach(), kl_mask).to(torch.float64)
-        if weights is not None:
-            keep = weights.to(device=seq_sums.device).reshape(-1) > 0
-            seq_sums = torch.where(keep, seq_sums, torch.zeros_like(seq_sums))
-        stats = torch.stack([seq_sums.sum(), (seq_sums != 0).to(torch.float64).sum()])
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM, group=group)
-        total, count = stats[0], stats[1]
-        z0 = (total / count.clamp(min=1.0)).clamp(min=0.0)
-    return z0.to(kl_logratios.dtype).detach()
+        stats = _kl_stats(kl_logratios, kl_mask, weights)
+    return _z0(stats, group).to(kl_logratios.dtype).detach()
+
+
+def _kl_stats(kl_logratios: torch.Tensor, kl_mask: torch.Tensor, weights: Optional[torch.Tensor]) -> torch.Tensor:
+    """``[sum of the KL rows' sequence sums, number of non-zero ones]`` (rows of weight-0 examples left out)."""
+    seq_sums = sequence_logratio(kl_logratios.detach(), kl_mask).to(torch.float64)
+    if weights is not None:
+        keep = weights.to(device=seq_sums.device).reshape(-1) > 0
+        seq_sums = torch.where(keep, seq_sums, torch.zeros_like(seq_sums))
+    return torch.stack([seq_sums.sum(), (seq_sums != 0).to(torch.float64).sum()])
+
+
+def _z0(stats: torch.Tensor, group: Optional[object] = None) -> torch.Tensor:
+    """``max(0, sum / count)`` of ``_kl_stats`` summed over ranks (one all-reduce when distributed)."""
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        if torch.distributed.get_backend(group) == "nccl":
+            stats = stats.to(torch.device("cuda", torch.cuda.current_device()))
+        torch.distributed.all_reduce(stats, op=torch.distributed.ReduceOp.SUM, group=group)
+    total, count = stats[0], stats[1]
+    return (total / count.clamp(min=1.0)).clamp(min=0.0).detach()
+
+
+@torch.no_grad()
+def kto_prepare_update(objective_cfg, batches, token_logps, transform) -> Dict[str, float]:
+    """Training: one ``z0`` for the whole update, from the KL rows of all its micro-batches on all ranks
+    (both models, no grad, the same humanline transform), before the first backward; stored as
+    ``batch["kto_z0"]``. So ``z0`` does not depend on how the update was split into micro-batches (with one
+    micro-batch per update it is the per-micro-batch ``z0`` of evaluation). Dummy micro-batches run the
+    forwards (every rank runs as many) but count in nothing."""
+    stats = torch.zeros(2, dtype=torch.float64)
+    for batch in batches:
+        kl_batch = {"input_ids": batch["kl_input_ids"], "attention_mask": batch["kl_attention_mask"]}
+        kl_policy = token_logps(kl_batch, "policy")
+        kl_reference = token_logps(kl_batch, "reference")
+        kl_mask = batch["kl_completion_mask"].to(device=kl_policy.device, dtype=kl_policy.dtype)
+        kl_logratios, _ = transform(kl_policy, kl_reference, kl_mask)
+        if not batch.get("dummy"):
+            stats += _kl_stats(kl_logratios, kl_mask, batch.get("weights")).cpu()
+    z0 = _z0(stats).cpu()
+    for batch in batches:
+        batch["kto_z0"] = z0
+    return {}
 
 
 def kto_loss(
@@ -142,14 +182,17 @@ def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
     """Trainer entry point: z0 from the batch's mismatched pairs (``kl_*`` keys; both models, no grad,
     the same humanline transform), summed over all ranks; then ``kto_loss``."""
     batch = inputs.batch
-    kl_batch = {"input_ids": batch["kl_input_ids"], "attention_mask": batch["kl_attention_mask"]}
-    with torch.no_grad():
-        kl_policy = inputs.token_logps(kl_batch, "policy")
-        kl_reference = inputs.token_logps(kl_batch, "reference")
-        kl_mask = batch["kl_completion_mask"].to(device=kl_policy.device, dtype=kl_policy.dtype)
-        kl_logratios, _ = inputs.transform(kl_policy, kl_reference, kl_mask)
     weights = batch.get("weights")
-    z0 = kto_reference_point(kl_logratios, kl_mask, weights=weights)
+    if "kto_z0" in batch:  # training: the update's z0 (kto_prepare_update)
+        z0 = batch["kto_z0"].to(device=inputs.log_ratios.device, dtype=inputs.log_ratios.dtype)
+    else:
+        kl_batch = {"input_ids": batch["kl_input_ids"], "attention_mask": batch["kl_attention_mask"]}
+        with torch.no_grad():
+            kl_policy = inputs.token_logps(kl_batch, "policy")
+            kl_reference = inputs.token_logps(kl_batch, "reference")
+            kl_mask = batch["kl_completion_mask"].to(device=kl_policy.device, dtype=kl_policy.dtype)
+            kl_logratios, _ = inputs.transform(kl_policy, kl_reference, kl_mask)
+        z0 = kto_reference_point(kl_logratios, kl_mask, weights=weights)
     loss, metrics = kto_loss(
         inputs.log_ratios, inputs.mask, batch["desirable"], z0, beta=objective_cfg.beta,
         desirable_weight=objective_cfg.desirable_weight, undesirable_weight=objective_cfg.undesirable_weight,
@@ -164,7 +207,36 @@ def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
             metrics["kto/kl_same_prompt_frac"] = float(same.cpu()[counted].float().mean())
         desirable = batch["desirable"].to(inputs.mask.device).bool()
         per_token = sequence_logratio(inputs.policy_logps, inputs.mask) / inputs.mask.sum(-1).clamp(min=1)
+        if desirable.any():
+            metrics["policy/logp_desirable"] = float(per_token[desirable].mean())
+        if (~desirable).any():
+            metrics["policy/logp_undesirable"] = float(per_token[~desirable].mean())
         if desirable.any() and (~desirable).any():
             # reference-free: mean per-token log-prob of desirable minus undesirable completions
-            metrics["policy/margin"] = float(per_token[desirable].mean() - per_token[~desirable].mean())
+            metrics["policy/margin"] = metrics["policy/logp_desirable"] - metrics["policy/logp_undesirable"]
     return loss, metrics
+
+
+def kto_loss_share(objective_cfg, batch) -> float:
+    """What one micro-batch's KTO loss is a mean over: its examples' total weight."""
+    weights = batch.get("weights")
+    return float(weights.sum()) if weights is not None else float(batch["input_ids"].shape[0])
+
+
+def kto_metric_weights(objective_cfg, batch) -> Dict[str, Optional[float]]:
+    """Each metric's weight in the update's mean (None: a count, summed over the rank's micro-batches)."""
+    desirable = batch["desirable"].bool()
+    n_desirable, n_undesirable = float(desirable.sum()), float((~desirable).sum())
+    weights = batch.get("weights")
+    counted = float(desirable.numel()) if weights is None else float((weights > 0).sum())
+    return {"kto/z0": 1.0, "kto/kl_same_prompt_frac": counted, "count/desirable": None, "count/undesirable": None,
+            "rewards/desirable": n_desirable, "rewards/undesirable": n_undesirable,
+            "policy/logp_desirable": n_desirable, "policy/logp_undesirable": n_undesirable, "policy/margin": 1.0}
+
+
+def kto_finish_metrics(means: Dict[str, float]) -> Dict[str, float]:
+    """``policy/margin`` of the update: the difference of its two per-kind means (when both kinds occur)."""
+    means = {k: v for k, v in means.items() if k != "policy/margin"}
+    if "policy/logp_desirable" in means and "policy/logp_undesirable" in means:
+        means["policy/margin"] = means["policy/logp_desirable"] - means["policy/logp_undesirable"]
+    return means

@@ -1,6 +1,8 @@
 """Supervised fine-tuning (the warm-up of the reproduction study): token-level negative log-likelihood.
 
-``loss = -sum_t lp_pol[t] * mask[t] / sum_t mask[t]`` over all completion tokens of the micro-batch.
+``loss = -sum_t lp_pol[t] * mask[t] / sum_t mask[t]`` over all completion tokens of the micro-batch; in
+training, over those of the whole update (the trainer weights each micro-batch by its tokens:
+``hl_core.micro_batches``).
 No reference model and no humanline transform are involved.
 """
 
@@ -25,3 +27,20 @@ def sft_loss(policy_logps: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tens
 def sft_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Trainer entry point."""
     return sft_loss(inputs.policy_logps, inputs.mask)
+
+
+def sft_loss_share(objective_cfg, batch) -> float:
+    """What one micro-batch's SFT loss is a mean over: its completion tokens."""
+    return float(batch["completion_mask"].sum())
+
+
+def sft_metric_weights(objective_cfg, batch) -> Dict[str, float]:
+    tokens = float(batch["completion_mask"].sum())
+    return {key: tokens for key in METRIC_KEYS}
+
+
+def sft_finish_metrics(means: Dict[str, float]) -> Dict[str, float]:
+    """The perplexity of the update is that of its mean NLL per token."""
+    if "sft/nll" in means:
+        means = {**means, "sft/ppl": math.exp(min(means["sft/nll"], 50.0))}
+    return means

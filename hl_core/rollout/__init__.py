@@ -24,7 +24,7 @@ from typing import Dict, List, Optional
 
 import torch
 
-from ..data.build import collate_micro_batches
+from ..micro_batches import update_batches
 from .generation import build_sampler, prompt_seed
 from .heldout import check_prompts_have_references
 from .rewards import best_and_worst, build_reward
@@ -73,21 +73,22 @@ class RolloutSource:
         self.sampler.push_weights()
         last = min(step + self.cfg.every, self.recipe.train.max_steps)
         scores_all, lengths, kept = [], [], []
+        train = self.recipe.train
         for future in range(step, last):
-            micro_features = []
+            update_features = []
             for micro_index in range(self.engine.gradient_accumulation_steps):
                 features, info = self._examples(
-                    list(self.engine.micro_batch_positions(future, micro_index, self.recipe.train.micro_batch_size)),
-                    step, future)
+                    list(self.engine.micro_batch_positions(future, micro_index, train.micro_batch_size)), step, future)
                 scores_all += info["scores"]
                 lengths += info["lengths"]
                 kept += info["kept"]
-                micro_features.append(features)
-            # KTO's KL rows may borrow completions of the update's other micro-batches on this rank
-            batches = collate_micro_batches(self.collate, micro_features)
-            for features, batch in zip(micro_features, batches):
-                if "weight" in features[0]:  # per pair / example / group
-                    batch["weights"] = torch.tensor([f["weight"] for f in features], dtype=torch.float32)
+                update_features += features
+            # fixed or token-budget micro-batches of the generated examples (KTO's KL rows may borrow completions
+            # of the update's other examples on this rank); per-unit weights become `weights`
+            batches = update_batches(self.collate, update_features, self.engine,
+                                     len(update_features) // self.engine.gradient_accumulation_steps,
+                                     train.max_tokens_per_micro_batch)
+            for batch in batches:
                 if self.needs_old_logps:
                     with torch.no_grad():
                         batch["old_logps"] = self.engine.token_logps(batch, "policy", self.logps_temperature).detach()

@@ -97,7 +97,9 @@ def test_unknown_arm_is_a_usage_error(capsys):
     from eval.repro.__main__ import cli
 
     assert cli(["--arms", "onlin"]) == 2
-    assert "unknown arm(s) onlin" in capsys.readouterr().err
+    assert "unknown arm(s) or regime(s) onlin" in capsys.readouterr().err
+    assert cli(["--sweep", "--regimes", "lr1e-4_T0.8"]) == 2
+    assert "lr1e-4_T0.7" in capsys.readouterr().err  # the known regimes are listed
 
 
 def test_a_failing_run_is_reported_with_its_log_not_a_traceback(tmp_path, capsys, monkeypatch):

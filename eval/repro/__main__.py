@@ -4,6 +4,7 @@
     python -m eval.repro --study preference        # DPO / KTO / GRPO, offline vs online vs offline humanline
     python -m eval.repro [--study S] --quick       # a shortened grid with the sanity checks (< 3 min)
     python -m eval.repro [--study S] --sweep       # the regime sweep (chosen by the online arm(s) alone)
+    python -m eval.repro --sweep --regimes lr1e-4 lr1e-4_T0.7   # some of its regimes
 
 Every run is ``launchers/run.py`` on a recipe from ``recipes/repro/`` (DeepSpeed on CPU, rollouts, rewards),
 one process per run, 1 thread, deterministic algorithms, ``--jobs`` runs at a time. The warm-up model is a
@@ -188,9 +189,12 @@ def choose_regime(study: Study, runs: Sequence[Run]) -> dict:
     return {"by_arm": table, "chosen": {arm: max(r, key=lambda n: r[n]["gain"]) for arm, r in table.items()}}
 
 
-def sweep(study: Study, grid: Grid, models, out: Path, seeds, jobs: int, start: float, data) -> int:
+def sweep(study: Study, grid: Grid, models, out: Path, seeds, jobs: int, start: float, data,
+          only: Optional[Sequence[str]] = None) -> int:
     runs, labels = [], {}
     for name, (overrides, arm_names) in study.regimes.items():
+        if only and name not in only:
+            continue
         for arm in (study.arm(a) for a in arm_names):
             runs += grid_runs([arm], grid, models, out, seeds, overrides, tag=f"@{name}", data=data)
             labels[f"{arm.name}@{name}"] = f"{arm.label}, {name}"
@@ -229,6 +233,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--seeds", type=int, default=None, help="RL seeds per warm-up (default 2; quick 1; sweep 3)")
     parser.add_argument("--jobs", type=int, default=None, help="runs at a time (default: the CPU count)")
     parser.add_argument("--arms", nargs="*", default=None, help="a subset of arms (default: all)")
+    parser.add_argument("--regimes", nargs="*", default=None, help="--sweep: a subset of regimes (default: all)")
     parser.add_argument("--out", default=None, help="output folder (default runs/repro/<study>[-quick|-sweep])")
     parser.add_argument("--cache", default=None, help="where warm-ups and offline data are cached (default "
                         "runs/repro/cache; quick: the output folder)")
@@ -236,10 +241,10 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
     study = STUDIES[args.study]
     known = {a.name: a for a in study.arms}
-    unknown = [a for a in args.arms or [] if a not in known]
+    unknown = [a for a in args.arms or [] if a not in known] + [r for r in args.regimes or [] if r not in study.regimes]
     if unknown:
-        print(f"error: unknown arm(s) {', '.join(unknown)} in the {study.name} study; choose from {', '.join(known)}",
-              file=sys.stderr)
+        print(f"error: unknown arm(s) or regime(s) {', '.join(unknown)} in the {study.name} study; arms: "
+              f"{', '.join(known)}; regimes: {', '.join(study.regimes)}", file=sys.stderr)
         return 2
     grid = QUICK if args.quick else FULL
     seeds = list(range(args.seeds or (3 if args.sweep else grid.seeds)))
@@ -251,7 +256,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     models, warmup_table = accepted_warmups(cache, grid, args.warmups or (1 if args.sweep else grid.warmups), jobs)
     data = offline_data(study, cache, grid, jobs)
     if args.sweep:
-        return sweep(study, grid, models, out, seeds, jobs, start, data)
+        return sweep(study, grid, models, out, seeds, jobs, start, data, args.regimes)
 
     labels = {a.name: a.label for a in study.arms + study.quick_extra}
     arms = [known[a] for a in args.arms] if args.arms else [a for a in study.arms if not args.quick or a.name in study.quick_arms]

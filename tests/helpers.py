@@ -87,3 +87,29 @@ class RunsACommand:
 
     def __reduce__(self):
         return os.system, (f"touch {self.marker}",)
+
+
+def assert_same_rows(expected, got, name, tol: float = 1e-5) -> None:
+    """Two runs' metric rows agree: the same keys, floats within ``tol`` (absolute and relative), the rest equal."""
+    import math
+
+    import pytest
+
+    assert len(expected) == len(got), name
+    for a, b in zip(expected, got):
+        assert a.keys() == b.keys(), name
+        for key, value in a.items():
+            if isinstance(value, float) and not math.isnan(value):
+                assert b[key] == pytest.approx(value, abs=tol, rel=tol), (name, a["step"], a.get("kind"), key)
+            else:
+                assert b[key] == value, (name, a["step"], key)
+
+
+def run_worker(script: Path, args=(), nproc: int = 1, timeout: int = 900) -> subprocess.CompletedProcess:
+    """A test worker script: plain ``python`` for one process, ``torch.distributed.run`` for several; must exit 0."""
+    if nproc > 1:
+        return run_torchrun(script, args, nproc=nproc, timeout=timeout)
+    proc = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=REPO, env=_env(), capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc

@@ -7,13 +7,9 @@ megatron engine refuses packing with the reason."""
 from __future__ import annotations
 
 import json
-import math
-import subprocess
-import sys
 
-import pytest
 
-from helpers import REPO, _env, free_port
+from helpers import REPO, assert_same_rows, run_worker
 from launchers.run import main
 
 WORKER = REPO / "tests" / "distributed" / "packing_parity.py"
@@ -28,11 +24,7 @@ SINGLE = [
 
 def _run(specs, tmp_path, nproc=1):
     out = tmp_path / "parity.json"
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
-    proc = subprocess.run([*launcher, str(WORKER), str(out), *specs], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_worker(WORKER, [out, *specs], nproc=nproc)
     return json.loads(out.read_text())
 
 
@@ -43,13 +35,7 @@ def _assert_same(modes, name):
     assert modes["padded_forwards"] == [] and modes["packed_forwards"], name
     assert any(bins < rows for rows, bins in modes["packed_forwards"]), name
     assert len(padded) == len(packed) == 3
-    for a, b in zip(padded, packed):
-        assert a.keys() == b.keys(), name
-        for key, value in a.items():
-            if isinstance(value, float) and not math.isnan(value):
-                assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-5), (name, a["step"], key)
-            else:
-                assert b[key] == value, (name, a["step"], key)
+    assert_same_rows(padded, packed, name, tol=1e-5)
 
 
 def test_packed_equals_padded_one_process(tmp_path):

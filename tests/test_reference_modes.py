@@ -7,11 +7,10 @@ corrupted and partial files). Resume inside a look-ahead window: ``tests/test_re
 from __future__ import annotations
 
 import json
-import math
 
 import pytest
 
-from helpers import REPO, TINY_OFFLINE, read_jsonl, run_recipe, run_torchrun
+from helpers import REPO, TINY_OFFLINE, assert_same_rows, read_jsonl, run_recipe, run_worker
 from hl_core.config import load_recipe
 from hl_core.objectives import reference_mode
 from launchers.run import main
@@ -23,17 +22,7 @@ FROZEN = "humanline.sync_every=null"  # the humanline clamp stays on
 
 def _parity(tmp_path, specs, nproc=1):
     report = tmp_path / "parity.json"
-    if nproc == 1:
-        import subprocess
-        import sys
-
-        from helpers import _env
-
-        proc = subprocess.run([sys.executable, str(WORKER), str(report), *specs], cwd=REPO, env=_env(),
-                              capture_output=True, text=True, timeout=900)
-        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
-    else:
-        run_torchrun(WORKER, [report, *specs], nproc=nproc, timeout=900)
+    run_worker(WORKER, [report, *specs], nproc=nproc)
     results = json.loads(report.read_text())
     assert list(results) == list(specs)
     for spec, entry in results.items():
@@ -48,13 +37,7 @@ def _assert_same(spec, entry):
     assert entry["free_forwards"] > 0 and entry["copy_forwards"] == 0, spec  # the policy stood in for the reference
     assert [r.get("kind") for r in copy].count("eval") == 4, spec  # evaluations at 0, 2, 4, 5
     assert len(copy) == len(free) == 9, spec
-    for a, b in zip(copy, free):
-        assert a.keys() == b.keys(), spec
-        for key, value in a.items():
-            if isinstance(value, float) and not math.isnan(value):
-                assert b[key] == pytest.approx(value, abs=1e-6, rel=1e-6), (spec, a["step"], a.get("kind"), key)
-            else:
-                assert b[key] == value, (spec, a["step"], key)
+    assert_same_rows(copy, free, spec, tol=1e-6)
     losses = [r["loss"] for r in copy if r.get("kind") != "eval"]
     assert max(losses) - min(losses) > 1e-4, spec  # the runs train: not a vacuous comparison
 

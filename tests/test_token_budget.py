@@ -7,14 +7,11 @@ Also the bin planner, the recipe checks (exit 2 naming the key) and `--plan`."""
 from __future__ import annotations
 
 import json
-import math
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO, _env, free_port
+from helpers import REPO, assert_same_rows, run_worker
 from hl_core.errors import RecipeError
 from hl_core.micro_batches import check_budget_fits, collate_bins, fixed_bins, plan_bins, unit_tokens
 from launchers.run import main
@@ -126,11 +123,7 @@ def test_plan_scales_activations_and_logits_with_the_budget():
 # ------------------------------------------------------------------------------------------ parity
 def _run(specs, tmp_path, nproc=1):
     out = tmp_path / "parity.json"
-    launcher = [sys.executable] if nproc == 1 else [
-        sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}"]
-    proc = subprocess.run([*launcher, str(WORKER), str(out), *specs], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    run_worker(WORKER, [out, *specs], nproc=nproc)
     others = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("parity.json.rank*"))]
     return json.loads(out.read_text()), others
 
@@ -143,13 +136,7 @@ def _assert_same(modes, name):
     assert [sum(s) for s in modes["fixed_micro"]] == [sum(s) for s in modes["budget_micro"]], name
     assert any(len(b) != len(f) for f, b in zip(modes["fixed_micro"], modes["budget_micro"])), name
     assert len(fixed) == len(budget) == 3
-    for a, b in zip(fixed, budget):
-        assert a.keys() == b.keys(), name
-        for key, value in a.items():
-            if isinstance(value, float) and not math.isnan(value):
-                assert b[key] == pytest.approx(value, abs=1e-5, rel=1e-5), (name, a["step"], key)
-            else:
-                assert b[key] == value, (name, a["step"], key)
+    assert_same_rows(fixed, budget, name, tol=1e-5)
 
 
 def test_token_budget_equals_fixed_micro_batches_one_process(tmp_path):

@@ -36,7 +36,7 @@ class LoraSection(_Section):
     `train.seed`). `final/` holds the adapter in PEFT format (`PeftModel.from_pretrained(base, "final")`) and the
     tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it).
     `--plan` counts the adapter from the model's dimensions. Example: `recipes/tiny/humanline_dpo_lora.yaml`;
-    memory and speed against full fine-tuning: `bench/lora.py`."""
+    memory and speed against full fine-tuning: `bench/reference.py`."""
 
     r: Optional[int] = Field(
         None, ge=1, description="LoRA rank (PEFT `r`); null = full fine-tuning (the block is ignored).",

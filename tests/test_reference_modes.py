@@ -53,13 +53,21 @@ def test_copy_free_equals_copy_one_process(tmp_path):
 
 
 def test_copy_free_equals_copy_zero3_two_processes(tmp_path):
-    _parity(tmp_path, [f"{TINY}/humanline_dpo.yaml|engine.zero_stage=3,humanline.sync_every=3",
-                       f"{TINY}/humanline_kto.yaml|engine.zero_stage=3,{FROZEN}"], nproc=2)
+    z3 = "engine.zero_stage=3"
+    _parity(tmp_path, [f"{TINY}/humanline_dpo.yaml|{z3},humanline.sync_every=3",
+                       f"{TINY}/humanline_kto.yaml|{z3},humanline.sync_every=1",
+                       f"{TINY}/humanline_grpo.yaml|{z3},humanline.sync_every=3",
+                       f"{TINY}/humanline_kto.yaml|{z3},{FROZEN}",
+                       f"{TINY}/humanline_grpo.yaml|{z3},{FROZEN}"], nproc=2)
 
 
 @pytest.mark.parametrize("recipe", ["megatron_humanline_dpo.yaml", "megatron_tp1_pp2_humanline_dpo.yaml"])
 def test_copy_free_equals_copy_megatron(tmp_path, recipe):
-    specs = [f"{TINY}/{recipe}|humanline.sync_every=3", f"{TINY}/{recipe}|{FROZEN}"]
+    # KTO (its KL rows) and GRPO (groups) through megatron's tensor- or pipeline-parallel forwards too
+    other = "objective=kto,train.micro_batch_size=16" if "pp2" in recipe else "objective=grpo,data.train.path=" \
+        "tests/fixtures/tiny/groups/train.jsonl,data.eval.path=tests/fixtures/tiny/groups/eval.jsonl"
+    specs = [f"{TINY}/{recipe}|humanline.sync_every=3", f"{TINY}/{recipe}|{FROZEN}",
+             f"{TINY}/{recipe}|{other},humanline.sync_every=1"]
     if "pp2" in recipe:  # dropout on: update 0's reference is an eval-mode forward, not the policy's own log-probs
         specs.append(f"{TINY}/{recipe}|humanline.sync_every=3,model.config_overrides={{attention_dropout: 0.3}}")
     _parity(tmp_path, specs, nproc=2)
@@ -94,38 +102,48 @@ def test_refusals_name_the_key(capsys, recipe, overrides, needle):
 
 # ------------------------------------------------------------------------------------------ the cache on disk
 def test_cache_is_fingerprinted_checked_and_rebuilt(tmp_path):
+    """A rerun reads the cache; a torn part is computed again (the intact one still read); a changed
+    fingerprint recomputes all and names what changed. Parts hold 32 updates: 34 updates make two."""
     data = tmp_path / "train.jsonl"
     data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text())
     out = tmp_path / "run"
-    common = [f"output_dir={out}", "train.max_steps=3", "eval.every=null", "checkpoint.save_every=null",
+    common = [f"output_dir={out}", "train.max_steps=34", "eval.every=null", "checkpoint.save_every=null",
               "checkpoint.save_final=false", "logging.progress_bar=false", "checkpoint.resume=never",
-              "train.cache_reference_logps=true", f"data.train.path={data}"]
+              "train.cache_reference_logps=true", f"data.train.path={data}", "train.micro_batch_size=2"]
     cache = out / "reference_cache" / "rank00000"
 
     first = run_recipe(TINY_OFFLINE, common)
     assert "reference log-probs: cached" in first.stdout
     manifest = json.loads((cache / "manifest.json").read_text())
-    assert list(manifest["parts"]) == ["updates-000000-000002"]
-    part = cache / "updates-000000-000002.pt"
+    assert list(manifest["parts"]) == ["updates-000000-000031", "updates-000032-000033"]
+    intact, torn = (cache / f"{name}.pt" for name in manifest["parts"])
     losses = [r["loss"] for r in read_jsonl(out / "metrics.jsonl")]
-    stamp = part.stat().st_mtime_ns
+    stamps = intact.stat().st_mtime_ns, torn.stat().st_mtime_ns
 
-    second = run_recipe(TINY_OFFLINE, common)  # same fingerprint: read, not computed
-    assert "recomputing" not in second.stdout and "again" not in second.stdout
-    assert part.stat().st_mtime_ns == stamp
+    torn.write_bytes(torn.read_bytes()[:100])  # a torn file (a kill mid-write): its checksum no longer matches
+    second = run_recipe(TINY_OFFLINE, common)
+    assert f"reference cache part {torn} is missing or corrupted: computing it again" in second.stdout
+    assert intact.stat().st_mtime_ns == stamps[0] and torn.stat().st_mtime_ns != stamps[1]  # read / rebuilt
+    assert "recomputing" not in second.stdout
     assert [r["loss"] for r in read_jsonl(out / "metrics.jsonl")] == losses
 
-    part.write_bytes(part.read_bytes()[:100])  # a torn file: its checksum no longer matches
-    third = run_recipe(TINY_OFFLINE, common)
-    assert "missing or corrupted: computing it again" in third.stdout
-    assert [r["loss"] for r in read_jsonl(out / "metrics.jsonl")] == losses
+    third = run_recipe(TINY_OFFLINE, [*common, "data.max_length=48"])
+    assert "data.max_length changed): recomputing it" in third.stdout
 
-    fourth = run_recipe(TINY_OFFLINE, [*common, "data.max_length=48"])
-    assert "data.max_length" in fourth.stdout and "recomputing" in fourth.stdout
 
+def test_cache_fingerprint_names_a_changed_data_file(tmp_path):
+    from hl_core.reference_cache import changed_fields, fingerprint
+
+    data = tmp_path / "train.jsonl"
+    data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text())
+    recipe = load_recipe(TINY_OFFLINE, [f"data.train.path={data}"])
+    before = fingerprint(recipe, 1, 1, 1)
     rows = data.read_text().splitlines()
-    first = json.loads(rows[0])
-    first["chosen"][-1]["content"] += " indeed"  # one completion changes
-    data.write_text("\n".join([json.dumps(first), *rows[1:]]) + "\n")
-    fifth = run_recipe(TINY_OFFLINE, [*common, "data.max_length=48"])
-    assert "data.train file train.jsonl" in fifth.stdout and "recomputing" in fifth.stdout
+    row = json.loads(rows[0])
+    row["chosen"][-1]["content"] += " indeed"  # one completion changes
+    data.write_text("\n".join([json.dumps(row), *rows[1:]]) + "\n")
+    after = fingerprint(recipe, 1, 1, 1)
+    assert changed_fields(before, after) == ["data.train file train.jsonl"]
+    assert changed_fields(after, fingerprint(recipe, 2, 2, 1)) == ["data-parallel size", "world size"]
+    assert changed_fields(before, fingerprint(load_recipe(TINY_OFFLINE, [f"data.train.path={data}", "data.max_length=48"]),
+                                              1, 1, 1)) == ["data.max_length", "data.train file train.jsonl"]

@@ -212,7 +212,7 @@ def memory_plan(
         updates = recipe.train.max_steps if mode == "cached" else recipe.humanline.sync_every
         kept = updates * accum * sequences_per_micro_batch(recipe, group_size) * recipe.data.max_length * 4 / 2**20
         notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
-                     f"{kept:.1f} MiB per rank ({updates} update(s) of padded float32 rows)")
+                     f"{kept:.2f} MiB per rank ({updates} update(s) of padded float32 rows)")
 
     # activations and logits (hl_core.plan_terms: counted tensor by tensor, checked against measurement)
     b = sequences_per_micro_batch(recipe, group_size)

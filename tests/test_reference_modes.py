@@ -52,25 +52,27 @@ def test_copy_free_equals_copy_one_process(tmp_path):
     assert [r["synced"] for r in k3["free"] if r.get("kind") != "eval"] == [True, False, False, True, False]
 
 
-def test_copy_free_equals_copy_zero3_two_processes(tmp_path):
-    z3 = "engine.zero_stage=3"
-    _parity(tmp_path, [f"{TINY}/humanline_dpo.yaml|{z3},humanline.sync_every=3",
-                       f"{TINY}/humanline_kto.yaml|{z3},humanline.sync_every=1",
-                       f"{TINY}/humanline_grpo.yaml|{z3},humanline.sync_every=3",
-                       f"{TINY}/humanline_kto.yaml|{z3},{FROZEN}",
-                       f"{TINY}/humanline_grpo.yaml|{z3},{FROZEN}"], nproc=2)
+# every objective x copy-free mode runs on at least one multi-process layout (three specs per layout)
+KTO = "objective=kto,train.micro_batch_size=16"
+GRPO = "objective=grpo,data.train.path=tests/fixtures/tiny/groups/train.jsonl,train.micro_batch_size=2," \
+       "data.eval.path=tests/fixtures/tiny/groups/eval.jsonl"
+MULTI = {
+    "zero3": ("humanline_dpo.yaml", ["engine.zero_stage=3,humanline.sync_every=3",
+                                     f"engine.zero_stage=3,{KTO},humanline.sync_every=1",
+                                     f"engine.zero_stage=3,{GRPO},{FROZEN}"]),
+    "megatron_tp2": ("megatron_humanline_dpo.yaml", ["humanline.sync_every=3", f"{GRPO},humanline.sync_every=1",
+                                                     f"{KTO},{FROZEN}"]),
+    # dropout on: update 0's reference is an eval-mode forward, not the policy's own log-probs
+    "megatron_pp2": ("megatron_tp1_pp2_humanline_dpo.yaml", [
+        FROZEN, f"{KTO},humanline.sync_every=1",
+        "humanline.sync_every=3,model.config_overrides={attention_dropout: 0.3}"]),
+}
 
 
-@pytest.mark.parametrize("recipe", ["megatron_humanline_dpo.yaml", "megatron_tp1_pp2_humanline_dpo.yaml"])
-def test_copy_free_equals_copy_megatron(tmp_path, recipe):
-    # KTO (its KL rows) and GRPO (groups) through megatron's tensor- or pipeline-parallel forwards too
-    other = "objective=kto,train.micro_batch_size=16" if "pp2" in recipe else "objective=grpo,data.train.path=" \
-        "tests/fixtures/tiny/groups/train.jsonl,data.eval.path=tests/fixtures/tiny/groups/eval.jsonl"
-    specs = [f"{TINY}/{recipe}|humanline.sync_every=3", f"{TINY}/{recipe}|{FROZEN}",
-             f"{TINY}/{recipe}|{other},humanline.sync_every=1"]
-    if "pp2" in recipe:  # dropout on: update 0's reference is an eval-mode forward, not the policy's own log-probs
-        specs.append(f"{TINY}/{recipe}|humanline.sync_every=3,model.config_overrides={{attention_dropout: 0.3}}")
-    _parity(tmp_path, specs, nproc=2)
+@pytest.mark.parametrize("layout", list(MULTI))
+def test_copy_free_equals_copy_two_processes(tmp_path, layout):
+    recipe, overrides = MULTI[layout]
+    _parity(tmp_path, [f"{TINY}/{recipe}|{o}" for o in overrides], nproc=2)
 
 
 # ------------------------------------------------------------------------------------------ the choice

@@ -7,7 +7,8 @@ gap for DPO, KTO and GRPO, the paper's instruction-following experiment in minia
 * Offline data: written once by a *different, weaker* model (a shorter warm-up from another seed, as the paper's
   offline sets came from other models): ``SAMPLES`` completions per training prompt, scored by the same reward,
   best vs worst (:func:`build_offline_data`): DPO pairs, the same pairs split into KTO examples, and the same two
-  completions as GRPO groups of two. Prompts whose samples all score the same are left out (no preference).
+  completions as GRPO groups of two, taken among the non-empty samples (the loaders refuse empty completions).
+  Prompts whose samples all score the same, or with fewer than two non-empty samples, are left out and counted.
 * Arms per objective: offline, online (best vs worst of fresh samples every update; GRPO on fresh groups),
   offline + humanline (k = 1, clip +-1.5); for DPO also sync-only and clip-only. Every arm: the same updates and
   prompts per update, held-out mean reward of one sampled completion per prompt and its win rate against the
@@ -56,7 +57,8 @@ def file_digest(path: Path) -> str:
 
 def _key(model_dir: Path, prompts: Path) -> str:
     weights = sorted(p for p in model_dir.iterdir() if p.suffix in (".safetensors", ".bin"))
-    digest = hashlib.sha256(prompts.read_bytes() + repr((SAMPLES, DATA_SEED)).encode())
+    # "nonempty": the pair is taken among non-empty samples (a change of the data, so a new cache key)
+    digest = hashlib.sha256(prompts.read_bytes() + repr((SAMPLES, DATA_SEED, "nonempty")).encode())
     for path in weights:
         digest.update(path.read_bytes())
     return digest.hexdigest()[:16]
@@ -83,7 +85,7 @@ def build_offline_data(model_dir: Path, out: Path, prompts_path: Path = PROMPTS,
     rows = read_jsonl(prompts_path)[:limit]
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     model = AutoModelForCausalLM.from_pretrained(str(model_dir), torch_dtype=torch.float32).eval()
-    pairs, groups, all_scores, ties = [], [], [], 0
+    pairs, groups, all_scores, ties, empty, unpaired = [], [], [], 0, 0, 0
     for first in range(0, len(rows), batch):
         chunk = rows[first:first + batch]
         ids = [encode_prompt(prompt_text([{"role": "user", "content": r["prompt"]}], tokenizer, "raw"), tokenizer)
@@ -95,7 +97,15 @@ def build_offline_data(model_dir: Path, out: Path, prompts_path: Path = PROMPTS,
             texts = tokenizer.batch_decode(completions, skip_special_tokens=True)
             scores = digit_credit(None, texts, [row["answer"]] * len(texts))
             all_scores += scores
-            best, worst, keep = best_and_worst(scores, 0.0)
+            # an empty completion (the model stopped at once) is no answer to prefer or reject: the data loaders
+            # refuse empty completions, so pairs are taken among the non-empty samples (all counted in meta)
+            usable = [i for i, text in enumerate(texts) if text.strip()]
+            empty += len(texts) - len(usable)
+            if len(usable) < 2:
+                unpaired += 1
+                continue
+            best, worst, keep = best_and_worst([scores[i] for i in usable], 0.0)
+            best, worst = usable[best], usable[worst]
             if not keep or texts[best] == texts[worst]:
                 ties += 1
                 continue
@@ -106,11 +116,13 @@ def build_offline_data(model_dir: Path, out: Path, prompts_path: Path = PROMPTS,
     for name, items in (("pairs", pairs), ("groups", groups)):
         paths[name].write_text("".join(json.dumps(item) + "\n" for item in items))
     meta = {"model": str(model_dir), "prompts": len(rows), "pairs": len(pairs), "left_out_all_tied": ties,
+            "empty_samples_not_paired": empty, "left_out_fewer_than_two_nonempty": unpaired,
             "samples_per_prompt": SAMPLES, "sample_reward_mean": statistics.fmean(all_scores),
             "chosen_reward_mean": statistics.fmean(g["scores"][0] for g in groups),
             "rejected_reward_mean": statistics.fmean(g["scores"][1] for g in groups),
             "sha256": {name: file_digest(paths[name]) for name in ("pairs", "groups")}}
     paths["meta"].write_text(json.dumps(meta, indent=2) + "\n")
-    print(f"offline data: {len(pairs)} pairs from {len(rows)} prompts ({ties} all tied, left out); mean reward of "
+    print(f"offline data: {len(pairs)} pairs from {len(rows)} prompts ({ties} all tied and {unpaired} with fewer than "
+          f"two non-empty samples, left out; {empty} empty samples not paired); mean reward of "
           f"the weaker model's samples {meta['sample_reward_mean']:.3f} -> {directory}")
     return paths

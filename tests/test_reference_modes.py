@@ -47,6 +47,8 @@ def test_copy_free_equals_copy_one_process(tmp_path):
              for k in (1, 3)]
     specs += [f"{TINY}/humanline_{objective}.yaml|{FROZEN}" for objective in ("dpo", "kto", "grpo")]
     specs += [f"{TINY}/humanline_dpo_lora.yaml|humanline.sync_every=3"]  # LoRA: the adapter copy vs look-ahead
+    specs += [f"{TINY}/humanline_dpo.yaml|engine.zero_stage=2,humanline.sync_every=3",  # ZeRO-1/2: optimizer shards
+              f"{TINY}/humanline_kto.yaml|engine.zero_stage=1,{FROZEN}"]
     results = _parity(tmp_path, specs)
     k3 = results[f"{TINY}/humanline_dpo.yaml|humanline.sync_every=3"]
     assert [r["synced"] for r in k3["free"] if r.get("kind") != "eval"] == [True, False, False, True, False]

@@ -48,7 +48,8 @@ def test_copy_free_equals_copy_one_process(tmp_path):
     specs += [f"{TINY}/humanline_{objective}.yaml|{FROZEN}" for objective in ("dpo", "kto", "grpo")]
     specs += [f"{TINY}/humanline_dpo_lora.yaml|humanline.sync_every=3"]  # LoRA: the adapter copy vs look-ahead
     specs += [f"{TINY}/humanline_dpo.yaml|engine.zero_stage=2,humanline.sync_every=3",  # ZeRO-1/2: optimizer shards
-              f"{TINY}/humanline_kto.yaml|engine.zero_stage=1,{FROZEN}"]
+              f"{TINY}/humanline_kto.yaml|engine.zero_stage=1,{FROZEN}",
+              f"{TINY}/humanline_dpo.yaml|humanline.sync_every=3,humanline.sync_offset=2"]  # update 0 is no sync
     results = _parity(tmp_path, specs)
     k3 = results[f"{TINY}/humanline_dpo.yaml|humanline.sync_every=3"]
     assert [r["synced"] for r in k3["free"] if r.get("kind") != "eval"] == [True, False, False, True, False]

@@ -77,7 +77,7 @@ def _dapo_worker(rank, world_size, port, out_dir):
                               aggregation="dapo")
         inputs = SimpleNamespace(batch={"scores": scores, "group_ids": torch.zeros(3, dtype=torch.long)},
                                  policy_logps=lr, ref_logps=torch.zeros_like(lr), mask=mask, log_ratios=lr,
-                                 humanline_active=True, has_reference=False)
+                                 humanline_active=True, has_reference=False, update_normalised=False)
         loss, _ = grpo_batch_loss(cfg, inputs)
         (grad,) = torch.autograd.grad(loss, [lr])
         torch.save({"loss": loss.detach(), "grad": grad}, f"{out_dir}/rank{rank}.pt")

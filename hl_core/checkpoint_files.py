@@ -38,6 +38,11 @@ def reference_logps_file(rank: int) -> str:
     return f"reference_logps_rank{rank:05d}.pt"
 
 
+def wrote_lookahead(checkpoint: Path) -> bool:
+    """The checkpoint was written by a look-ahead run (it keeps log-probs, not a reference copy)."""
+    return any(Path(checkpoint).glob("reference_logps_rank*.pt"))
+
+
 def step_dirs(directory: Path) -> List[Tuple[int, Path]]:
     """``(N, path)`` for every ``step_N`` directory in ``directory``, newest first."""
     if not directory.is_dir():

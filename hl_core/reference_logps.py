@@ -113,6 +113,14 @@ class ReferenceLogps:
     def load_state_dict(self, state: dict) -> None:
         pass
 
+    def resume(self, checkpoint, rank: int) -> Optional[str]:
+        """After the engine loaded ``checkpoint``: restore what this mode keeps; a notice when the checkpoint was
+        written in another mode (e.g. ``train.on_nonfinite: skip`` chose a copy after a look-ahead run stopped)."""
+        if getattr(self.engine, "resynced_at_resume", False):
+            return ("The checkpoint was written with look-ahead syncing and keeps no reference copy; this run keeps "
+                    f"one ({self.reason}). It starts from the policy's weights at the resume: one extra sync there.")
+        return None
+
 
 class StoredReferenceLogps(ReferenceLogps):
     """Log-probs the policy computed in place of a reference model, looked up by batch."""
@@ -166,7 +174,7 @@ class LookaheadReference(StoredReferenceLogps):
 
     def before_optimizer_step(self, engine, updates_done: int) -> SyncRecord:
         synced = should_sync(updates_done, self.sync_every, self.offset)
-        if not (synced or updates_done == 0):
+        if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
             return SyncRecord(False, 0.0)
         engine.synchronize()
         start = time.perf_counter()
@@ -188,6 +196,19 @@ class LookaheadReference(StoredReferenceLogps):
     def load_state_dict(self, state: dict) -> None:
         self.store = LogpStore(state["values"])
         self.policy_is_reference = bool(state["policy_is_reference"])
+
+    def resume(self, checkpoint, rank: int) -> Optional[str]:
+        from pathlib import Path
+
+        from .checkpoint_files import reference_logps_file, safe_load
+
+        path = Path(checkpoint) / reference_logps_file(rank)
+        if path.exists():
+            self.load_state_dict(safe_load(path))
+            return None
+        self.store, self.policy_is_reference = LogpStore(), True  # a new window starts at the resume
+        return ("The checkpoint keeps a reference copy, not look-ahead log-probs; this run syncs by look-ahead: "
+                "its reference starts from the policy's weights at the resume (one extra sync there).")
 
 
 def build_reference_logps(recipe, engine, batches_of_update: Callable[[int], List[dict]],

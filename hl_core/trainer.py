@@ -218,8 +218,9 @@ class Trainer(TrainerSafety):
             source_state = Path(directory) / tag / f"source_rank{self.engine.rank:05d}.pt"
             if hasattr(self.source, "load_state_dict") and source_state.exists():
                 self.source.load_state_dict(ckpt.safe_load(source_state))
-            if self.reference.state_dict() is not None:  # look-ahead: the log-probs kept for the current window
-                self.reference.load_state_dict(ckpt.safe_load(Path(directory) / tag / ckpt.reference_logps_file(self.engine.rank)))
+            notice = self.reference.resume(Path(directory) / tag, self.engine.rank)  # look-ahead: the window's log-probs
+            if notice:
+                self._print(notice)
             self._print(f"Resumed from {directory}/{tag} at update {self.updates_done}.")
         if self.is_main:
             self.output_dir.mkdir(parents=True, exist_ok=True)

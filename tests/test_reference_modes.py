@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from helpers import REPO, TINY_OFFLINE, assert_same_rows, read_jsonl, run_recipe, run_worker
+from helpers import REPO, TINY_HUMANLINE, TINY_OFFLINE, assert_same_rows, read_jsonl, run_recipe, run_worker
 from hl_core.config import load_recipe
 from hl_core.objectives import reference_mode
 from launchers.run import main
@@ -152,3 +152,17 @@ def test_cache_fingerprint_names_a_changed_data_file(tmp_path):
     assert changed_fields(after, fingerprint(recipe, 2, 2, 1)) == ["data-parallel size", "world size"]
     assert changed_fields(before, fingerprint(load_recipe(TINY_OFFLINE, [f"data.train.path={data}", "data.max_length=48"]),
                                               1, 1, 1)) == ["data.max_length", "data.train file train.jsonl"]
+
+
+def test_resume_across_reference_modes(tmp_path):
+    """A checkpoint written with a reference copy resumes under look-ahead (and the reverse: the run guard's
+    advice to resume with `train.on_nonfinite=skip` turns a look-ahead run into a copy one,
+    `tests/test_run_guard.py`): the new mode's reference starts from the policy at the resume, said in one line."""
+    out = tmp_path / "run"
+    common = [f"output_dir={out}", "train.max_steps=4", "eval.every=null", "checkpoint.save_every=2",
+              "checkpoint.save_final=false", "logging.progress_bar=false", "humanline.sync_every=3"]
+    run_recipe(TINY_HUMANLINE, [*common, "humanline.reference=copy", "train.stop_after=2"])
+    resumed = run_recipe(TINY_HUMANLINE, common)  # auto: look-ahead
+    assert "keeps a reference copy, not look-ahead log-probs" in resumed.stdout
+    assert "Resumed from" in resumed.stdout
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2, 3]

@@ -24,7 +24,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..checkpoint_files import safe_load
+from ..checkpoint_files import safe_load, wrote_lookahead
 from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import chunk_positions, sequence_token_logps
@@ -345,6 +345,10 @@ class DeepSpeedEngine(Engine):
         if self.has_reference and self.recipe.humanline.sync_every is not None:
             rank = self.rank if self.zero_stage == 3 else 0
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
+            if not path.exists() and wrote_lookahead(Path(directory) / tag):
+                self.sync_reference()  # a look-ahead checkpoint keeps no copy: start one from the policy
+                self.resynced_at_resume = True
+                return client_state or {}
             if not path.exists():
                 raise RecipeError(
                     f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs the reference. "

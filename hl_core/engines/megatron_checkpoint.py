@@ -19,7 +19,7 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..checkpoint_files import safe_load
+from ..checkpoint_files import safe_load, wrote_lookahead
 from ..errors import RecipeError
 from .megatron_convert import mcore_to_hf, save_hf_directory
 
@@ -94,12 +94,16 @@ class MegatronCheckpointing:
         state = safe_load(self._shard_file(path))
         self._copy_shard(self.policy_module, state["policy"])
         if self.has_reference and self.recipe.humanline.sync_every is not None:
-            if "reference" not in state:
+            if "reference" not in state and wrote_lookahead(path):
+                self.sync_reference()  # a look-ahead checkpoint keeps no copy: start one from the policy
+                self.resynced_at_resume = True
+            elif "reference" not in state:
                 raise RecipeError(
                     f"Checkpoint `{path}` has no reference shard, but this run syncs the reference. "
                     "Fix: resume from a checkpoint written by a syncing run."
                 )
-            self._copy_shard(self.reference, state["reference"])
+            else:
+                self._copy_shard(self.reference, state["reference"])
         self.updates_done = int(state["updates_done"])
         self._micro_steps = int(state["micro_steps"])
         self.optimizer.load_state_dict(state["optimizer"])

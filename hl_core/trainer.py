@@ -455,7 +455,8 @@ class Trainer(TrainerSafety):
         if self.is_main:
             lines = [f"== {self.recipe.name}: {self.updates_done} updates in {wall:.1f}s =="]
             if step_times:
-                lines.append(f"mean step {summary['mean_step_s']:.3f}s, reference sync {100 * summary['sync_frac']:.2f}% of step time")
+                sync = "look-ahead reference forwards" if self.reference.mode == "lookahead" else "reference sync"
+                lines.append(f"mean step {summary['mean_step_s']:.3f}s, {sync} {100 * summary['sync_frac']:.2f}% of step time")
                 if self.recipe.rollout.every is not None:
                     lines.append(
                         f"wall-clock split: generation + scoring {summary['rollout_s']:.1f}s "

@@ -33,14 +33,17 @@ FINAL_DIR, FINAL_PARTIAL = "final", ".final.partial"
 _STEP = re.compile(r"step_(\d+)")
 
 
+REFERENCE_LOGPS = "reference_logps_rank"
+
+
 def reference_logps_file(rank: int) -> str:
     """A rank's look-ahead reference log-probs in a checkpoint (``reference_logps.LookaheadReference``)."""
-    return f"reference_logps_rank{rank:05d}.pt"
+    return f"{REFERENCE_LOGPS}{rank:05d}.pt"
 
 
 def wrote_lookahead(checkpoint: Path) -> bool:
     """The checkpoint was written by a look-ahead run (it keeps log-probs, not a reference copy)."""
-    return any(Path(checkpoint).glob("reference_logps_rank*.pt"))
+    return any(Path(checkpoint).glob(f"{REFERENCE_LOGPS}*.pt"))
 
 
 def step_dirs(directory: Path) -> List[Tuple[int, Path]]:

@@ -103,17 +103,11 @@ def collate_bins(collate: Callable, features: List[dict], bins: List[List[int]],
     """One batch per bin. A collate function that borrows (``donors``: KTO's KL rows) and takes ``rows`` pairs
     over the whole update (``features``, then ``more``: other ranks' examples), so a KL row does not depend
     on the split; one without ``rows`` gets the other bins' units (the next one first) then ``more``."""
-    from .data.build import takes_donors
+    from .data.build import collate_micro_batches, takes_donors
 
-    if not takes_donors(collate):
-        return [collate([features[i] for i in b]) for b in bins]
-    if "rows" in inspect.signature(collate).parameters:
+    if takes_donors(collate) and "rows" in inspect.signature(collate).parameters:
         return [collate(features, donors=list(more), rows=b) for b in bins]
-    out = []
-    for m, b in enumerate(bins):
-        others = [i for k in range(1, len(bins)) for i in bins[(m + k) % len(bins)]]
-        out.append(collate([features[i] for i in b], donors=[features[i] for i in others] + list(more)))
-    return out
+    return collate_micro_batches(collate, [[features[i] for i in b] for b in bins], more)
 
 
 def update_batches(collate: Callable, features: List[dict], engine, micro_batch_size: int,

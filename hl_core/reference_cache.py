@@ -32,17 +32,22 @@ UPDATES_PER_PART = 32
 LARGE_FILE = 256 * 2**20
 
 
-def file_digest(path: Path) -> str:
-    """SHA-256 of a file's bytes; for a file over 256 MiB its size and modification time (hashing model
-    weights of tens of GiB at every start would cost minutes)."""
-    stat = path.stat()
-    if stat.st_size > LARGE_FILE:
-        return f"size={stat.st_size},mtime_ns={stat.st_mtime_ns}"
+def sha256_file(path: Path) -> str:
+    """SHA-256 of a file's bytes, read in 1 MiB blocks."""
     digest = hashlib.sha256()
-    with path.open("rb") as fh:
+    with Path(path).open("rb") as fh:
         for block in iter(lambda: fh.read(1 << 20), b""):
             digest.update(block)
     return digest.hexdigest()
+
+
+def file_digest(path: Path) -> str:
+    """:func:`sha256_file`; for a file over 256 MiB its size and modification time (hashing model weights of
+    tens of GiB at every start would cost minutes)."""
+    stat = path.stat()
+    if stat.st_size > LARGE_FILE:
+        return f"size={stat.st_size},mtime_ns={stat.st_mtime_ns}"
+    return sha256_file(path)
 
 
 def _local_files(path: Optional[str]) -> Dict[str, str]:
@@ -100,7 +105,7 @@ class ReferenceCacheDir:
         self.directory, self.fields = Path(directory), fields
         self.manifest_path = self.directory / "manifest.json"
         self.parts: Dict[str, dict] = {}
-        self.notice: Optional[str] = None  # why (part of) the cache is computed again
+        self.notices: List[str] = []  # why (part of) the cache is computed again, in order
         self._open()
 
     def _open(self) -> None:
@@ -109,16 +114,16 @@ class ReferenceCacheDir:
             try:
                 manifest = json.loads(self.manifest_path.read_text())
             except (OSError, ValueError):
-                self.notice = f"{self.manifest_path} is unreadable: recomputing the reference cache"
+                self.notices.append(f"{self.manifest_path} is unreadable: recomputing the reference cache")
         if manifest is not None:
             changed = changed_fields(manifest.get("fingerprint", {}), self.fields)
             if changed:
                 shown = ", ".join(changed[:6]) + (f" and {len(changed) - 6} more" if len(changed) > 6 else "")
-                self.notice = f"the reference cache in {self.directory} was computed for a different run ({shown} " \
-                              "changed): recomputing it"
+                self.notices.append(f"the reference cache in {self.directory} was computed for a different run "
+                                    f"({shown} changed): recomputing it")
             else:
                 self.parts = dict(manifest.get("parts", {}))
-        if manifest is None or self.notice:
+        if manifest is None or self.notices:
             self.directory.mkdir(parents=True, exist_ok=True)
             for stale in self.directory.glob("*.pt"):
                 stale.unlink()
@@ -132,7 +137,7 @@ class ReferenceCacheDir:
             return False
         path = self.directory / entry["file"]
         if not path.exists() or file_digest(path) != entry["sha256"]:
-            self.notice = f"reference cache part {path} is missing or corrupted: computing it again"
+            self.notices.append(f"reference cache part {path} is missing or corrupted: computing it again")
             del self.parts[name]
             self._write_manifest()
             return False

@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import hashlib
 import time
+from pathlib import Path
 from typing import Callable, Dict, Iterable, List, Optional
 
 import torch
 
+from .checkpoint_files import reference_logps_file, safe_load
 from .humanline import ReferenceSyncHook, SyncRecord, should_sync
 
 # the (ids, mask) pairs of a collated batch that the reference is asked for: the rows themselves, and KTO's
@@ -80,9 +82,6 @@ class LogpStore:
                 self.values[key] = logps.detach().to("cpu", torch.float32)
                 forwards += 1
         return forwards
-
-    def nbytes(self) -> int:
-        return sum(v.numel() * v.element_size() for v in self.values.values())
 
 
 class ReferenceLogps:
@@ -163,7 +162,6 @@ class LookaheadReference(StoredReferenceLogps):
         self.sync_every, self.offset, self.max_steps = hl.sync_every, hl.sync_offset, recipe.train.max_steps
         self.batches_of_update, self.eval_batches, self.eval_at = batches_of_update, eval_batches, eval_at
         self.policy_is_reference = True  # until update 0's optimizer step (a resume loads its state instead)
-        self.num_syncs = 0
 
     def window_end(self, start: int) -> int:
         """The next sync after ``start``: the last update whose forward reads ``start``'s weights."""
@@ -187,7 +185,6 @@ class LookaheadReference(StoredReferenceLogps):
             self.store.fill(engine, self.eval_batches(), 1.0)
         self.policy_is_reference = False
         engine.synchronize()
-        self.num_syncs += int(synced)
         return SyncRecord(synced, time.perf_counter() - start)
 
     def state_dict(self) -> dict:
@@ -198,10 +195,6 @@ class LookaheadReference(StoredReferenceLogps):
         self.policy_is_reference = bool(state["policy_is_reference"])
 
     def resume(self, checkpoint, rank: int) -> Optional[str]:
-        from pathlib import Path
-
-        from .checkpoint_files import reference_logps_file, safe_load
-
         path = Path(checkpoint) / reference_logps_file(rank)
         if path.exists():
             self.load_state_dict(safe_load(path))
@@ -231,14 +224,13 @@ def build_reference_logps(recipe, engine, batches_of_update: Callable[[int], Lis
 def cached_reference(recipe, engine, reason: str, batches_of_update, eval_batches, show_progress: bool):
     """Every batch's reference log-probs, computed by the untrained policy (sharded: each rank its own
     batches) or read from ``<output_dir>/reference_cache`` (``hl_core.reference_cache``)."""
-    from pathlib import Path
-
     from .reference_cache import ReferenceCacheDir, fingerprint, load_or_compute, update_parts
 
     fields = fingerprint(recipe, engine.world_size, engine.dp_size, engine.gradient_accumulation_steps)
     cache = ReferenceCacheDir(Path(recipe.output_dir) / "reference_cache" / f"rank{engine.rank:05d}", fields)
-    if cache.notice and show_progress:
-        print(cache.notice, flush=True)
+    shown = len(cache.notices)  # the fingerprint's notice before the precompute, a torn part's after it
+    for notice in cache.notices if show_progress else ():
+        print(notice, flush=True)
     parts, units = [], []
     for first, last in update_parts(recipe.train.max_steps):
         parts.append((f"updates-{first:06d}-{last:06d}",
@@ -257,6 +249,6 @@ def cached_reference(recipe, engine, reason: str, batches_of_update, eval_batche
     finally:
         if bar is not None:
             bar.close()
-    if cache.notice and show_progress:
-        print(cache.notice, flush=True)
+    for notice in cache.notices[shown:] if show_progress else ():
+        print(notice, flush=True)
     return StoredReferenceLogps(engine, "cached", reason, store)

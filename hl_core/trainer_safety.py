@@ -75,8 +75,9 @@ class TrainerSafety:
         if hasattr(self.source, "state_dict"):
             # per rank: e.g. the sparse-rollout buffer of samples for the coming updates
             torch.save(self.source.state_dict(), ckpt_dir / tag / f"source_rank{self.engine.rank:05d}.pt")
-        if self.reference.state_dict() is not None:  # look-ahead syncing: the log-probs kept for this window
-            torch.save(self.reference.state_dict(), ckpt_dir / tag / ckpt.reference_logps_file(self.engine.rank))
+        reference_state = self.reference.state_dict()  # look-ahead syncing: the log-probs kept for this window
+        if reference_state is not None:
+            torch.save(reference_state, ckpt_dir / tag / ckpt.reference_logps_file(self.engine.rank))
         self.engine.barrier()
         if self.is_main:
             ckpt.mark_complete(ckpt_dir / tag, self.updates_done)

@@ -52,7 +52,9 @@ def digit_credit(prompts, completions: Sequence[str], references: Sequence[Optio
 
 
 def file_digest(path: Path) -> str:
-    return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    from hl_core.reference_cache import sha256_file
+
+    return sha256_file(path)
 
 
 def _key(model_dir: Path, prompts: Path) -> str:

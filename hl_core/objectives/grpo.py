@@ -174,11 +174,9 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     term always uses the unclamped ``lp_pol - lp_ref``.
     """
     batch, mask = inputs.batch, inputs.mask
-    weights = batch.get("weights")  # per group: 0 for a best/worst pair under the threshold, a dummy eval batch
-    if weights is not None:
-        keep = weights.to(batch["group_ids"].device)[batch["group_ids"]] > 0
-        if not bool(keep.all()):
-            return _kept_rows_loss(objective_cfg, inputs, keep.to(mask.device))
+    keep = _kept_rows(batch)  # per group weight 0: a best/worst pair under the threshold, a dummy eval batch
+    if not bool(keep.all()):
+        return _kept_rows_loss(objective_cfg, inputs, keep.to(mask.device))
     advantages = group_advantages(
         batch["scores"].to(inputs.policy_logps.device), batch["group_ids"], eps=objective_cfg.advantage_eps,
         std=objective_cfg.advantage_std,

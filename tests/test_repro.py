@@ -51,7 +51,7 @@ def test_pinned_curve(quick, tmp_path):
     commit: a change that moves results is noticed here, and the stored study is then re-run on purpose.
     Update 0's gradient norm (after the warm-up and the first sampled groups) to 1e-3 relative; held-out accuracy
     within 2 of the 64 problems and each update's mean rollout reward within 2 of 32 samples (room for another
-    CPU's rounding to flip a sample)."""
+    CPU's rounding to flip a sample). The runs use AVX2 kernels on every x86-64 CPU (`eval.repro.runs.CPU_KERNELS`)."""
     _, result = quick
     run = next(r for r in result["runs"] if r["arm"] == "online" and r["warmup"] == 0 and r["seed"] == 0)
     actual = {"steps": run["steps"], "accuracy": run["values"], "first_grad_norm": run["grad_norms"][0],
@@ -76,7 +76,7 @@ def test_same_seed_same_curve(quick):
 def test_result_files_record_versions_threads_and_statistics(quick):
     out, result = quick
     env = result["environment"]
-    for key in ("torch", "transformers", "deepspeed", "python", "threads_per_process", "cpu_count"):
+    for key in ("torch", "transformers", "deepspeed", "python", "threads_per_process", "cpu_count", "cpu_kernels"):
         assert env[key], key
     assert all(r["torch_threads"] == 1 and r["deterministic"] is True for r in result["runs"])
     arms = result["summary"]["arms"]

@@ -137,8 +137,8 @@ def _allocated_gib(engine):
 def _measure(trainer, recipe, run: dict) -> dict:
     import torch
 
-    from hl_core.model_specs import resolve_spec
-    from hl_core.plan import memory_plan
+    from hl_core.models.specs import resolve_spec
+    from hl_core.preflight.plan import memory_plan
 
     engine = trainer.engine
     cuda = engine.device.type == "cuda"

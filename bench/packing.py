@@ -61,7 +61,7 @@ def long_tailed_pairs(path: Path, rows: int, seed: int = 0) -> list:
 
 def positions(batches, packing: bool, capacity: int, pad: int) -> int:
     """Forward positions (rows x width) the micro-batches cost, padded or packed."""
-    from hl_core.packing import pack_rows
+    from hl_core.logprobs.packed import pack_rows
 
     total = 0
     for batch in batches:

@@ -157,8 +157,8 @@ def compare(shape: str, label: str, recipe: str, ranks: list) -> dict:
 
 def section_forward(work: Path) -> list:
     from hl_core.config import load_recipe
-    from hl_core.model_specs import resolve_spec
-    from hl_core.plan import memory_plan
+    from hl_core.models.specs import resolve_spec
+    from hl_core.preflight.plan import memory_plan
 
     results, rows, steps = [], 2, 256
     for shape, attn in FORWARD_SHAPES:

@@ -50,8 +50,8 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     import torch
 
     from hl_core.config import load_recipe
-    from hl_core.model_specs import resolve_spec
-    from hl_core.plan import memory_plan
+    from hl_core.models.specs import resolve_spec
+    from hl_core.preflight.plan import memory_plan
     from hl_core.trainer import Trainer
 
     torch.set_num_threads(max(1, (os.cpu_count() or 2) // int(os.environ.get("WORLD_SIZE", "1"))))

@@ -20,7 +20,7 @@ REPO = Path(__file__).resolve().parent.parent
 TOKENIZER_DIR = REPO / "tests" / "fixtures" / "tiny" / "model"
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja")
 
-# Hugging Face names of the models behind the recipes (dimensions from hl_core.model_specs.MODEL_SPECS)
+# Hugging Face names of the models behind the recipes (dimensions from hl_core.models.specs.MODEL_SPECS)
 SHAPES = {
     "llama3.2-1b": "meta-llama/Llama-3.2-1B-Instruct",
     "llama3-8b": "meta-llama/Meta-Llama-3-8B-Instruct",
@@ -41,7 +41,7 @@ _TOKEN_IDS = dict(bos_token_id=1, eos_token_id=2, pad_token_id=0)
 
 def spec_of(shape: str, num_layers: Optional[int] = None, **changes):
     """The ``ModelSpec`` of ``shape`` (a key of SHAPES), with the depth cut to ``num_layers`` if given."""
-    from hl_core.model_specs import MODEL_SPECS
+    from hl_core.models.specs import MODEL_SPECS
 
     spec = MODEL_SPECS[SHAPES[shape]]
     if num_layers is not None:

@@ -121,7 +121,7 @@ def _reference_model(recipe: Dict[str, Any], recipe_obj: Any):
     import torch
 
     from hl_core.config import ModelConfig
-    from hl_core.modeling import build_causal_lm, load_tokenizer
+    from hl_core.models.loading import build_causal_lm, load_tokenizer
 
     model_cfg = getattr(recipe_obj, "model", None)
     if model_cfg is None or isinstance(recipe_obj, dict):

@@ -8,6 +8,7 @@ exits with code 2. Code bugs stay ordinary exceptions.
 from __future__ import annotations
 
 import difflib
+import sys
 from typing import Iterable, Optional
 
 EXIT_USER_ERROR = 2
@@ -43,8 +44,6 @@ def suggestion(word: str, choices: Iterable[str]) -> Optional[str]:
 
 def exit_on_user_error(main, *args) -> None:
     """``sys.exit(main(*args))``, turning a ``UserError`` into its one paragraph on stderr and exit code 2."""
-    import sys
-
     try:
         sys.exit(main(*args))
     except UserError as exc:

@@ -9,7 +9,7 @@ Examples::
 
 Exit codes: 0 finished (or stopped by a STOP file / ``train.stop_after``), 1 failure, 2 bad input (one
 paragraph, no traceback), 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a
-resumable checkpoint (a second signal: 143 / 130 at once). See ``hl_core/run_guard.py``.
+resumable checkpoint (a second signal: 143 / 130 at once). See ``hl_core/loop/guard.py``.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from hl_core.errors import EXIT_USER_ERROR, UserError  # noqa: E402
-from hl_core.run_guard import NonFiniteStop  # noqa: E402
+from hl_core.loop.guard import NonFiniteStop  # noqa: E402
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -45,8 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(recipe, world_size=None) -> str:
-    """Everything checkable without weights or a GPU (``hl_core/validation.py``)."""
-    from hl_core.validation import validate_recipe
+    """Everything checkable without weights or a GPU (``hl_core/preflight/validate.py``)."""
+    from hl_core.preflight.validate import validate_recipe
 
     return validate_recipe(recipe, world_size)
 
@@ -87,7 +87,7 @@ def main(argv=None) -> int:
 
         world = env_world_size()
         if args.plan:
-            from hl_core.plan import plan_report
+            from hl_core.preflight.plan import plan_report
 
             print(plan_report(recipe, world))
             return 0

@@ -14,7 +14,7 @@ SLURM signal the batch shell S seconds before the time limit; its trap creates `
 the run saves a resumable checkpoint and exits 0 (the trainer's stop-file contract), and the script
 requeues the job with ``scontrol requeue`` unless ``final/`` exists. On preemption or ``scancel`` SLURM sends
 SIGTERM to every process of the step: each rank saves a resumable checkpoint at the next update boundary and
-exits 4 (``hl_core/run_guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it.
+exits 4 (``hl_core/loop/guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it.
 Logs: ``<output_dir>/slurm/<job name>-<job id>.out`` (appended across requeues). Values from the recipe and
 the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
 must be plain tokens and are rejected otherwise.
@@ -178,7 +178,7 @@ def submission_notes(recipe, world_size: int) -> List[str]:
             "failed job restarts from the beginning. Set `checkpoint.save_every=N` to bound the loss."
         )
     try:
-        from hl_core.plan import plan_report
+        from hl_core.preflight.plan import plan_report
 
         notes += [line for line in plan_report(recipe, world_size).splitlines() if line.startswith("WARNING")]
     except UserError:
@@ -234,7 +234,7 @@ def render_sbatch(
         )
     world = nodes * gpus
     if check:
-        from hl_core.model_specs import check_layout
+        from hl_core.models.specs import check_layout
 
         check_recipe(recipe, world)
         check_layout(recipe, world)

@@ -1,4 +1,4 @@
-"""Checkpoint completeness on disk and safe loading (``hl_core/checkpoint_files.py``), and the torn metrics line,
+"""Checkpoint completeness on disk and safe loading (``hl_core/storage/checkpoints.py``), and the torn metrics line,
 in one process."""
 
 import json
@@ -6,9 +6,9 @@ import json
 import pytest
 
 from helpers import RunsACommand
-from hl_core.checkpoint_files import newest_complete, resume_target, rotate, safe_load, skipped_notice
+from hl_core.storage.checkpoints import newest_complete, resume_target, rotate, safe_load, skipped_notice
 from hl_core.errors import RecipeError
-from hl_core.sinks import JsonlSink
+from hl_core.loop.sinks import JsonlSink
 
 
 def _step(root, n, complete=True):

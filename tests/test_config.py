@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 
 from hl_core.config import apply_overrides, deep_merge, load_recipe
-from hl_core.errors import RecipeError
 from launchers.run import main
 from helpers import start_model_overrides
 

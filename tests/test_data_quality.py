@@ -160,7 +160,7 @@ def _recipe(tmp_path, **eval_block):
 
 def test_post_training_hook_data_quality(tmp_path):
     from hl_core.config import ModelConfig
-    from hl_core.modeling import build_causal_lm, load_tokenizer
+    from hl_core.models.loading import build_causal_lm, load_tokenizer
 
     recipe = _recipe(tmp_path, data_quality={"enabled": True})
     res = run_post_training_eval(recipe, model_dir=tmp_path / "run" / "final", output_dir=tmp_path / "run")

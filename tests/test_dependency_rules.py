@@ -1,27 +1,40 @@
-"""The project's layering, checked over its own source by parsing imports (``ast``): ``import x`` and
-``from x import y``, relative imports resolved to absolute names, imports inside functions included, and
-followed through the repository's own modules (importing ``a.b.c`` also runs ``a`` and ``a.b``).
+"""The project's structure, checked over its own source by parsing imports (``ast``): ``import x`` and
+``from x import y``, relative imports resolved to absolute names, imports inside functions included.
 
-* ``hl_core`` (the training core) imports nothing from ``eval`` or ``launchers``;
-* ``hl_core.objectives`` (pure functions over log-ratios) reaches neither ``hl_core.engines`` nor ``hl_core.trainer``;
-* ``hl_core.config`` (the recipe schema) reaches no engine: ``hl_core.engines``, ``deepspeed``, ``megatron``.
+* ``hl_core``'s packages are layered as the table in ``docs/architecture.md`` says (read from the document, so the
+  two cannot drift): a package imports only packages of a lower layer, and the table names exactly the
+  packages and modules at the root of ``hl_core``;
+* ``hl_core`` never reaches ``eval`` or ``launchers``; ``hl_core.config`` reaches no engine library;
+* no import circle between modules of ``hl_core``, ``eval`` and ``launchers``;
+* no Python file over 500 lines, the trainer under 400;
+* an import inside a function in ``hl_core`` says why (a comment on its line or the line above, or one
+  ``# Imports inside functions: ...`` note in the module).
 """
 
 import ast
+import re
 from pathlib import Path
-from typing import Dict, List, Set
+from typing import Dict, List, Set, Tuple
 
 import pytest
 
 from helpers import REPO
 
 PACKAGES = ("hl_core", "eval", "launchers")
-# (package whose modules are checked, forbidden modules: each with everything under it)
+# (package whose modules are checked, forbidden modules: each with everything under it), followed transitively
 RULES = [
     ("hl_core", ("eval", "launchers")),
-    ("hl_core.objectives", ("hl_core.engines", "hl_core.trainer")),
-    ("hl_core.config", ("hl_core.engines", "deepspeed", "megatron")),
+    ("hl_core.config", ("deepspeed", "megatron")),
 ]
+LAYER_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+)`\s*\|")
+MAX_LINES, MAX_TRAINER_LINES = 500, 400
+FILE_NOTE = "# Imports inside functions:"
+
+
+def layers(root: Path) -> Dict[str, int]:
+    """``{root entry of hl_core: layer}`` from the table in ``docs/architecture.md``."""
+    rows = [LAYER_ROW.match(line) for line in (root / "docs" / "architecture.md").read_text().splitlines()]
+    return {m.group(2): int(m.group(1)) for m in rows if m}
 
 
 def source_modules(root: Path) -> Dict[str, Path]:
@@ -36,23 +49,27 @@ def source_modules(root: Path) -> Dict[str, Path]:
     return modules
 
 
-def imported_names(path: Path, module: str) -> Set[str]:
-    """Absolute names of everything ``path`` (the module ``module``) imports, anywhere in the file. For
-    ``from m import x`` both ``m`` and ``m.x`` are listed (``x`` may be a submodule)."""
+def imports_of(path: Path, module: str) -> List[Tuple[str, ast.stmt]]:
+    """``(absolute name, node)`` for everything ``path`` (the module ``module``) imports, anywhere in the file.
+    For ``from m import x`` both ``m`` and ``m.x`` are listed (``x`` may be a submodule)."""
     package = module if path.name == "__init__.py" else module.rpartition(".")[0]
-    names = set()
+    found = []
     for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
         if isinstance(node, ast.Import):
-            names.update(alias.name for alias in node.names)
+            found += [(alias.name, node) for alias in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
                 base = package.rsplit(".", node.level - 1)[0] if node.level > 1 else package
                 source = f"{base}.{node.module}" if node.module else base
             else:
                 source = node.module
-            names.add(source)
-            names.update(f"{source}.{alias.name}" for alias in node.names if alias.name != "*")
-    return names
+            found.append((source, node))
+            found += [(f"{source}.{alias.name}", node) for alias in node.names if alias.name != "*"]
+    return found
+
+
+def imported_names(path: Path, module: str) -> Set[str]:
+    return {name for name, _ in imports_of(path, module)}
 
 
 def _with_parents(name: str) -> List[str]:
@@ -80,7 +97,35 @@ def _under(name: str, prefix: str) -> bool:
     return name == prefix or name.startswith(prefix + ".")
 
 
-def violations(root: Path) -> List[str]:
+def _unit(name: str) -> str:
+    """The root entry of ``hl_core`` a module belongs to (``hl_core.loop.guard`` -> ``loop``)."""
+    parts = name.split(".")
+    return parts[1] if len(parts) > 1 else ""
+
+
+def layer_violations(root: Path) -> List[str]:
+    """``module: imports target (layer a -> layer b)`` for every import that does not go to a lower layer."""
+    table, modules, found = layers(root), source_modules(root), []
+    for module in sorted(m for m in modules if _under(m, "hl_core") and m != "hl_core"):
+        own = _unit(module)
+        for name, _ in imports_of(modules[module], module):
+            other = _unit(name) if _under(name, "hl_core") else ""
+            if not other or other == own or other not in table or own not in table:
+                continue
+            if table[other] >= table[own]:
+                found.append(f"{module}: imports {name} (layer {table[own]} `{own}` -> layer {table[other]} `{other}`)")
+    return sorted(set(found))
+
+
+def table_mismatch(root: Path) -> Tuple[Set[str], Set[str]]:
+    """(root entries of hl_core the table leaves out, table rows with no such entry)."""
+    entries = {p.stem for p in (root / "hl_core").glob("*.py") if p.name != "__init__.py"}
+    entries |= {p.name for p in (root / "hl_core").iterdir() if (p / "__init__.py").is_file()}
+    table = set(layers(root))
+    return entries - table, table - entries
+
+
+def rule_violations(root: Path) -> List[str]:
     """``module: imports forbidden (via a -> b -> c)`` for every rule broken under ``root`` (the shortest chain)."""
     modules = source_modules(root)
     found = []
@@ -94,14 +139,117 @@ def violations(root: Path) -> List[str]:
     return found
 
 
-def test_the_layering_holds():
-    assert not violations(REPO), "\n".join(violations(REPO))
+def import_circles(root: Path) -> List[List[str]]:
+    """Strongly connected groups of two or more modules, by direct imports (a package's ``from . import sub``
+    names the package itself: that is not an edge)."""
+    modules = source_modules(root)
+    graph = {m: sorted({n for n in imported_names(p, m) if n in modules and n != m}) for m, p in modules.items()}
+    index, low, stack, on_stack, groups, counter = {}, {}, [], set(), [], [0]
+
+    def visit(node: str) -> None:  # Tarjan's algorithm
+        index[node] = low[node] = counter[0]
+        counter[0] += 1
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in graph[node]:
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            group = []
+            while True:
+                member = stack.pop()
+                on_stack.discard(member)
+                group.append(member)
+                if member == node:
+                    break
+            if len(group) > 1:
+                groups.append(sorted(group))
+
+    for node in sorted(graph):
+        if node not in index:
+            visit(node)
+    return groups
+
+
+def unexplained_function_imports(root: Path) -> List[str]:
+    """``file:line`` of each import inside a function of ``hl_core`` that gives no reason."""
+    found = []
+    for path in sorted((root / "hl_core").rglob("*.py")):
+        text = path.read_text()
+        lines = text.splitlines()
+        if any(line.startswith(FILE_NOTE) for line in lines):
+            continue
+        for fn in ast.walk(ast.parse(text)):
+            if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(fn):
+                if isinstance(node, (ast.Import, ast.ImportFrom)):
+                    own = " ".join(lines[node.lineno - 1: node.end_lineno])
+                    above = lines[node.lineno - 2].strip() if node.lineno > 1 else ""
+                    if "#" not in own and not above.startswith("#"):
+                        found.append(f"{path.relative_to(root)}:{node.lineno}")
+    return sorted(set(found))
+
+
+def long_files(root: Path) -> List[str]:
+    found = []
+    for folder in (*PACKAGES, "bench", "tests"):
+        for path in sorted((root / folder).rglob("*.py")):
+            limit = MAX_TRAINER_LINES if path == root / "hl_core" / "trainer.py" else MAX_LINES
+            count = len(path.read_text().splitlines())
+            if count >= limit + (0 if limit == MAX_TRAINER_LINES else 1):
+                found.append(f"{path.relative_to(root)}: {count} lines (limit {limit})")
+    return found
+
+
+# -------------------------------------------------------------------------------------------- the tree as it is
+def test_the_layering_of_docs_architecture_holds():
+    assert not layer_violations(REPO), "\n".join(layer_violations(REPO))
+
+
+def test_the_architecture_table_names_exactly_the_root_of_hl_core():
+    missing, stale = table_mismatch(REPO)
+    assert not missing, f"add to the table in docs/architecture.md: {sorted(missing)}"
+    assert not stale, f"docs/architecture.md names what hl_core no longer has: {sorted(stale)}"
+
+
+def test_hl_core_reaches_no_launcher_or_eval_and_config_no_engine_library():
+    assert not rule_violations(REPO), "\n".join(rule_violations(REPO))
+
+
+def test_no_import_circle():
+    assert not import_circles(REPO), import_circles(REPO)
+
+
+def test_no_file_over_the_line_limits():
+    assert not long_files(REPO), "\n".join(long_files(REPO))
+
+
+def test_imports_inside_functions_say_why():
+    assert not unexplained_function_imports(REPO), "\n".join(unexplained_function_imports(REPO))
 
 
 def test_the_rules_cover_every_package_they_name():
     modules = source_modules(REPO)
     for package, _ in RULES:
         assert package in modules, package  # a renamed package must not silently switch a rule off
+    assert len(layers(REPO)) >= 10  # the table parsed
+
+
+# -------------------------------------------------------------------------------------------- the checkers can fail
+ARCH = """| layer | package | owns |
+|---|---|---|
+| 0 | `errors` | x |
+| 2 | `objectives` | x |
+| 3 | `config` | x |
+| 5 | `engines` | x |
+| 7 | `rollout` | x |
+| 8 | `trainer` | x |
+| 8 | `preflight` | x |
+"""
 
 
 def _plant(root: Path, files: Dict[str, str]) -> None:
@@ -111,24 +259,57 @@ def _plant(root: Path, files: Dict[str, str]) -> None:
         path.write_text(text)
 
 
+def _clean_tree(root: Path) -> None:
+    clean = {f"{p}/__init__.py": "" for p in PACKAGES + ("hl_core/objectives", "hl_core/config", "hl_core/rollout",
+                                                       "hl_core/engines", "hl_core/preflight")}
+    clean.update({"hl_core/engines/base.py": "", "hl_core/errors.py": "", "hl_core/trainer.py": "",
+                  "hl_core/preflight/plan.py": "", "eval/run_from_recipe.py": "", "launchers/run.py": "",
+                  "docs/architecture.md": ARCH})
+    _plant(root, clean)
+
+
+@pytest.mark.parametrize("files, expected", [
+    ({"hl_core/objectives/dpo.py": "from ..engines import base\n"},
+     "hl_core.objectives.dpo: imports hl_core.engines (layer 2 `objectives` -> layer 5 `engines`)"),
+    ({"hl_core/config/load.py": "def f():\n    from ..rollout import x  # lazy\n"},
+     "hl_core.config.load: imports hl_core.rollout (layer 3 `config` -> layer 7 `rollout`)"),
+    ({"hl_core/preflight/plan.py": "from ..trainer import run\n"},  # same layer is not allowed either
+     "hl_core.preflight.plan: imports hl_core.trainer (layer 8 `preflight` -> layer 8 `trainer`)"),
+])
+def test_the_layer_checker_catches_a_planted_import(tmp_path, files, expected):
+    _clean_tree(tmp_path)
+    assert layer_violations(tmp_path) == []
+    _plant(tmp_path, files)
+    assert any(v.startswith(expected) for v in layer_violations(tmp_path)), layer_violations(tmp_path)
+
+
 @pytest.mark.parametrize("files, expected", [
     ({"hl_core/trainer.py": "def post():\n    from eval.run_from_recipe import run_post_training_eval\n"},
      "hl_core.trainer: imports eval"),
-    ({"hl_core/plan.py": "import launchers.run as run\n"}, "hl_core.plan: imports launchers"),
-    ({"hl_core/objectives/dpo.py": "from ..engines import base\n"}, "hl_core.objectives.dpo: imports hl_core.engines"),
-    ({"hl_core/objectives/__init__.py": "from .. import trainer\n"}, "hl_core.objectives: imports hl_core.trainer"),
+    ({"hl_core/preflight/plan.py": "import launchers.run as run\n"}, "hl_core.preflight.plan: imports launchers"),
     ({"hl_core/config/checks.py": "def check():\n    import deepspeed\n"}, "hl_core.config.checks: imports deepspeed"),
-    ({"hl_core/config/load.py": "from megatron.core import parallel_state\n"}, "hl_core.config.load: imports megatron"),
-    # through another module of the repository: objectives -> rollout -> engines
-    ({"hl_core/objectives/grpo.py": "from ..rollout import needs_old_logps\n",
-      "hl_core/rollout/__init__.py": "from ..engines.base import Engine\n"},
-     "hl_core.objectives.grpo: imports hl_core.engines (via hl_core.objectives.grpo -> hl_core.rollout -> hl_core.engines)"),
+    # through another module of the repository: config -> engines -> megatron
+    ({"hl_core/config/load.py": "from ..engines import base\n", "hl_core/engines/base.py": "import megatron.core\n"},
+     "hl_core.config.load: imports megatron (via hl_core.config.load -> hl_core.engines.base -> megatron)"),
 ])
-def test_the_checker_catches_a_planted_import(tmp_path, files, expected):
-    clean = {f"{p}/__init__.py": "" for p in PACKAGES + ("hl_core/objectives", "hl_core/config", "hl_core/rollout",
-                                                       "hl_core/engines")}
-    clean.update({"hl_core/engines/base.py": "", "eval/run_from_recipe.py": "", "launchers/run.py": ""})
-    _plant(tmp_path, clean)
-    assert violations(tmp_path) == []
+def test_the_rule_checker_catches_a_planted_import(tmp_path, files, expected):
+    _clean_tree(tmp_path)
+    assert rule_violations(tmp_path) == []
     _plant(tmp_path, files)
-    assert any(v.startswith(expected) for v in violations(tmp_path)), violations(tmp_path)
+    assert any(v.startswith(expected) for v in rule_violations(tmp_path)), rule_violations(tmp_path)
+
+
+def test_the_other_checkers_catch_planted_problems(tmp_path):
+    _clean_tree(tmp_path)
+    assert import_circles(tmp_path) == [] and long_files(tmp_path) == [] and table_mismatch(tmp_path) == (set(), set())
+    assert unexplained_function_imports(tmp_path) == []
+    _plant(tmp_path, {"hl_core/engines/base.py": "from ..rollout import gen\n", "hl_core/rollout/gen.py": "from ..engines import base\n"})
+    assert import_circles(tmp_path) == [["hl_core.engines.base", "hl_core.rollout.gen"]]
+    _plant(tmp_path, {"hl_core/trainer.py": "x = 1\n" * MAX_TRAINER_LINES, "tests/t.py": "x = 1\n" * (MAX_LINES + 1)})
+    assert long_files(tmp_path) == [f"hl_core/trainer.py: {MAX_TRAINER_LINES} lines (limit {MAX_TRAINER_LINES})",
+                                    f"tests/t.py: {MAX_LINES + 1} lines (limit {MAX_LINES})"]
+    _plant(tmp_path, {"hl_core/newthing.py": "def f():\n    import json\n    # why\n    import os\n"})
+    assert table_mismatch(tmp_path) == ({"newthing"}, set())
+    assert unexplained_function_imports(tmp_path) == ["hl_core/newthing.py:2"]
+    _plant(tmp_path, {"hl_core/newthing.py": f"{FILE_NOTE} optional\ndef f():\n    import json\n"})
+    assert unexplained_function_imports(tmp_path) == []

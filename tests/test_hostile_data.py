@@ -133,13 +133,13 @@ def _cut_pairs(tmp_path):
 
 
 def test_truncation_is_counted_and_identical_pairs_dropped(tmp_path, capsys):
-    from hl_core.data.build import build_datasets, data_summary_fields
-    from hl_core.modeling import load_tokenizer
+    from hl_core.data.build import build_datasets, data_plan, data_summary_fields
+    from hl_core.models.loading import load_tokenizer
 
     path = _cut_pairs(tmp_path)
     recipe = load_recipe(TINY_HUMANLINE, [f"data.train.path={path}", f"data.eval.path={path}", "data.max_length=40",
                                           "data.max_prompt_length=16"])
-    train, evaluation = build_datasets(recipe, load_tokenizer(recipe.model), show_progress=True)
+    train, evaluation = build_datasets(recipe.data, data_plan(recipe), load_tokenizer(recipe.model), show_progress=True)
     out = capsys.readouterr().out
     assert (train.stats.examples, train.stats.truncated, train.stats.identical_dropped) == (2, 2, 1)
     assert train.stats.truncated_tokens > 0 and len(train) == 2
@@ -155,19 +155,19 @@ def test_truncation_is_counted_and_identical_pairs_dropped(tmp_path, capsys):
 
 
 def test_all_pairs_identical_after_truncation_is_an_error(tmp_path):
-    from hl_core.data.build import build_datasets
-    from hl_core.modeling import load_tokenizer
+    from hl_core.data.build import build_datasets, data_plan
+    from hl_core.models.loading import load_tokenizer
 
     path = _jsonl(tmp_path, [{"prompt": "Describe the sky.", "chosen": LONG + "good", "rejected": LONG + "bad"}])
     recipe = load_recipe(TINY_HUMANLINE, [f"data.train.path={path}", "data.eval=null", "eval.every=null",
                                           "data.max_length=40", "data.max_prompt_length=16"])
-    message = _error(build_datasets, recipe, load_tokenizer(recipe.model), show_progress=False)
+    message = _error(build_datasets, recipe.data, data_plan(recipe), load_tokenizer(recipe.model), show_progress=False)
     assert "data.max_length" in message and "identical" in message
 
 
 def test_grpo_group_cut_to_identical_completions_is_dropped(tmp_path):
-    from hl_core.data.build import build_datasets
-    from hl_core.modeling import load_tokenizer
+    from hl_core.data.build import build_datasets, data_plan
+    from hl_core.models.loading import load_tokenizer
 
     path = _jsonl(tmp_path, [
         {"prompt": "Describe the sky.", "completions": [LONG + "a", LONG + "b", LONG + "c"], "scores": [1, 0, 0.5]},
@@ -175,7 +175,7 @@ def test_grpo_group_cut_to_identical_completions_is_dropped(tmp_path):
     ])
     recipe = load_recipe(TINY_GRPO, [f"data.train.path={path}", "data.eval=null", "eval.every=null",
                                      "data.max_length=40", "data.max_prompt_length=16"])
-    train, _ = build_datasets(recipe, load_tokenizer(recipe.model), show_progress=False)
+    train, _ = build_datasets(recipe.data, data_plan(recipe), load_tokenizer(recipe.model), show_progress=False)
     assert (train.stats.examples, train.stats.truncated, train.stats.identical_dropped) == (1, 1, 1)
 
 

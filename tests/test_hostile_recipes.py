@@ -170,7 +170,7 @@ def test_custom_code_model_without_trust_remote_code(tmp_path, capsys):
     _refused(capsys, [TINY_HUMANLINE, f"model.name_or_path={model}", "--validate"], "`model.trust_remote_code")
     from hl_core.config import load_recipe
     from hl_core.errors import RecipeError
-    from hl_core.modeling import build_causal_lm
+    from hl_core.models.loading import build_causal_lm
 
     recipe = load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}"])
     with pytest.raises(RecipeError, match="model.trust_remote_code"):  # the run's path

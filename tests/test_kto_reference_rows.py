@@ -79,7 +79,7 @@ def test_offline_unshuffled_pairs_borrow_from_the_update():
 
     from hl_core.data.build import TokenizedDataset
     from hl_core.data.unpaired import collate_unpaired
-    from hl_core.trainer import DataOrder, OfflineSource
+    from hl_core.loop.sources import DataOrder, OfflineSource
 
     features = [{"prompt_ids": [1, 5 + i // 2], "completion_ids": [20 + i, 2], "desirable": i % 2 == 0,
                  "max_length": None} for i in range(8)]

@@ -84,8 +84,8 @@ def test_plan_counts_the_adapter_peft_builds(targets):
 
     from hl_core.config import load_recipe
     from hl_core.engines.lora import lora_config
-    from hl_core.modeling import build_causal_lm
-    from hl_core.plan import memory_plan
+    from hl_core.models.loading import build_causal_lm
+    from hl_core.preflight.plan import memory_plan
 
     target = "null" if targets is None else targets
     recipe = load_recipe(LORA, [f"model.lora.target_modules={target}", "humanline.reference=copy"])

@@ -67,7 +67,7 @@ def _assert_same_run(rows, reference):
 def _hf_checkpoint_of_the_random_init(directory):
     """The tiny recipe's random-init model (train.seed) saved as a Hugging Face checkpoint."""
     from hl_core.config import load_recipe
-    from hl_core.modeling import build_causal_lm, load_tokenizer
+    from hl_core.models.loading import build_causal_lm, load_tokenizer
 
     recipe = load_recipe(TINY_MEGATRON_TP2)
     build_causal_lm(recipe.model, "fp32", recipe.train.seed).save_pretrained(directory)

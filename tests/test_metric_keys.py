@@ -14,7 +14,8 @@ from hl_core.config import HumanlineConfig
 from hl_core.humanline import build_transform, transform_names
 from hl_core.objectives import OBJECTIVES, ObjectiveInputs
 from hl_core.rollout import RolloutSource
-from hl_core.trainer import OfflineSource, _Accumulator, declared_metric_keys
+from hl_core.loop.metrics import MetricMeans, declared_metric_keys
+from hl_core.loop.sources import OfflineSource
 
 
 class _OneProcess:
@@ -29,7 +30,7 @@ class _OneProcess:
 
 
 def test_an_undeclared_metric_is_an_error_naming_key_and_objective():
-    acc = _Accumulator(("loss", "rewards/margin"), "dpo")
+    acc = MetricMeans(("loss", "rewards/margin"), "dpo")
     acc.add({"loss": 1.0, "rewards/margin": 0.5})
     with pytest.raises(RuntimeError) as info:
         acc.add({"loss": 1.0, "rewards/typo": 0.5})
@@ -38,13 +39,13 @@ def test_an_undeclared_metric_is_an_error_naming_key_and_objective():
 
 def test_weighted_means_per_key_and_unreported_keys_left_out():
     engine = _OneProcess()
-    acc = _Accumulator(("a", "b", "loss", "never"), "kto")
+    acc = MetricMeans(("a", "b", "loss", "never"), "kto")
     acc.add({"loss": 1.0, "a": 2.0})
     acc.add({"loss": 3.0, "b": 4.0}, weight=3.0)
     acc.add({"a": 10.0}, weight=0.0)  # a zero-weight (dummy) example counts for nothing
     assert acc.reduce(engine) == {"a": 2.0, "b": 4.0, "loss": 2.5}
     assert engine.reduced == [8]  # one reduction: a sum and a weight per declared key
-    assert _Accumulator(("a", "loss"), "kto").reduce(engine) == {} and engine.reduced == [8, 4]
+    assert MetricMeans(("a", "loss"), "kto").reduce(engine) == {} and engine.reduced == [8, 4]
 
 
 def _objective_config(name):
@@ -111,7 +112,7 @@ def _reduce_worker(rank, world_size, port, out_path):
         dist.all_gather_object = no_gather
         engine = Engine()
         engine.world_size = world_size
-        acc = _Accumulator(("desirable", "loss", "nowhere", "undesirable"), "kto")
+        acc = MetricMeans(("desirable", "loss", "nowhere", "undesirable"), "kto")
         # rank 0 sees only desirable examples, rank 1 only undesirable ones
         acc.add({"loss": 1.0 + rank, ("undesirable" if rank else "desirable"): 10.0 * (rank + 1)})
         result = acc.reduce(engine)

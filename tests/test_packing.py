@@ -1,4 +1,4 @@
-"""Padding-free forwards (hl_core/packing.py): bin packing by hand, the packed layout, and on a real (tiny, random
+"""Padding-free forwards (hl_core/logprobs/packed.py): bin packing by hand, the packed layout, and on a real (tiny, random
 init) Llama the packed log-probs and their gradients equal the padded ones, with attention isolated between the
 sequences sharing a bin, under eager and sdpa attention."""
 
@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hl_core.logprobs import sequence_token_logps
-from hl_core.packing import (first_fit_bins, pack_rows, packed_sequence_token_logps, padding_fraction,
+from hl_core.logprobs.packed import (first_fit_bins, pack_rows, packed_sequence_token_logps, padding_fraction,
                              unpack_token_logps)
 from helpers import REPO
 

@@ -16,8 +16,8 @@ from helpers import REPO, TINY_HUMANLINE, start_model_overrides
 
 from hl_core.config import load_recipe
 from hl_core.errors import RecipeError
-from hl_core.model_specs import MODEL_SPECS, check_layout, resolve_spec, spec_from_config
-from hl_core.plan import memory_plan, plan_report
+from hl_core.models.specs import MODEL_SPECS, check_layout, resolve_spec, spec_from_config
+from hl_core.preflight.plan import memory_plan, plan_report
 
 RECIPE_MODELS = [  # the models our recipes name, plus the ones the issue lists
     "meta-llama/Meta-Llama-3-8B-Instruct",
@@ -233,7 +233,7 @@ def test_plan_report_warns_when_over_gpu_memory_and_not_otherwise():
         ("meta-llama/Meta-Llama-3-8B-Instruct", ["parallel.tp=4"], 6, ["world size 6", "parallel.tp", "Fix"]),
         ("meta-llama/Meta-Llama-3-8B-Instruct", ["train.global_batch_size=12"], 8, ["train.global_batch_size", "Fix"]),
         ("meta-llama/Meta-Llama-3-8B-Instruct", ["engine.zero_stage=3"], 8, ["engine.zero_stage", "megatron", "ignore"]),
-        ("acme/unknown-70b", [], 8, ["acme/unknown-70b", "config.json", "model_specs"]),
+        ("acme/unknown-70b", [], 8, ["acme/unknown-70b", "config.json", "models/specs.py"]),
     ],
 )
 def test_check_layout_errors_name_the_key_and_the_fix(model, overrides, world, needles):
@@ -273,7 +273,7 @@ def test_plan_runs_on_every_recipe(path, monkeypatch):
 
 
 def test_run_py_plan_flag(monkeypatch, capsys):
-    """`launchers/run.py RECIPE --plan` prints the plan (wired in run.py from hl_core.plan)."""
+    """`launchers/run.py RECIPE --plan` prints the plan (wired in run.py from hl_core.preflight.plan)."""
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
     sys.path.insert(0, str(REPO / "launchers"))
@@ -286,7 +286,7 @@ def test_run_py_plan_flag(monkeypatch, capsys):
     assert "per-GPU memory estimate" in out and "dp=8 tp=1 pp=1" in out
     assert run.main([str(TINY_HUMANLINE), "--plan", "model.name_or_path=acme/unknown-70b",
                      "model.random_init=false"]) == 2
-    assert "model_specs" in capsys.readouterr().err
+    assert "models/specs.py" in capsys.readouterr().err
 
 
 def test_copy_free_reference_holds_no_weights():

@@ -137,7 +137,7 @@ def test_cache_is_fingerprinted_checked_and_rebuilt(tmp_path):
 
 
 def test_cache_fingerprint_names_a_changed_data_file(tmp_path):
-    from hl_core.reference_cache import changed_fields, fingerprint
+    from hl_core.reference.cache import changed_fields, fingerprint
 
     data = tmp_path / "train.jsonl"
     data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text())

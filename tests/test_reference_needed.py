@@ -56,7 +56,7 @@ def test_engines_build_the_reference_only_when_needed(tmp_path):
 
 
 def test_plan_counts_no_reference_memory_when_none_is_built():
-    from hl_core.plan import memory_plan
+    from hl_core.preflight.plan import memory_plan
 
     recipe = REPO / "recipes" / "llama3_8b_online_grpo.yaml"
     without = memory_plan(load_recipe(recipe, ["objective.beta_kl=0"]), 8)

@@ -1,7 +1,6 @@
 """Rollouts in the loop: the schedule (online, sparse, offline) also across a resume, sharding-invariant
 sampling under ZeRO-3 with ranks of different lengths, and the online importance ratio."""
 
-import json
 
 import pytest
 

@@ -15,7 +15,7 @@ import torch
 from safetensors.torch import load_file
 
 from helpers import TINY_HUMANLINE, RunsACommand, read_jsonl, run_recipe
-from hl_core.run_guard import GuardFlags, SkipCounter, first_nonfinite, nonfinite_message
+from hl_core.loop.guard import GuardFlags, SkipCounter, first_nonfinite, nonfinite_message
 
 DIVERGING = ["train.lr=1e8", "train.max_grad_norm=null", "objective.beta=1000", "train.max_steps=6",
              "checkpoint.save_every=1", "checkpoint.keep_last=1", "eval.every=null"]

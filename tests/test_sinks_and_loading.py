@@ -2,7 +2,6 @@
 
 import math
 
-import torch
 
 from helpers import TINY_HUMANLINE, read_jsonl, run_recipe
 
@@ -32,7 +31,7 @@ def test_zero3_loads_pretrained_weights_partitioned(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from hl_core.config import load_recipe
-    from hl_core.modeling import build_causal_lm
+    from hl_core.models.loading import build_causal_lm
 
     recipe = load_recipe(TINY_HUMANLINE)
     model = build_causal_lm(recipe.model, "fp32", seed=123)

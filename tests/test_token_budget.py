@@ -9,11 +9,10 @@ from __future__ import annotations
 import json
 
 import pytest
-import torch
 
 from helpers import REPO, assert_same_rows, run_worker
 from hl_core.errors import RecipeError
-from hl_core.micro_batches import check_budget_fits, collate_bins, fixed_bins, plan_bins, unit_tokens
+from hl_core.loop.micro_batches import check_budget_fits, collate_bins, fixed_bins, plan_bins, unit_tokens
 from launchers.run import main
 
 WORKER = REPO / "tests" / "distributed" / "token_budget_parity.py"
@@ -109,7 +108,7 @@ def test_megatron_refuses_a_token_budget(capsys):
 
 def test_plan_scales_activations_and_logits_with_the_budget():
     from hl_core.config import load_recipe
-    from hl_core.plan import memory_plan
+    from hl_core.preflight.plan import memory_plan
 
     recipe = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
     fixed = memory_plan(load_recipe(recipe, []))  # 8 pairs = 16 rows of 64 tokens = 1024 tokens

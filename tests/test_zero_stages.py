@@ -51,7 +51,7 @@ def test_final_hf_directory_loads_and_matches_across_stages(matrix):
     assert max((sd0[k] - sd3[k]).abs().max().item() for k in sd0) < 1e-4
     # trained weights differ from a fresh random init with the same seed
     from hl_core.config import load_recipe
-    from hl_core.modeling import build_causal_lm
+    from hl_core.models.loading import build_causal_lm
 
     init = build_causal_lm(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml").model, "fp32", 0).state_dict()
     assert max((sd0[k] - init[k]).abs().max().item() for k in sd0) > 1e-4

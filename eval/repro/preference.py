@@ -52,7 +52,7 @@ def digit_credit(prompts, completions: Sequence[str], references: Sequence[Optio
 
 
 def file_digest(path: Path) -> str:
-    from hl_core.reference_cache import sha256_file
+    from hl_core.reference.cache import sha256_file
 
     return sha256_file(path)
 

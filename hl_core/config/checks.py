@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import tempfile
 from pathlib import Path
 from typing import Optional, Tuple
 
 from ..errors import RecipeError
+from ..objectives import lookahead_blocker, reference_needed
 from .resume import check_resume
 from .schema import Recipe
 from .sections_run import POST_TRAINING_EVALS
@@ -20,8 +22,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     if recipe.model.lora_enabled:
         check_lora(recipe)
     if recipe.engine.name == "megatron":
-        import importlib.util
-
         if importlib.util.find_spec("megatron.core") is None:
             raise RecipeError(
                 "`engine.name: megatron` needs the `megatron-core` package. "
@@ -103,8 +103,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
 
 def check_lora(recipe: Recipe) -> None:
     """``model.lora`` needs PEFT and the DeepSpeed engine at ZeRO 0-2; the post-training evals read the merged model."""
-    import importlib.util
-
     lora = recipe.model.lora
     if recipe.engine.name != "deepspeed":
         raise RecipeError(
@@ -180,8 +178,6 @@ def check_held_out(recipe: Recipe) -> None:
 
 def check_reference_source(recipe: Recipe) -> None:
     """``train.cache_reference_logps`` and ``humanline.reference`` against what the run's reference is."""
-    from ..objectives import lookahead_blocker, reference_needed
-
     if recipe.train.cache_reference_logps:
         why = None
         if not reference_needed(recipe):

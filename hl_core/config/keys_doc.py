@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pydantic_core import PydanticUndefined
+
 from .load import _unwrap_model
 from .schema import Recipe
 from .sections import OBJECTIVE_CONFIGS
@@ -14,8 +16,6 @@ def _type_name(annotation) -> str:
 
 def recipe_keys_markdown() -> str:
     """Every recipe key with its type, default and description, as Markdown."""
-    from pydantic_core import PydanticUndefined
-
     lines = [
         "# Recipe keys",
         "",

@@ -11,7 +11,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import RecipeError, did_you_mean
-from ..textfiles import decode_utf8
+from ..storage.text import decode_utf8
 from .schema import Recipe
 from .sections import OBJECTIVE_CONFIGS, DPOObjective
 

@@ -10,7 +10,7 @@ What the engines write in ``<output_dir>/checkpoints/step_N/`` (DeepSpeed 0.19, 
 * ZeRO-3: ``zero_pp_rank_{r}_mp_rank_00_model_states.pt`` and ``..._optim_states.pt`` for each rank;
 * Megatron: ``megatron_layout.json`` (tp, pp, world size) and ``mp_rank_pp{p}_tp{t}.pt`` shards.
 
-A checkpoint counts only with its ``complete.json`` (``hl_core/checkpoint_files.py``); ``latest`` is not read. A
+A checkpoint counts only with its ``complete.json`` (``hl_core/storage/checkpoints.py``); ``latest`` is not read. A
 checkpoint may also be named directly (``.../step_N``).
 """
 
@@ -21,8 +21,8 @@ import re
 from pathlib import Path
 from typing import List
 
-from ..checkpoint_files import COMPLETE_MARKER, is_complete, newest_complete, step_dirs
 from ..errors import RecipeError
+from ..storage.checkpoints import COMPLETE_MARKER, is_complete, newest_complete, step_dirs
 
 MEGATRON_LAYOUT_FILE = "megatron_layout.json"  # hl_core.engines.megatron_checkpoint.LAYOUT_FILE
 _ZERO_OPTIM = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")

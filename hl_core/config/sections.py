@@ -11,7 +11,7 @@ from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import did_you_mean
-
+from ..humanline import transform_names
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
 MAX_SEED = 2**32 - 1
@@ -269,8 +269,6 @@ class HumanlineConfig(_Section):
     @field_validator("transform")
     @classmethod
     def _known(cls, transform):
-        from ..humanline import transform_names
-
         names = transform_names()
         if transform not in names:
             raise ValueError(

@@ -3,10 +3,17 @@
 from __future__ import annotations
 
 import functools
+import importlib
+import inspect
 from dataclasses import dataclass
 from typing import Callable, List, Optional, Sequence, Tuple
 
+import torch
+
 from ..errors import DataError
+from ..objectives import OBJECTIVES
+from .preference import split_eval
+from .tokens import counting_truncation
 
 
 @dataclass
@@ -48,15 +55,11 @@ class DataKind:
     identical: Optional[str] = None  # feature -> True when all its completions are the same tokens
 
     def functions(self):
-        import importlib
-
         mod = importlib.import_module(f"hl_core.data.{self.module}")
         collate = getattr(mod, self.collate) if self.collate else None
         return getattr(mod, self.load), getattr(mod, self.tokenize), collate
 
     def identical_check(self) -> Optional[Callable[[dict], bool]]:
-        import importlib
-
         return getattr(importlib.import_module(f"hl_core.data.{self.module}"), self.identical) if self.identical else None
 
 
@@ -72,16 +75,26 @@ DATA_KINDS = {
 }
 
 
-def data_kind_of_objective(recipe) -> str:
-    """What the objective trains on: ``paired``, ``unpaired`` or ``grouped`` examples."""
-    from ..objectives import OBJECTIVES
+@dataclass(frozen=True)
+class DataPlan:
+    """What a run asks of its data, read from the recipe once by :func:`data_plan`; the builders below take this
+    and the recipe's ``data`` section, nothing else."""
 
-    return OBJECTIVES[recipe.objective.name].data_kind
+    train_kind: str  # what the train split holds: a key of DATA_KINDS (prompts when rollouts write completions)
+    eval_kind: str  # what the eval split holds (prompts when evaluations are by reward)
+    example_kind: str  # the objective's examples; their collate batches generated examples too
+    seed: int  # `train.seed`: the `data.eval_fraction` split
+    system_prompt: Optional[str] = None  # `rollout.system_prompt`, for prompts
+    token_budget: Optional[int] = None  # `train.max_tokens_per_micro_batch`, named in the data line
 
 
-def data_kind(recipe) -> str:
-    """What the data set holds: prompts when rollouts write the completions, else the objective's examples."""
-    return "prompts" if recipe.rollout.every is not None else data_kind_of_objective(recipe)
+def data_plan(recipe) -> DataPlan:
+    """The recipe's objective, rollouts, held-out evaluation and seed, as far as the data depend on them."""
+    example = OBJECTIVES[recipe.objective.name].data_kind
+    train = "prompts" if recipe.rollout.every is not None else example
+    return DataPlan(train_kind=train, eval_kind="prompts" if held_out_reward(recipe) else train, example_kind=example,
+                    seed=recipe.train.seed, system_prompt=recipe.rollout.system_prompt,
+                    token_budget=recipe.train.max_tokens_per_micro_batch)
 
 
 def held_out_reward(recipe) -> bool:
@@ -90,22 +103,15 @@ def held_out_reward(recipe) -> bool:
     return mode == "reward" or (mode == "auto" and recipe.rollout.every is not None)
 
 
-def eval_data_kind(recipe) -> str:
-    """What the eval split holds: prompts when evaluations are by reward, else what the train split holds."""
-    return "prompts" if held_out_reward(recipe) else data_kind(recipe)
-
-
-def example_collate(recipe, tokenizer):
+def example_collate(plan: DataPlan, tokenizer):
     """The collate function of the objective's examples (used for generated examples too)."""
-    _, _, collate = DATA_KINDS[data_kind_of_objective(recipe)].functions()
+    _, _, collate = DATA_KINDS[plan.example_kind].functions()
     return functools.partial(collate, pad_token_id=tokenizer.pad_token_id)
 
 
 def takes_donors(collate: Callable) -> bool:
     """Whether a collate function borrows from the rest of the data (a ``donors`` parameter: KTO's, for its
     mismatched KL rows)."""
-    import inspect
-
     return "donors" in inspect.signature(collate).parameters
 
 
@@ -125,8 +131,6 @@ def collate_micro_batches(collate: Callable, micro_features: List[List[dict]], m
 def eval_batch(collate: Callable, data, real: Sequence[int], round_rows: Sequence[int]) -> dict:
     """One rank's eval micro-batch: rows ``real``, or one dummy row (``weights`` 0: it counts in no loss,
     metric or KTO z0) when the rank has none left. The round's other rows lend KTO's KL completions."""
-    import torch
-
     rows = list(real) or [0]
     taken = set(rows)
     others = [data[i] for i in round_rows if i not in taken] if takes_donors(collate) else []
@@ -151,41 +155,36 @@ def eval_batches(collate: Callable, data, batch_size: int, dp_rank: int, dp_size
         yield eval_batch(collate, data, real, range(r * per_round, min(n, (r + 1) * per_round))), len(real)
 
 
-def _load(source, recipe, kind: str):
+def _load(source, data_cfg, plan: DataPlan, kind: str):
     load, _, _ = DATA_KINDS[kind].functions()
-    extra = {"system_prompt": recipe.rollout.system_prompt} if kind == "prompts" else {}
+    extra = {"system_prompt": plan.system_prompt} if kind == "prompts" else {}
     return load(
         path=source.path, name=source.name, split=source.split, config=source.config,
-        format=recipe.data.format, limit=source.limit, **extra,
+        format=data_cfg.format, limit=source.limit, **extra,
     )
 
 
-def load_split_records(recipe) -> Tuple[list, Optional[list]]:
+def load_split_records(data_cfg, plan: DataPlan) -> Tuple[list, Optional[list]]:
     """Records of the train split and of the eval split (``data.eval`` or ``data.eval_fraction``),
-    in the form the recipe's objective consumes."""
-    from .preference import split_eval
-
-    data_cfg, kind = recipe.data, data_kind(recipe)
-    train = _load(data_cfg.train, recipe, kind)
+    in the form the plan asks for. ``data_cfg``: the recipe's ``data`` section."""
+    train = _load(data_cfg.train, data_cfg, plan, plan.train_kind)
     evaluation = None
     if data_cfg.eval is not None:
-        evaluation = _load(data_cfg.eval, recipe, eval_data_kind(recipe))
+        evaluation = _load(data_cfg.eval, data_cfg, plan, plan.eval_kind)
     elif data_cfg.eval_fraction > 0:
-        train, evaluation = split_eval(train, data_cfg.eval_fraction, recipe.train.seed)
+        train, evaluation = split_eval(train, data_cfg.eval_fraction, plan.seed)
     return train, evaluation
 
 
-def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
-    """Tokenize the recipe's data for its objective; returns ``(train, eval_or_None)`` datasets.
+def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = True, records=None):
+    """Tokenize the data (``data_cfg``: the recipe's ``data`` section) as ``plan`` asks; returns
+    ``(train, eval_or_None)`` datasets.
 
     Examples whose completions are all the same tokens (e.g. a pair that ``data.max_length`` cut to
     chosen == rejected) are dropped and counted in ``dataset.stats``; ``show_progress`` also prints the
-    data summary (:func:`describe_data`). ``records``: ``load_split_records(recipe)`` when already loaded."""
-    from .tokens import counting_truncation
-
-    collate = example_collate(recipe, tokenizer)
-    train_records, eval_records = records if records is not None else load_split_records(recipe)
-    data_cfg = recipe.data
+    data summary (:func:`describe_data`). ``records``: ``load_split_records(...)`` when already loaded."""
+    collate = example_collate(plan, tokenizer)
+    train_records, eval_records = records if records is not None else load_split_records(data_cfg, plan)
 
     def run(records, desc, kind_name):
         if records is None:
@@ -199,7 +198,7 @@ def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
         )
         iterator = records
         if show_progress and len(records) > 256:
-            from tqdm.auto import tqdm
+            from tqdm.auto import tqdm  # imported here: only a long split shows a bar
 
             iterator = tqdm(records, desc=f"tokenizing {desc}", unit="ex", leave=False)
         with counting_truncation() as cut:
@@ -215,16 +214,16 @@ def build_datasets(recipe, tokenizer, show_progress: bool = True, records=None):
             )
         return TokenizedDataset(kept, collate, stats)
 
-    train, evaluation = run(train_records, "train", data_kind(recipe)), run(eval_records, "eval", eval_data_kind(recipe))
+    train, evaluation = run(train_records, "train", plan.train_kind), run(eval_records, "eval", plan.eval_kind)
     if show_progress:
-        print("data: " + describe_data(recipe, train, evaluation), flush=True)
+        print("data: " + describe_data(data_cfg, plan, train, evaluation), flush=True)
     return train, evaluation
 
 
-def describe_data(recipe, train: TokenizedDataset, evaluation: Optional[TokenizedDataset]) -> str:
+def describe_data(data_cfg, plan: DataPlan, train: TokenizedDataset, evaluation: Optional[TokenizedDataset]) -> str:
     """One line: examples per split, what truncation cut, and the identical examples dropped."""
     parts = []
-    for name, data, kind in (("train", train, data_kind(recipe)), ("eval", evaluation, eval_data_kind(recipe))):
+    for name, data, kind in (("train", train, plan.train_kind), ("eval", evaluation, plan.eval_kind)):
         if data is None:
             continue
         noun, s = DATA_KINDS[kind].example, data.stats
@@ -235,8 +234,8 @@ def describe_data(recipe, train: TokenizedDataset, evaluation: Optional[Tokenize
         elif s.identical_dropped:
             text += f" ({s.identical_dropped} dropped: identical completions)"
         parts.append(text)
-    limits = f"`data.max_length` {recipe.data.max_length}, `data.max_prompt_length` {recipe.data.max_prompt_length}"
-    budget = recipe.train.max_tokens_per_micro_batch
+    limits = f"`data.max_length` {data_cfg.max_length}, `data.max_prompt_length` {data_cfg.max_prompt_length}"
+    budget = plan.token_budget
     if budget is not None:  # the checks refuse a budget that an example could exceed: nothing is cut or dropped for it
         limits += f"; micro-batches of <= {budget} tokens (`train.max_tokens_per_micro_batch`; no example cut or dropped)"
     return f"{', '.join(parts)}; {limits}"

@@ -22,16 +22,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List
 
+import torch
+
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
-    absent,
-    row_loader,
-    check_score,
-    fields_present,
-    has,
-    missing_prompt_error,
-    parse_prompt,
-    require_completion,
+    absent, check_score, fields_present, has, missing_prompt_error, parse_prompt, require_completion, row_loader,
     type_name,
 )
 from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
@@ -198,8 +193,6 @@ def collate_groups(features: List[Dict[str, Any]], pad_token_id: int) -> Dict[st
     completions; the rows of group 0 first, in their order, then group 1, ...), float32 ``scores`` ``[N]``
     and long ``group_ids`` ``[N]`` (the index of the row's group in this batch, 0..num_groups-1).
     """
-    import torch
-
     if not features:
         raise ValueError("collate_groups needs at least one feature")
     seqs, masks, scores, group_ids = [], [], [], []

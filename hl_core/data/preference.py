@@ -20,21 +20,15 @@ import random
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from hl_core.errors import DataError, RecipeError
 from hl_core.data.rows import (
-    PAIR_EXAMPLE,
-    absent,
-    check_conversation,
-    check_prompt_text,
-    fields_present,
-    check_messages as _check_messages,
+    PAIR_EXAMPLE, absent, check_conversation, check_prompt_text, fields_present, missing_prompt_error, parse_prompt,
     row_loader,
-    missing_prompt_error,
-    parse_prompt,
-    require_completion as _require_completion,
-    type_name as _type_name,
 )
+from hl_core.data.rows import check_messages as _check_messages
+from hl_core.data.rows import require_completion as _require_completion
+from hl_core.data.rows import type_name as _type_name
 from hl_core.data.tokens import pad_right, prompt_text, tokenize_prompt_and_completions, truncate_completions
+from hl_core.errors import DataError, RecipeError
 
 PLAIN_NEEDS = "plain form needs `prompt`, `chosen` and `rejected` strings"
 

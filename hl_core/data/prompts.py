@@ -12,7 +12,7 @@ from typing import Any, List, Optional
 
 from hl_core.errors import DataError
 
-from .rows import row_loader, fields_present, parse_prompt, type_name
+from .rows import fields_present, parse_prompt, row_loader, type_name
 from .tokens import encode_prompt, note_truncation, prompt_text
 
 PROMPT_EXAMPLE = '{"prompt": "What is 12+7?", "answer": "19"}'

@@ -17,7 +17,7 @@ import os
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hl_core.errors import DataError, RecipeError, did_you_mean
-from hl_core.textfiles import decode_utf8
+from hl_core.storage.text import decode_utf8
 
 FORMATS = ("auto", "plain", "messages")
 JSONL_EXTENSIONS = (".jsonl",)
@@ -201,7 +201,7 @@ def iter_json(path: str, example: str = PAIR_EXAMPLE) -> Iterator[Tuple[str, Any
 
 
 def iter_parquet(path: str, limit: Optional[int]) -> Iterator[Tuple[str, Any]]:
-    import pyarrow.parquet as pq
+    import pyarrow.parquet as pq  # imported here: only Parquet files need it
 
     try:
         table = pq.read_table(path)
@@ -216,7 +216,7 @@ def iter_parquet(path: str, limit: Optional[int]) -> Iterator[Tuple[str, Any]]:
 def iter_hf_rows(
     name: str, config: Optional[str], split: str, limit: Optional[int], data_files: Any
 ) -> Iterator[Tuple[str, Any]]:
-    import datasets
+    import datasets  # imported here: only Hugging Face dataset names need it (seconds to import)
 
     label = hf_label(name, config, split)
     kwargs: Dict[str, Any] = {"split": split}

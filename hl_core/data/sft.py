@@ -11,7 +11,7 @@ from typing import Any, Dict, List
 
 from hl_core.errors import DataError
 
-from .rows import parse_prompt, require_completion, type_name, row_loader
+from .rows import parse_prompt, require_completion, row_loader, type_name
 from .tokens import pad_right, tokenize_prompt_and_completions
 
 SFT_EXAMPLE = '{"prompt": "123+456=", "completion": "0579"}'

@@ -7,6 +7,8 @@ import contextlib
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
+import torch
+
 from hl_core.errors import RecipeError, did_you_mean
 
 CHAT_TEMPLATE_MODES = ("auto", "none", "raw")
@@ -170,8 +172,6 @@ def tokenize_prompt_and_completions(
 
 def pad_right(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], pad_token_id: int) -> Dict[str, Any]:
     """Right-pad sequences into long ``[N, T]`` ``input_ids``/``attention_mask``/``completion_mask``."""
-    import torch
-
     if pad_token_id is None:
         raise RecipeError("the tokenizer has no pad token; set tokenizer.pad_token (e.g. to the eos token).")
     T = max(len(s) for s in seqs)

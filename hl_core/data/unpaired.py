@@ -25,21 +25,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
+import torch
+
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
-    row_loader,
-    absent,
-    check_conversation,
-    check_prompt_text,
-    fields_present,
-    has,
-    missing_prompt_error,
-    parse_prompt,
-    require_completion,
-    type_name,
+    absent, check_conversation, check_prompt_text, fields_present, has, missing_prompt_error, parse_prompt,
+    require_completion, row_loader, type_name,
 )
 from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
 from hl_core.errors import DataError
+from hl_core.objectives.kto import mismatched_pairs
 
 UNPAIRED_EXAMPLE = '{"prompt": "...", "completion": "...", "label": true}'
 NATIVE_NEEDS = "KTO rows need `prompt`, `completion` and `label`"
@@ -204,12 +199,9 @@ def collate_unpaired(
 
     ``rows``: the batch holds only ``features[rows]`` while the KL pairing runs over all ``features`` (the
     trainer passes a rank's whole update, so a KL row does not depend on how the update was split into
-    micro-batches: ``hl_core.micro_batches``), scanning from ``i + s`` with ``s`` the longest run of one
+    micro-batches: ``hl_core.loop.micro_batches``), scanning from ``i + s`` with ``s`` the longest run of one
     prompt in consecutive examples, so a prompt's examples side by side borrow different completions.
     """
-    import torch
-
-    from hl_core.objectives.kto import mismatched_pairs
 
     if not features:
         raise ValueError("collate_unpaired needs at least one feature")

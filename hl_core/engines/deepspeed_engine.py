@@ -24,14 +24,18 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..checkpoint_files import safe_load, wrote_lookahead
 from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import chunk_positions, sequence_token_logps
-from ..modeling import build_policy_and_reference
+from ..logprobs.packed import packed_sequence_token_logps
+from ..models.loading import build_policy_and_reference
 from ..objectives import reference_model_needed
-from ..packing import packed_sequence_token_logps
+from ..storage.checkpoints import safe_load, wrote_lookahead
 from .base import Engine, launch_environment, lr_lambda
+from .lora import wrap_lora
+
+# Imports inside functions: deepspeed (seconds to import, and it compiles ops) loads when an engine is built, not when
+# this module is named (tests and --plan read its helpers).
 
 
 def deepspeed_safe_globals() -> list:
@@ -116,8 +120,6 @@ class DeepSpeedEngine(Engine):
             with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled,
         )
         if recipe.model.lora_enabled:
-            from .lora import wrap_lora
-
             synced = self._lora_reference and recipe.humanline.sync_every is not None
             self.lora = wrap_lora(policy, recipe.model.lora, synced, train.seed, recipe.model.gradient_checkpointing)
             policy = self.lora.model

@@ -22,6 +22,9 @@ from typing import List, Tuple
 import torch
 
 from ..errors import RecipeError
+from ..models.loading import _fork_rng
+
+# Imports inside functions: PEFT is an optional extra (`pip install -e .[lora]`), loaded only for `model.lora`.
 
 POLICY, REFERENCE = "default", "reference"
 LORA_LAYER_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
@@ -54,7 +57,6 @@ def wrap_lora(base, lora, synced: bool, seed: int, gradient_checkpointing: bool 
     a frozen ``reference`` copy of it."""
     from peft import get_peft_model
 
-    from ..modeling import _fork_rng
 
     config = lora_config(lora)
     if gradient_checkpointing:

@@ -8,7 +8,7 @@
 Layout of ``<directory>/<tag>/``: ``mp_rank_pp<P>_tp<T>.pt`` per model-parallel shard (policy, reference
 when syncing, optimizer state, counters; written by data-parallel rank 0), ``optim_pp<P>_tp<T>.pt`` (GPU:
 the distributed optimizer's parameter state), ``client_state.pt`` and ``megatron_layout.json`` (rank 0);
-the trainer then marks it complete and writes ``<directory>/latest`` (``hl_core/checkpoint_files.py``).
+the trainer then marks it complete and writes ``<directory>/latest`` (``hl_core/storage/checkpoints.py``).
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ from typing import Any, Dict, Optional
 
 import torch
 
-from ..checkpoint_files import safe_load, wrote_lookahead
 from ..errors import RecipeError
+from ..storage.checkpoints import safe_load, wrote_lookahead
 from .megatron_convert import mcore_to_hf, save_hf_directory
 
 LAYOUT_FILE = "megatron_layout.json"
@@ -129,6 +129,8 @@ class MegatronCheckpointing:
 def _resolve_weights_dir(name_or_path: str) -> str:
     if Path(name_or_path).is_dir():
         return name_or_path
-    from huggingface_hub import snapshot_download
+    from huggingface_hub import (
+        snapshot_download,  # imported here: only a hub name needs it
+    )
 
     return snapshot_download(name_or_path, allow_patterns=["*.safetensors", "*.json"])

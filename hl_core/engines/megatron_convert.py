@@ -37,6 +37,8 @@ from pathlib import Path
 from typing import Dict, Iterable, List, Mapping, Optional, Tuple
 
 import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
 
 from .megatron_specs import model_family
 
@@ -228,8 +230,6 @@ class LazyHFCheckpoint(Mapping):
     """Read-only mapping over a HF model directory's safetensors; tensors are read when asked for."""
 
     def __init__(self, directory: str):
-        from safetensors import safe_open
-
         directory = Path(directory)
         index = directory / "model.safetensors.index.json"
         if index.exists():
@@ -268,8 +268,6 @@ class LazyHFCheckpoint(Mapping):
 def save_hf_directory(hf: Dict[str, torch.Tensor], hf_config, directory: str, tokenizer=None,
                       max_shard_bytes: int = 5 * 2**30) -> None:
     """Write a HF model directory (sharded safetensors + index when large, config, tokenizer)."""
-    from safetensors.torch import save_file
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     names = list(hf)

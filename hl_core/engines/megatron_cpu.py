@@ -36,6 +36,8 @@ import contextlib
 
 import torch
 
+# Imports inside functions: megatron-core is an optional extra; the shims load it when they are installed.
+
 _INSTALLED = False
 
 

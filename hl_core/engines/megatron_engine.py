@@ -52,14 +52,17 @@ import torch
 from ..config import batch_layout
 from ..errors import RecipeError
 from ..logprobs import chunk_positions
+from ..models.loading import DTYPES, build_causal_lm
 from ..objectives import reference_model_needed
-from ..modeling import DTYPES
-from .base import Engine, launch_environment, lr_lambda
 from . import megatron_cpu
+from .base import Engine, launch_environment, lr_lambda
 from .megatron_checkpoint import LAYOUT_FILE, MegatronCheckpointing, _resolve_weights_dir
 from .megatron_convert import LazyHFCheckpoint, hf_state_dict, hf_to_mcore
 from .megatron_logps import pipeline_token_logps, vocab_parallel_token_logps
 from .megatron_specs import build_gpt_model, causal_mask, logits_transform, transformer_config, uses_transformer_engine
+
+# Imports inside functions: megatron-core is an optional extra (`pip install -e .[megatron]`) and heavy; it loads when
+# a megatron engine is built, after the CPU shims (megatron_cpu.py) are in place.
 
 
 def allreduce_tied_embedding_grads(model) -> None:
@@ -170,8 +173,6 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         """This rank's (pp, tp) shard of the HF weights, converted; every parameter must be covered."""
         model_cfg = self.recipe.model
         if model_cfg.random_init:
-            from ..modeling import build_causal_lm
-
             hf_model = build_causal_lm(model_cfg, "fp32", self.recipe.train.seed)
             source = hf_state_dict(hf_model)
         else:

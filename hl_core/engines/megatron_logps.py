@@ -10,6 +10,8 @@ import torch
 
 from ..logprobs import vocab_parallel_logps
 
+# Imports inside functions: megatron-core is an optional extra; it loads with a megatron engine.
+
 
 def vocab_parallel_token_logps(logits, input_ids, chunk_size: int = 128, temperature: float = 1.0, transform=None):
     """``[N, T, V/tp]`` vocab-parallel logits -> ``[N, T]`` float32 log-probs, ``out[:, 0] = 0``,

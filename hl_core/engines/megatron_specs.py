@@ -18,6 +18,7 @@ tied input/output embeddings.
 
 from __future__ import annotations
 
+import importlib.util
 from dataclasses import dataclass, field
 from typing import Callable, Optional, Tuple
 
@@ -25,6 +26,9 @@ import torch
 import torch.nn.functional as F
 
 from ..errors import RecipeError
+from .megatron_cpu import CPU_CONFIG_FLAGS
+
+# Imports inside functions: megatron-core is an optional extra and heavy; it loads when a megatron model is built.
 
 FAMILIES = ("llama", "qwen2", "gemma2")
 
@@ -94,7 +98,6 @@ def transformer_config(hf_config, *, tp: int, pp: int, dtype: torch.dtype, cpu: 
     global _GEMMA2_CONFIG
     from megatron.core.transformer import TransformerConfig
 
-    from .megatron_cpu import CPU_CONFIG_FLAGS
 
     family = model_family(hf_config)
     heads = hf_config.num_attention_heads
@@ -322,8 +325,6 @@ def fusions_without_kernels() -> dict:
     (the fused masked softmax ships with Apex or Megatron-LM's build, the weight-gradient fusion with Apex,
     the rotary fusion with Transformer Engine); megatron-core asks for the softmax one by default and would
     fail at the first forward without it."""
-    import importlib.util
-
     def missing(module: str) -> bool:
         return importlib.util.find_spec(module) is None
 
@@ -363,7 +364,7 @@ def build_gpt_model(hf_config, config, pre_process: bool, post_process: bool, pp
     te = uses_transformer_engine(hf_config)
     spec = get_gpt_decoder_block_spec(config, use_transformer_engine=te, normalization="RMSNorm", pp_rank=pp_rank)
     if not te:
-        from .megatron_attention import use_sdpa_attention
+        from .megatron_attention import use_sdpa_attention  # imported here: it imports megatron-core at load
 
         use_sdpa_attention(spec)  # fused attention without Transformer Engine (scores never stored)
     return GPTModel(transformer_layer_spec=spec, **common)

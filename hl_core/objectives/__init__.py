@@ -11,8 +11,8 @@ from dataclasses import dataclass
 from typing import Callable, Dict, Optional, Tuple
 
 from . import dpo, grpo, kto, sft
-from .dpo import dpo_batch_loss, dpo_loss
 from .base import ObjectiveInputs
+from .dpo import dpo_batch_loss, dpo_loss
 from .grpo import group_advantages, grpo_batch_loss, grpo_loss
 from .kto import kto_batch_loss, kto_loss, kto_reference_point, mismatched_pairs
 from .sft import sft_batch_loss, sft_loss
@@ -33,7 +33,7 @@ class ObjectiveSpec:
     needs_reference: bool = True
     # every metric ``batch_loss`` may report: the trainer reduces this fixed set (reporting another is an error)
     metric_keys: Tuple[str, ...] = ()
-    # training micro-batches (hl_core.micro_batches): (cfg, batch) -> what the micro-batch loss is a mean over
+    # training micro-batches (hl_core.loop.micro_batches): (cfg, batch) -> what the micro-batch loss is a mean over
     loss_share: Optional[Callable] = None
     # (cfg) -> "rank" (the update's mean per rank) or "world" (normalised by the share over ranks / world size)
     share_scope: Callable = lambda cfg: "rank"

@@ -34,7 +34,7 @@ class ObjectiveInputs:
     humanline_active: bool
     has_reference: bool = True
     # training: the trainer weights this micro-batch's mean by its share of the update
-    # (``hl_core.micro_batches``), so an objective takes plain micro-batch means (GRPO's ``dapo``: no all-reduce)
+    # (``hl_core.loop.micro_batches``), so an objective takes plain micro-batch means (GRPO's ``dapo``: no all-reduce)
     update_normalised: bool = False
 
 

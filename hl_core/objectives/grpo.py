@@ -10,7 +10,7 @@
   all ranks (the open-r1 fork's ``loss_type: dapo``, which the MATH runs used); on one rank it equals
   ``"token"``.
 
-In training these means are over the whole optimizer update, not one micro-batch (``hl_core.micro_batches``:
+In training these means are over the whole optimizer update, not one micro-batch (``hl_core.loop.micro_batches``:
 the trainer weights micro-batch ``m`` by its share): ``"token"`` divides by the completion tokens of the
 rank's whole update, ``"dapo"`` by the update's completion tokens over all ranks / the number of ranks,
 ``"sequence"`` by the update's sequences. This is the token-level aggregation the method describes, and it

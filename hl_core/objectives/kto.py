@@ -9,7 +9,7 @@ and the loss is the mean over the micro-batch. ``z0`` comes from ``kto_reference
 mismatched pairs built by ``mismatched_pairs``: each prompt with a completion written for another prompt.
 In training, ``z0`` and the KL rows are those of the whole update (``kto_prepare_update``; the pairing runs
 over the rank's whole update), and the trainer weights each micro-batch by its share of the update
-(``hl_core.micro_batches``), so the update's loss does not depend on its split into micro-batches.
+(``hl_core.loop.micro_batches``), so the update's loss does not depend on its split into micro-batches.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 ``loss = -sum_t lp_pol[t] * mask[t] / sum_t mask[t]`` over all completion tokens of the micro-batch; in
 training, over those of the whole update (the trainer weights each micro-batch by its tokens:
-``hl_core.micro_batches``).
+``hl_core.loop.micro_batches``).
 No reference model and no humanline transform are involved.
 """
 

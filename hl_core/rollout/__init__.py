@@ -18,13 +18,15 @@ Standard GRPO (humanline off) keeps the behaviour policy's log-probs from rollou
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
+from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
-from ..micro_batches import update_batches
+from ..loop.micro_batches import update_batches
 from .generation import build_sampler, prompt_seed
 from .heldout import check_prompts_have_references
 from .rewards import best_and_worst, build_reward
@@ -57,8 +59,6 @@ class RolloutSource:
         self.buffer: Dict[int, List[dict]] = {}
         self.sample_log = None
         if self.cfg.log_samples:
-            from pathlib import Path
-
             self.sample_log = Path(recipe.output_dir) / "rollouts" / f"rank{engine.rank:05d}.jsonl"
             self.sample_log.parent.mkdir(parents=True, exist_ok=True)
         check_prompts_have_references(prompts, self.cfg.reward.kind, "training")
@@ -120,8 +120,6 @@ class RolloutSource:
             references += [feature["reference"]] * len(texts)
         scores = self.reward(scored_prompts, scored_completions, references)
         if self.sample_log is not None:
-            import json
-
             n = self.cfg.num_generations
             with self.sample_log.open("a") as fh:
                 for g, (pos, (feature, completions)) in enumerate(zip(positions, groups)):

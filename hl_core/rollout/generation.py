@@ -10,9 +10,14 @@ not deadlock the others.
 
 from __future__ import annotations
 
+import importlib.util
 from typing import List, Optional, Sequence, Tuple
 
 import torch
+
+from ..errors import RecipeError
+
+# Imports inside functions: vLLM is optional (GPU only), loaded only for `rollout.backend: vllm`.
 
 SEED_STRIDE = 1_000_003  # seed(prompt position p) = base * SEED_STRIDE + p
 
@@ -165,8 +170,6 @@ class VLLMSampler(HFSampler):
 
 
 def vllm_usable() -> bool:
-    import importlib.util
-
     return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
@@ -175,8 +178,6 @@ def build_sampler(engine, tokenizer, recipe):
     use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_usable() and engine.world_size == 1)
     if use_vllm:
         if not vllm_usable():
-            from ..errors import RecipeError
-
             raise RecipeError(
                 "`rollout.backend: vllm` needs the `vllm` package and a GPU. Fix: `rollout.backend=hf` (or `auto`)."
             )

@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ..errors import DataError
 from .generation import build_sampler, prompt_seed
 from .rewards import build_reward, reward_needs_reference
 
@@ -39,8 +40,6 @@ def check_prompts_have_references(prompts, kind: str, split: str) -> None:
         return
     missing = [f for f in prompts.features if f["reference"] is None]
     if missing:
-        from ..errors import DataError
-
         raise DataError(
             f"`rollout.reward.kind: {kind}` needs a reference answer for every prompt, but {len(missing)} {split} "
             f"prompt(s) have none (first: {missing[0].get('source', 'a row')}). Fix: add `answer` (or a `solution` "

@@ -11,6 +11,9 @@ import re
 from decimal import Decimal
 from typing import Callable, Dict, List, Optional, Sequence
 
+import torch
+
+from ..data.prompts import last_boxed
 from ..errors import RecipeError
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -20,8 +23,6 @@ _FORMAT = re.compile(r"^\s*<think>.*?</think>\s*<answer>.*?</answer>\s*$", re.DO
 def extract_answer(completion: str) -> Optional[str]:
     """The final answer's text: the last ``<answer>...</answer>``, else the last ``\\boxed{...}``, else the
     whole completion (math-verify then finds an expression in it, or nothing). ``None`` for empty output."""
-    from ..data.prompts import last_boxed
-
     if not isinstance(completion, str) or not completion.strip():
         return None
     tagged = _ANSWER_TAG.findall(completion)
@@ -34,7 +35,9 @@ def extract_answer(completion: str) -> Optional[str]:
 
 
 def _parse(text: str):
-    from math_verify import parse
+    from math_verify import (
+        parse,  # imported here: only the math reward needs it (sympy is slow to import)
+    )
 
     for candidate in (text if text.strip().startswith("$") else f"${text}$", text):
         try:
@@ -59,7 +62,7 @@ def math_correct(completion: str, reference: Optional[str]) -> bool:
     """True when the completion's final answer is mathematically equal to ``reference`` (math-verify).
     Fast path: when both are plain numbers (``-12``, ``0570``, ``1.50``) they are compared exactly as
     decimals, which is what math-verify concludes for them, ~1000x sooner."""
-    from math_verify import verify
+    from math_verify import verify  # imported here: as parse
 
     if reference is None:
         raise ValueError("math reward needs a reference answer")
@@ -130,7 +133,7 @@ class RewardModelReward:
     needs_reference = False
 
     def __init__(self, cfg):
-        import torch
+        # imported here: only a reward model needs it
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if not cfg.model:
@@ -154,8 +157,6 @@ class RewardModelReward:
         return "\n\n".join(m["content"] for m in messages)
 
     def __call__(self, prompts, completions, references) -> List[float]:
-        import torch
-
         texts = [self._text(p, c) for p, c in zip(prompts, completions)]
         scores: List[float] = []
         for start in range(0, len(texts), self.batch_size):

@@ -16,7 +16,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hl_core.config import load_recipe  # noqa: E402
-from hl_core.modeling import build_causal_lm  # noqa: E402
+from hl_core.models.loading import build_causal_lm  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]

@@ -12,7 +12,6 @@ import sys
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 import hl_core.engines.megatron_logps as megatron_logps  # noqa: E402

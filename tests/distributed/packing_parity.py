@@ -10,7 +10,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import hl_core.packing as packing  # noqa: E402
+import hl_core.logprobs.packed as packing  # noqa: E402
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
 

@@ -12,7 +12,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-import hl_core.reference_logps as reference_logps  # noqa: E402
+import hl_core.reference.store as reference_store  # noqa: E402
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
 
@@ -20,7 +20,7 @@ TIMING = ("step_time_s", "sync_time_s", "rollout_time_s", "train_time_s", "token
 SHORT = ["train.max_steps=5", "eval.every=2", "checkpoint.save_every=null", "checkpoint.save_final=false",
          "logging.progress_bar=false", "checkpoint.resume=never", "train.warmup_steps=0"]
 FORWARDS = [0]  # forwards the policy ran in place of a reference (proof that the copy-free path ran)
-_fill = reference_logps.LogpStore.fill
+_fill = reference_store.LogpStore.fill
 
 
 def counting_fill(self, engine, batches, temperature):
@@ -29,7 +29,7 @@ def counting_fill(self, engine, batches, temperature):
     return done
 
 
-reference_logps.LogpStore.fill = counting_fill
+reference_store.LogpStore.fill = counting_fill
 
 
 def run(recipe_path: str, overrides: list, out_dir: Path):

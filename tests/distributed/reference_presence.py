@@ -14,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.engines import build_engine  # noqa: E402
-from hl_core.modeling import load_tokenizer  # noqa: E402
+from hl_core.models.loading import load_tokenizer  # noqa: E402
 
 report = {}
 for spec in sys.argv[2:]:

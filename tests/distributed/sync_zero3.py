@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 import deepspeed
-import torch
 import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))

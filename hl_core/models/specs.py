@@ -20,7 +20,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, Mapping, Optional
 
-from .errors import RecipeError, did_you_mean
+from ..config import batch_layout
+from ..errors import RecipeError, did_you_mean
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -246,7 +247,9 @@ def _hf_cache_config(name: str) -> Optional[Path]:
     if name.count("/") != 1:
         return None
     try:
-        from huggingface_hub import try_to_load_from_cache
+        from huggingface_hub import (
+            try_to_load_from_cache,  # imported here: only a hub name needs it
+        )
     except ImportError:  # pragma: no cover
         return None
     try:
@@ -281,7 +284,7 @@ def resolve_spec(model) -> ModelSpec:
             raise RecipeError(
                 f"`model.name_or_path: {name}` is not a local model directory and not a model whose dimensions "
                 f"ship with the pack.{did_you_mean(name, MODEL_SPECS)} Fix: point it at a local directory with the "
-                "model's config.json, or add an entry for it to `MODEL_SPECS` in hl_core/model_specs.py "
+                "model's config.json, or add an entry for it to `MODEL_SPECS` in hl_core/models/specs.py "
                 "(hidden size, layers, heads, KV heads, vocab, intermediate size from its config.json)."
             )
         spec = spec_from_config(json.loads(cached.read_text()), name=name, source="hf-cache")
@@ -295,8 +298,6 @@ def resolve_spec(model) -> ModelSpec:
 
 def check_layout(recipe, world_size: int) -> None:
     """Parallel-layout checks for ``world_size`` processes; raises ``RecipeError`` naming the key and the fix."""
-    from .config import batch_layout
-
     spec = resolve_spec(recipe.model)
     tp, pp = recipe.parallel.tp, recipe.parallel.pp
     engine = recipe.engine.name

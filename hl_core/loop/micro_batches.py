@@ -33,6 +33,9 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..data.build import collate_micro_batches, takes_donors
+from ..errors import RecipeError
+
 
 def unit_tokens(feature: dict) -> int:
     """Real tokens of one unit: every row its gradient forward sees (see the module docstring)."""
@@ -77,7 +80,6 @@ def check_budget_fits(budget: Optional[int], dataset, noun: str) -> None:
     an offline GRPO group's size comes from the data); else a ``RecipeError`` naming the key."""
     if budget is None or not len(dataset):
         return
-    from .errors import RecipeError
 
     largest = max(range(len(dataset)), key=lambda i: unit_tokens(dataset[i]))
     tokens = unit_tokens(dataset[largest])
@@ -103,8 +105,6 @@ def collate_bins(collate: Callable, features: List[dict], bins: List[List[int]],
     """One batch per bin. A collate function that borrows (``donors``: KTO's KL rows) and takes ``rows`` pairs
     over the whole update (``features``, then ``more``: other ranks' examples), so a KL row does not depend
     on the split; one without ``rows`` gets the other bins' units (the next one first) then ``more``."""
-    from .data.build import collate_micro_batches, takes_donors
-
     if takes_donors(collate) and "rows" in inspect.signature(collate).parameters:
         return [collate(features, donors=list(more), rows=b) for b in bins]
     return collate_micro_batches(collate, [[features[i] for i in b] for b in bins], more)

@@ -19,13 +19,15 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .checkpoint_files import safe_load
-from .reference_logps import LogpStore
+from ..storage.checkpoints import safe_load
+from .sources import StoredReferenceLogps
+from .store import LogpStore
 
 FORMAT = 1
 UPDATES_PER_PART = 32
@@ -177,3 +179,48 @@ def load_or_compute(engine, cache: ReferenceCacheDir, parts: List[Tuple[str, Cal
         if progress is not None:
             progress(unit)
     return store
+
+
+@dataclass(frozen=True)
+class CacheLocation:
+    """One rank's cache directory and the fingerprint its log-probs must match."""
+
+    directory: Path
+    fields: Dict[str, object]
+
+
+def cache_location(recipe, engine) -> CacheLocation:
+    """``<output_dir>/reference_cache/rank<r>`` and the recipe's fingerprint on this engine's layout."""
+    fields = fingerprint(recipe, engine.world_size, engine.dp_size, engine.gradient_accumulation_steps)
+    return CacheLocation(Path(recipe.output_dir) / "reference_cache" / f"rank{engine.rank:05d}", fields)
+
+
+def cached_reference(location: CacheLocation, max_steps: int, engine, reason: str, batches_of_update,
+                     eval_batches, show_progress: bool) -> StoredReferenceLogps:
+    """Every batch's reference log-probs for ``max_steps`` updates, computed by the untrained policy (sharded:
+    each rank its own batches) or read from the cache at ``location``."""
+    cache = ReferenceCacheDir(location.directory, location.fields)
+    shown = len(cache.notices)  # the fingerprint's notice before the precompute, a torn part's after it
+    for notice in cache.notices if show_progress else ():
+        print(notice, flush=True)
+    parts, units = [], []
+    for first, last in update_parts(max_steps):
+        parts.append((f"updates-{first:06d}-{last:06d}",
+                      lambda a=first, b=last: [x for m in range(a, b + 1) for x in batches_of_update(m)]))
+        units.append(last - first + 1)
+    if eval_batches is not None:
+        parts.append(("eval", lambda: list(eval_batches())))
+        units.append(0)
+    bar = None
+    if show_progress:
+        from tqdm.auto import tqdm  # imported here: only rank 0 shows a bar
+
+        bar = tqdm(total=max_steps, desc="reference log-probs", unit="update", dynamic_ncols=True)
+    try:
+        store = load_or_compute(engine, cache, parts, units, 1.0, bar.update if bar is not None else None)
+    finally:
+        if bar is not None:
+            bar.close()
+    for notice in cache.notices[shown:] if show_progress else ():
+        print(notice, flush=True)
+    return StoredReferenceLogps(engine, "cached", reason, store)

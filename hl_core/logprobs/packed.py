@@ -16,6 +16,8 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from .logits import chunk_positions, prefix_token_logps
+
 
 def first_fit_bins(lengths: Sequence[int], capacity: int) -> List[List[int]]:
     """Row indices grouped into bins whose lengths sum to at most ``capacity``: rows in decreasing length (ties
@@ -81,7 +83,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: i
 
 def unpack_token_logps(packed_logps: torch.Tensor, packed: Packed) -> torch.Tensor:
     """``[bins, width]`` log-probs of the packed layout (``out[b, c] = log p(token c | tokens before c)``) back to
-    the padded ``[rows, T]`` layout of :func:`hl_core.logprobs.sequence_token_logps`: row ``r``'s position
+    the padded ``[rows, T]`` layout of :func:`.logits.sequence_token_logps`: row ``r``'s position
     ``t`` (``1 <= t < length``) is its bin's ``offset + t``; position 0 and padding are 0. Differentiable (one
     gather)."""
     rows, steps = packed.shape
@@ -105,10 +107,8 @@ def padding_fraction(attention_mask: torch.Tensor, packed: Packed) -> Tuple[floa
 def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                 capacity: int, pad_token_id: int, chunk_tokens: int = 256,
                                 temperature: float = 1.0) -> torch.Tensor:
-    """:func:`hl_core.logprobs.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
+    """:func:`.logits.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
     ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``)."""
-    from .logprobs import chunk_positions, prefix_token_logps
-
     packed = pack_rows(input_ids, attention_mask, capacity, pad_token_id)
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                    use_cache=False).logits

@@ -9,7 +9,11 @@ from typing import Optional, Tuple
 
 import torch
 
-from .errors import RecipeError
+from ..errors import RecipeError
+from ..models.specs import resolve_spec
+
+# Imports inside functions: transformers (seconds to import) loads when a model or tokenizer is built, so --plan and
+# --print-config, which import this package's neighbours, do not pay for it.
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
 
@@ -58,8 +62,6 @@ def load_tokenizer(model_cfg):
 def check_vocab(model_cfg, tokenizer) -> None:
     """The model's vocabulary (config.json, with ``model.config_overrides``) holds every token id of the
     tokenizer; a model whose size is unknown here (no config.json at hand) is not checked."""
-    from .model_specs import resolve_spec
-
     try:
         vocab = resolve_spec(model_cfg).vocab_size
     except RecipeError:

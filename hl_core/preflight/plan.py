@@ -58,9 +58,11 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from .config import Recipe, batch_layout
-from .model_specs import ModelSpec, check_layout, resolve_spec
-from .objectives import reference_mode
+from ..config import Recipe, batch_layout
+from ..config.checks import check_lora
+from ..models.specs import ModelSpec, check_layout, resolve_spec
+from ..objectives import reference_mode
+from .plan_lora import lora_terms
 from .plan_terms import layer_activation_bytes, logits_bytes, norm_bytes
 
 GIB = 1024 ** 3
@@ -142,9 +144,7 @@ def memory_plan(
     P, L = spec.num_params(), spec.largest_layer_params()
     notes: List[str] = []
     lora, A = None, 0
-    if recipe.model.lora_enabled:  # hl_core/plan_lora.py: the adapter from the dimensions and PEFT's matching
-        from .config.checks import check_lora
-        from .plan_lora import lora_terms
+    if recipe.model.lora_enabled:  # plan_lora.py: the adapter from the dimensions and PEFT's matching
 
         check_lora(recipe)
         lora = lora_terms(spec, recipe.model.lora, pb)
@@ -214,7 +214,7 @@ def memory_plan(
         notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
                      f"{kept:.2f} MiB per rank ({updates} update(s) of padded float32 rows)")
 
-    # activations and logits (hl_core.plan_terms: counted tensor by tensor, checked against measurement)
+    # activations and logits (hl_core.preflight.plan_terms: counted tensor by tensor, checked against measurement)
     b = sequences_per_micro_batch(recipe, group_size)
     s, h, V = recipe.data.max_length, spec.hidden_size, spec.vocab_size
     if engine == "megatron":  # fused attention (SDPA or TE) except Gemma 2's soft-capped local spec

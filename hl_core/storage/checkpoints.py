@@ -24,8 +24,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from .errors import RecipeError
-from .run_guard import HANG_BEFORE_COMPLETE_ENV, pause_for_test
+from ..errors import RecipeError
 
 COMPLETE_MARKER = "complete.json"
 CHECKPOINT_PREFIX = "step_"
@@ -37,7 +36,7 @@ REFERENCE_LOGPS = "reference_logps_rank"
 
 
 def reference_logps_file(rank: int) -> str:
-    """A rank's look-ahead reference log-probs in a checkpoint (``reference_logps.LookaheadReference``)."""
+    """A rank's look-ahead reference log-probs in a checkpoint (``hl_core.reference.sources.LookaheadReference``)."""
     return f"{REFERENCE_LOGPS}{rank:05d}.pt"
 
 
@@ -80,7 +79,6 @@ def skipped_notice(skipped: List[Path], chosen: Optional[Path]) -> str:
 
 def mark_complete(path: Path, updates_done: int) -> None:
     """Rank 0, after every rank's files are written: the marker, then ``latest`` (both atomic renames)."""
-    pause_for_test(HANG_BEFORE_COMPLETE_ENV, at=path.name)
     _write_atomic(path / COMPLETE_MARKER, json.dumps({"updates_done": updates_done}))
     _write_atomic(path.parent / "latest", path.name)
 

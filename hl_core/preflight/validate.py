@@ -13,14 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..config import check_recipe
+from ..data.build import build_datasets, data_plan, describe_data, load_split_records
+from ..models.loading import check_model_config, load_tokenizer
+from ..models.specs import check_layout
+
 
 def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     """The report printed by ``--validate``; every problem raises a ``UserError`` (one paragraph, exit 2)."""
-    from .config import check_recipe
-    from .data.build import build_datasets, describe_data, load_split_records
-    from .model_specs import check_layout
-    from .modeling import check_model_config, load_tokenizer
-
     world = world_size or recipe.cluster.nodes * recipe.cluster.gpus_per_node
     check_recipe(recipe, world)
     check_layout(recipe, world)
@@ -31,12 +31,13 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     lines = [f"recipe `{recipe.name}` is valid"]
     sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
     if all(s.path is not None for s in sources):
-        records = load_split_records(recipe)
+        plan = data_plan(recipe)
+        records = load_split_records(recipe.data, plan)
         train, evaluation = records
         lines.append(f"data: {len(train)} train rows" + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
         if tokenizer is not None:
-            tokenized = build_datasets(recipe, tokenizer, show_progress=False, records=records)
-            lines.append("tokenized: " + describe_data(recipe, *tokenized))
+            tokenized = build_datasets(recipe.data, plan, tokenizer, show_progress=False, records=records)
+            lines.append("tokenized: " + describe_data(recipe.data, plan, *tokenized))
     else:
         lines.append("data: Hugging Face dataset(s) named; rows are checked when loaded at run time")
     hl = recipe.humanline

@@ -1,4 +1,4 @@
-"""The per-token memory terms of ``--plan`` (``hl_core.plan``): what a decoder layer's forward keeps for
+"""The per-token memory terms of ``--plan`` (``hl_core.preflight.plan``): what a decoder layer's forward keeps for
 backward, and what the token log-probs hold. Counted tensor by tensor for the Hugging Face Llama / Qwen2 /
 Gemma 2 layers and our log-prob function, and checked against measurement (``bench/realistic_shapes.py`` on
 the CPU at the recipes' exact widths, ``bench/gpu_check.py`` on an H100).

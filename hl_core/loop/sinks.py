@@ -7,7 +7,7 @@ import math
 from pathlib import Path
 from typing import Dict, List
 
-from .errors import RecipeError
+from ..errors import RecipeError
 
 
 def _parses(line: str) -> bool:
@@ -45,7 +45,9 @@ class JsonlSink:
 class TensorBoardSink:
     def __init__(self, log_dir: Path):
         try:
-            from torch.utils.tensorboard import SummaryWriter
+            from torch.utils.tensorboard import (
+                SummaryWriter,  # optional: `logging.tensorboard`
+            )
         except ImportError:
             raise RecipeError(
                 "`logging.tensorboard: true` needs the `tensorboard` package. Fix: `pip install tensorboard`, "
@@ -66,7 +68,7 @@ class TensorBoardSink:
 class WandbSink:
     def __init__(self, cfg, run_name: str, config: Dict, output_dir: Path):
         try:
-            import wandb
+            import wandb  # optional: `logging.wandb.enabled`
         except ImportError:
             raise RecipeError(
                 "`logging.wandb.enabled: true` needs the `wandb` package. Fix: `pip install wandb`, "
@@ -104,17 +106,19 @@ class Sinks:
         self.sinks = sinks
 
     @classmethod
-    def from_recipe(cls, recipe, output_dir: Path, updates_done: int) -> "Sinks":
+    def open(cls, logging_cfg, output_dir: Path, updates_done: int, run_name: str, run_config: Dict) -> "Sinks":
         """``metrics.jsonl`` (a row per update, ``step`` = 0-based update index) and ``eval.jsonl``
-        (``step`` = updates done when evaluated); both truncated to what the resumed checkpoint covers."""
+        (``step`` = updates done when evaluated); both truncated to what the resumed checkpoint covers. Then
+        TensorBoard and W&B as ``logging_cfg`` (the recipe's ``logging`` section) enables them; W&B gets
+        ``run_name`` and the resolved recipe ``run_config``."""
         sinks = [
             _Only("train", JsonlSink(output_dir / "metrics.jsonl", updates_done - 1 if updates_done else -1)),
             _Only("eval", JsonlSink(output_dir / "eval.jsonl", updates_done if updates_done else -1)),
         ]
-        if recipe.logging.tensorboard:
+        if logging_cfg.tensorboard:
             sinks.append(TensorBoardSink(output_dir / "tensorboard"))
-        if recipe.logging.wandb.enabled:
-            sinks.append(WandbSink(recipe.logging.wandb, recipe.name, recipe.model_dump(mode="json"), output_dir))
+        if logging_cfg.wandb.enabled:
+            sinks.append(WandbSink(logging_cfg.wandb, run_name, run_config, output_dir))
         return cls(sinks)
 
     def write(self, row: Dict) -> None:

@@ -15,7 +15,9 @@ from __future__ import annotations
 
 from typing import Dict, List, Tuple
 
-from .errors import RecipeError
+from ..errors import RecipeError
+
+# Imports inside functions: PEFT is an optional extra, loaded only to plan `model.lora`.
 
 LINEAR_NAMES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 

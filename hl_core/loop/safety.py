@@ -1,6 +1,6 @@
 """The trainer's safety side: what ends a run on a non-finite update, and how checkpoints and ``final/`` are
 written (complete or invisible, never with non-finite weights). ``Trainer`` inherits it; it uses the trainer's
-``engine``, ``recipe``, ``output_dir``, ``is_main``, ``sinks``, ``skips``, ``updates_done``, ``eval_history``,
+``engine``, ``recipe``, ``output_dir``, ``is_main``, ``report``, ``skips``, ``updates_done``, ``eval_history``,
 ``transform`` and ``source``."""
 
 from __future__ import annotations
@@ -11,15 +11,15 @@ from typing import Dict
 
 import torch
 
-from . import checkpoint_files as ckpt
-from .checkpoint_files import CHECKPOINT_PREFIX
-from .run_guard import NonFiniteStop, nonfinite_message
+from ..storage import checkpoints as ckpt
+from ..storage.checkpoints import CHECKPOINT_PREFIX
+from .guard import HANG_BEFORE_COMPLETE_ENV, NonFiniteStop, nonfinite_message, pause_for_test
 
 
 class TrainerSafety:
     """Mixed into ``Trainer``: the non-finite decision after each logged update, checkpoint and ``final/`` writes."""
 
-    def _after_nonfinite_check(self, row: Dict, bar) -> None:
+    def _after_nonfinite_check(self, row: Dict) -> None:
         """``train.on_nonfinite``: a skipped update counts toward ``train.max_skipped_updates`` in a row; in
         ``stop`` mode, or at that limit, the run ends here (exit code 3) with nothing saved from it."""
         quantity, detail = self.nonfinite or (None, None)
@@ -28,15 +28,14 @@ class TrainerSafety:
             return
         streak = self.skips.in_a_row if self.recipe.train.on_nonfinite == "skip" else 0
         last = ckpt.newest_complete(self.output_dir / "checkpoints")[0]
-        if bar is not None:
-            bar.close()
+        self.report.stop_progress()
         self._stop_nonfinite(nonfinite_message(row["step"], quantity, detail, last and str(last), streak))
 
     def _stop_nonfinite(self, message: str) -> None:
         """End the run with exit code 3: rank 0 closes the sinks and records why in ``summary.json`` (under
         ``torchrun`` the launcher itself exits 1 for any failing worker)."""
+        self.report.close()
         if self.is_main:
-            self.sinks.close()
             summary = {"updates": self.updates_done, "skipped_updates": self.skips.total,
                        "exit_code": NonFiniteStop.exit_code, "stopped": " ".join(message.split())}
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -60,7 +59,7 @@ class TrainerSafety:
             )
 
     def _save_checkpoint(self) -> None:
-        """Every rank writes its files, then rank 0 marks the checkpoint complete (``checkpoint_files``)."""
+        """Every rank writes its files, then rank 0 marks the checkpoint complete (``storage.checkpoints``)."""
         ckpt_dir = self.output_dir / "checkpoints"
         tag = f"{CHECKPOINT_PREFIX}{self.updates_done}"
         self._refuse_nonfinite_weights(f"checkpoint `{tag}`")
@@ -80,6 +79,7 @@ class TrainerSafety:
             torch.save(reference_state, ckpt_dir / tag / ckpt.reference_logps_file(self.engine.rank))
         self.engine.barrier()
         if self.is_main:
+            pause_for_test(HANG_BEFORE_COMPLETE_ENV, at=tag)
             ckpt.mark_complete(ckpt_dir / tag, self.updates_done)
             ckpt.rotate(ckpt_dir, self.recipe.checkpoint.keep_last)
         self.engine.barrier()

@@ -1,0 +1,145 @@
+"""What a run shows and leaves behind, on rank 0: the progress bar, printed lines, metric rows (the sinks),
+and the end-of-run summary (printed, and ``summary.json``). On the other ranks every method does nothing."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import torch
+
+from .sinks import Sinks
+
+# held-out metrics the end-of-run summary prints (start -> end), when the objective reports them
+SUMMARY_EVAL_KEYS = {
+    "policy/accuracy": "preference accuracy (policy log-prob of chosen > rejected)",
+    "policy/margin": "per-token log-prob margin, preferred minus dispreferred",
+    "policy/adv_logp": "advantage-weighted per-token log-prob",
+    "reward": "mean reward of one sampled completion per prompt",
+    "win_rate_vs_start": "win rate of that completion against the first evaluation's, under the reward",
+    "rewards/accuracy": "reward accuracy against the current reference",
+    "loss": "loss against the current reference",
+}
+EVAL_SHOWN = ("loss", "rewards/accuracy", "policy/accuracy", "reward", "win_rate_vs_start")
+
+
+@dataclass
+class StepTimes:
+    """Per-update wall-clock seconds of this run (not of updates before a resume)."""
+
+    step: List[float] = field(default_factory=list)
+    sync: List[float] = field(default_factory=list)
+    rollout: List[float] = field(default_factory=list)
+
+    def add(self, row: Dict) -> None:
+        self.step.append(row["step_time_s"])
+        self.sync.append(row["sync_time_s"])
+        self.rollout.append(row.get("rollout_time_s", 0.0))
+
+
+class RunReport:
+    """Rank 0's output. ``logging_cfg`` is the recipe's ``logging`` section."""
+
+    def __init__(self, is_main: bool, output_dir: Path, logging_cfg, run_name: str):
+        self.is_main, self.output_dir, self.cfg, self.run_name = is_main, Path(output_dir), logging_cfg, run_name
+        self.sinks: Optional[Sinks] = None
+        self.bar = None
+
+    def open(self, updates_done: int, run_config: Dict) -> None:
+        """The metric sinks, truncated to what a resumed checkpoint covers."""
+        if self.is_main:
+            self.sinks = Sinks.open(self.cfg, self.output_dir, updates_done, self.run_name, run_config)
+
+    def print(self, text: str) -> None:
+        if not self.is_main:
+            return
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            print(text, flush=True)
+
+    def start_progress(self, total: int, done: int) -> None:
+        if self.is_main and self.cfg.progress_bar:
+            from tqdm.auto import tqdm  # imported here: only rank 0 with a bar needs it
+
+            self.bar = tqdm(total=total, initial=done, desc=self.run_name, unit="step", dynamic_ncols=True)
+
+    def stop_progress(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+            self.bar = None
+
+    def update(self, row: Dict) -> None:
+        """One optimizer update's metrics row: to the sinks, and to the bar (or a JSON line every
+        ``logging.log_every`` updates without one)."""
+        if not self.is_main:
+            return
+        self.sinks.write(row)
+        if self.bar is not None:
+            post = {"loss": f"{row['loss']:.4f}"}
+            if "rewards/accuracy" in row:
+                post["acc"] = f"{row['rewards/accuracy']:.2f}"
+            if "unclamped_frac" in row:
+                post["unclamped"] = f"{row['unclamped_frac']:.2f}"
+            self.bar.set_postfix(post)
+            self.bar.update(1)
+        elif row["step"] % self.cfg.log_every == 0:
+            print(json.dumps({k: (round(v, 6) if isinstance(v, float) else v) for k, v in row.items()}), flush=True)
+
+    def evaluation(self, row: Dict) -> None:
+        """A held-out evaluation's row (``kind: eval``): to the sinks, and its headline numbers printed."""
+        if not self.is_main:
+            return
+        self.sinks.write(row)
+        shown = {k: row[k] for k in EVAL_SHOWN if k in row}
+        self.print(f"eval @ {row['step']}: " + ", ".join(f"{k} {v:.4f}" for k, v in shown.items()))
+
+    def close(self) -> None:
+        self.stop_progress()
+        if self.sinks is not None:
+            self.sinks.close()
+            self.sinks = None
+
+    def summary(self, updates: int, wall: float, times: StepTimes, eval_history: List[Dict], skipped: int,
+                exit_code: int, data_fields: Dict, sync_label: str, rollouts: bool) -> Dict[str, float]:
+        """The run's summary: returned, and on rank 0 printed and written to ``summary.json``. ``sync_label``
+        names what the sync share measures; ``rollouts``: the run generates (the wall-clock split is shown)."""
+        summary = {"updates": updates, "wall_s": wall, "torch_threads": torch.get_num_threads(),
+                   "deterministic": torch.are_deterministic_algorithms_enabled(), "skipped_updates": skipped,
+                   "exit_code": exit_code}
+        if times.step:
+            total = max(sum(times.step), 1e-12)
+            summary.update(mean_step_s=sum(times.step) / len(times.step), sync_frac=sum(times.sync) / total,
+                           rollout_s=sum(times.rollout), rollout_frac=sum(times.rollout) / total)
+        if eval_history:
+            first, last = eval_history[0], eval_history[-1]
+            for key in SUMMARY_EVAL_KEYS:
+                if key in first and key in last:
+                    summary[f"eval_start/{key}"] = first[key]
+                    summary[f"eval_end/{key}"] = last[key]
+        summary.update(data_fields)
+        if self.is_main:
+            print("\n".join(self._summary_lines(summary, times, eval_history, sync_label, rollouts)), flush=True)
+            (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+        return summary
+
+    def _summary_lines(self, summary: Dict, times: StepTimes, eval_history: List[Dict], sync_label: str,
+                       rollouts: bool) -> List[str]:
+        lines = [f"== {self.run_name}: {summary['updates']} updates in {summary['wall_s']:.1f}s =="]
+        if times.step:
+            lines.append(f"mean step {summary['mean_step_s']:.3f}s, {sync_label} {100 * summary['sync_frac']:.2f}% "
+                         "of step time")
+            if rollouts:
+                lines.append(
+                    f"wall-clock split: generation + scoring {summary['rollout_s']:.1f}s "
+                    f"({100 * summary['rollout_frac']:.1f}%), training {sum(times.step) - summary['rollout_s']:.1f}s"
+                )
+        if eval_history:
+            lines.append(f"held-out, start (update {eval_history[0]['step']}) -> end (update {eval_history[-1]['step']}):")
+        for key, label in SUMMARY_EVAL_KEYS.items():
+            if f"eval_start/{key}" in summary:
+                lines.append(f"  {label}: {summary[f'eval_start/{key}']:.3f} -> {summary[f'eval_end/{key}']:.3f}")
+        lines.append(f"outputs: {self.output_dir}/metrics.jsonl, checkpoints/, final/")
+        return lines

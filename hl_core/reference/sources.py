@@ -1,0 +1,133 @@
+"""The reference's log-prob sources the trainer reads: the engine's reference model (``copy``, or ``none``), and
+log-probs the policy computed in its place (``cached``, ``lookahead``). The package docstring says when each applies."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable, Iterable, List, Optional
+
+import torch
+
+from ..humanline import ReferenceSyncHook, SyncRecord, should_sync
+from ..storage.checkpoints import reference_logps_file, safe_load
+from .store import LogpStore, forward_is_deterministic
+
+
+class ReferenceLogps:
+    """The engine's reference model (``copy``), or none (``none``); the base of the copy-free modes.
+
+    ``logps(batch, temperature, policy_logps)`` serves the trainer, ``token_logps(batch, model)`` the objectives'
+    extra forwards (KTO's KL rows), and ``sync_hook.before_optimizer_step(engine, n)`` runs at every update."""
+
+    def __init__(self, engine, mode: str, reason: str, sync_every: Optional[int], sync_offset: int):
+        self.engine, self.mode, self.reason = engine, mode, reason
+        self.sync_hook = ReferenceSyncHook(sync_every, sync_offset)
+
+    @property
+    def available(self) -> bool:
+        return self.engine.has_reference
+
+    def logps(self, batch, temperature: float = 1.0, policy_logps: Optional[torch.Tensor] = None) -> torch.Tensor:
+        return self.engine.token_logps(batch, "reference", temperature)
+
+    def token_logps(self, batch, model: str = "policy", temperature: float = 1.0) -> torch.Tensor:
+        if model == "reference":
+            return self.logps(batch, temperature)
+        return self.engine.token_logps(batch, model, temperature)
+
+    def state_dict(self) -> Optional[dict]:
+        return None  # nothing beyond the engine's own checkpoint
+
+    def load_state_dict(self, state: dict) -> None:
+        pass
+
+    def resume(self, checkpoint, rank: int) -> Optional[str]:
+        """After the engine loaded ``checkpoint``: restore what this mode keeps; a notice when the checkpoint was
+        written in another mode (e.g. ``train.on_nonfinite: skip`` chose a copy after a look-ahead run stopped)."""
+        if getattr(self.engine, "resynced_at_resume", False):
+            return ("The checkpoint was written with look-ahead syncing and keeps no reference copy; this run keeps "
+                    f"one ({self.reason}). It starts from the policy's weights at the resume: one extra sync there.")
+        return None
+
+
+class StoredReferenceLogps(ReferenceLogps):
+    """Log-probs the policy computed in place of a reference model, looked up by batch."""
+
+    def __init__(self, engine, mode: str, reason: str, store: Optional[LogpStore] = None):
+        super().__init__(engine, mode, reason, None, 0)
+        self.store = store or LogpStore()
+        self.policy_is_reference = False  # before the first optimizer step (look-ahead): read the policy itself
+        self.detach_is_exact = forward_is_deterministic(engine._policy_module())
+
+    @property
+    def available(self) -> bool:
+        return True
+
+    def logps(self, batch, temperature: float = 1.0, policy_logps: Optional[torch.Tensor] = None) -> torch.Tensor:
+        stored = self.store.get(batch, temperature)
+        if stored is not None:
+            return stored.to(self.engine.device)
+        if self.policy_is_reference:
+            if policy_logps is not None and self.detach_is_exact:
+                return policy_logps.detach()  # the reference's weights are the policy's: no extra forward
+            with self.engine.policy_as_reference():
+                return self.engine.token_logps(batch, "policy", temperature)
+        raise RuntimeError(
+            f"No reference log-probs were kept for this batch (reference mode `{self.mode}`): the batches this "
+            "run trains or evaluates on differ from the ones computed ahead. This is a bug in hl_core; as a "
+            "workaround set `humanline.reference=copy` (or `train.cache_reference_logps=false`)."
+        )
+
+
+class LookaheadReference(StoredReferenceLogps):
+    """Look-ahead syncing: ``sync_hook`` is this object; at each window start it replaces the stored log-probs
+    with the policy's for the batches up to the next sync (see the module docstring)."""
+
+    def __init__(self, engine, reason: str, humanline, max_steps: int, batches_of_update: Callable[[int], List[dict]],
+                 eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool]):
+        super().__init__(engine, "lookahead", reason)
+        self.sync_hook = self
+        self.sync_every, self.offset, self.max_steps = humanline.sync_every, humanline.sync_offset, max_steps
+        self.batches_of_update, self.eval_batches, self.eval_at = batches_of_update, eval_batches, eval_at
+        self.policy_is_reference = True  # until update 0's optimizer step (a resume loads its state instead)
+
+    def window_end(self, start: int) -> int:
+        """The next sync after ``start``: the last update whose forward reads ``start``'s weights."""
+        n = start + 1
+        while not should_sync(n, self.sync_every, self.offset):
+            n += 1
+        return n
+
+    def before_optimizer_step(self, engine, updates_done: int) -> SyncRecord:
+        synced = should_sync(updates_done, self.sync_every, self.offset)
+        if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
+            return SyncRecord(False, 0.0)
+        engine.synchronize()
+        start = time.perf_counter()
+        end = self.window_end(updates_done)
+        self.store = LogpStore()
+        updates = range(updates_done + 1, min(end, self.max_steps - 1) + 1)
+        self.store.fill(engine, (b for m in updates for b in self.batches_of_update(m)), 1.0)
+        evals = [u for u in range(updates_done + 1, min(end, self.max_steps) + 1) if self.eval_at(u)]
+        if evals and self.eval_batches is not None:
+            self.store.fill(engine, self.eval_batches(), 1.0)
+        self.policy_is_reference = False
+        engine.synchronize()
+        return SyncRecord(synced, time.perf_counter() - start)
+
+    def state_dict(self) -> dict:
+        return {"values": self.store.values, "policy_is_reference": torch.tensor(self.policy_is_reference)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.store = LogpStore(state["values"])
+        self.policy_is_reference = bool(state["policy_is_reference"])
+
+    def resume(self, checkpoint, rank: int) -> Optional[str]:
+        path = Path(checkpoint) / reference_logps_file(rank)
+        if path.exists():
+            self.load_state_dict(safe_load(path))
+            return None
+        self.store, self.policy_is_reference = LogpStore(), True  # a new window starts at the resume
+        return ("The checkpoint keeps a reference copy, not look-ahead log-probs; this run syncs by look-ahead: "
+                "its reference starts from the policy's weights at the resume (one extra sync there).")

@@ -384,5 +384,7 @@ class DeepSpeedEngine(Engine):
         gc.collect()  # free the engines' hooks and buffers while the process group still exists
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-            if destroy_process_group:
-                torch.distributed.destroy_process_group()
+            if destroy_process_group:  # DeepSpeed's own teardown also drops the groups it cached (a next engine
+                import deepspeed.comm  # in this process would otherwise meet unregistered groups); loaded already
+
+                deepspeed.comm.destroy_process_group()

@@ -86,11 +86,11 @@ def main(argv=None) -> int:
         from hl_core.config.checks import env_world_size
 
         world = env_world_size()
-        if args.plan:
-            from hl_core.preflight.plan import plan_report
+        if args.plan:  # exit 1 when the estimate exceeds `cluster.gpu_memory_gb`, so scripts can gate on it
+            from hl_core.preflight.plan import memory_plan, plan_report
 
             print(plan_report(recipe, world))
-            return 0
+            return 1 if memory_plan(recipe, world)["exceeds"] else 0
         if args.validate:
             print(validate(recipe, world))
             return 0

@@ -8,8 +8,9 @@ from helpers import REPO, read_jsonl, run_recipe
 
 TINY = sorted(p for p in (REPO / "recipes" / "tiny").glob("*.yaml") if not p.name.startswith("_"))
 # the DPO demo recipes are exercised end to end in test_demo.py
-# megatron recipes run in their own tests (tests/test_megatron_*.py), the LoRA one in tests/test_lora.py
-OTHERS = [p for p in TINY if p.stem not in ("humanline_dpo", "offline_dpo", "humanline_dpo_lora")
+# megatron recipes run in their own tests (tests/test_megatron_*.py), the LoRA one in tests/test_lora.py, the online
+# demo (30 updates of 64 samples) shortened in tests/test_first_run.py
+OTHERS = [p for p in TINY if p.stem not in ("humanline_dpo", "offline_dpo", "humanline_dpo_lora", "online_grpo_digits")
           and not p.stem.startswith("megatron")]
 
 

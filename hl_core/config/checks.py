@@ -74,6 +74,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     check_held_out(recipe)
     check_reference_source(recipe)
+    check_sink_packages(recipe)
     resume = recipe.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise RecipeError(
@@ -99,6 +100,17 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     if world_size is not None:
         batch_layout(recipe, world_size)
+
+
+def check_sink_packages(recipe: Recipe) -> None:
+    """The metric sinks a recipe switches on have their packages (checked by name, nothing is imported): else the
+    run would train until its first metrics row and fail there."""
+    wanted = [("logging.tensorboard", "tensorboard", "tensorboard", recipe.logging.tensorboard),
+              ("logging.wandb.enabled", "wandb", "wandb", recipe.logging.wandb.enabled)]
+    for key, module, package, enabled in wanted:
+        if enabled and importlib.util.find_spec(module) is None:
+            raise RecipeError(f"`{key}: true` needs the `{package}` package, which is not installed. Fix: "
+                              f"`pip install {package}`, or set `{key}=false`.")
 
 
 def check_lora(recipe: Recipe) -> None:

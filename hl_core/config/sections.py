@@ -34,7 +34,8 @@ class LoraSection(_Section):
     and a sync copies the adapter's tensors only. Checkpoints keep the adapter, its optimizer states and the
     reference adapter, not the frozen base (rebuilt from `model.name_or_path`, or with `random_init` from
     `train.seed`). `final/` holds the adapter in PEFT format (`PeftModel.from_pretrained(base, "final")`) and the
-    tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it).
+    tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it), and always
+    with `model.random_init` (that base exists only inside the run, so the adapter alone could not be loaded).
     `--plan` counts the adapter from the model's dimensions. Example: `recipes/tiny/humanline_dpo_lora.yaml`;
     memory and speed against full fine-tuning: `bench/reference.py`."""
 
@@ -50,7 +51,8 @@ class LoraSection(_Section):
     )
     save_merged: bool = Field(
         False, description="Also write the merged model (base + adapter, a plain Hugging Face model) to "
-        "`final/merged/`; `final/` itself holds the adapter in PEFT format. Needed by the post-training evals.",
+        "`final/merged/`; `final/` itself holds the adapter in PEFT format. Needed by the post-training evals. "
+        "Always on with `model.random_init` (the random base is not loadable by name).",
     )
 
     @field_validator("target_modules")

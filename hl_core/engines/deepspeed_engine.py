@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -61,10 +62,23 @@ def safe_checkpoint_engine(config):
 
 
 def _init_distributed(backend: Optional[str]) -> None:
+    """DeepSpeed's process group. Under gloo (CPU ranks) DeepSpeed would JIT-compile its shared-memory all-reduce op
+    (about two minutes and a C++ compiler, once per Python environment, and again whenever another environment
+    shares torch's extension cache): gloo's own collectives serve the CPU sizes of this pack, so the op is not built.
+    Its absence is a path DeepSpeed supports (``build_shm_op`` returns None on platforms without the op)."""
     import deepspeed
 
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=launch_environment(backend), verbose=False)
+    ds_comm = importlib.import_module("deepspeed.comm.torch")  # the attribute `deepspeed.comm.torch` is torch itself
+    if torch.distributed.is_initialized():
+        return
+    backend = launch_environment(backend)
+    build = ds_comm.build_shm_op
+    if backend == "gloo":
+        ds_comm.build_shm_op = lambda: None
+    try:
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    finally:
+        ds_comm.build_shm_op = build
 
 
 def _holds_whole(param) -> bool:
@@ -361,9 +375,11 @@ class DeepSpeedEngine(Engine):
 
     def save_hf(self, directory: str) -> None:
         if self.lora is not None:  # the adapter in PEFT format (+ `merged/` when asked)
+            # a random-init base exists nowhere but in this run: the adapter alone could not be loaded, so merge
+            merged = self.recipe.model.lora.save_merged or self.recipe.model.random_init
             if self.rank == 0:
                 Path(directory).mkdir(parents=True, exist_ok=True)
-                self.lora.save_final(directory, self.tokenizer, self.recipe.model.lora.save_merged)
+                self.lora.save_final(directory, self.tokenizer, merged)
             self.barrier()
             return
         state_dict = self.full_state_dict()

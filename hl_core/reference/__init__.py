@@ -25,16 +25,19 @@ from .sources import LookaheadReference, ReferenceLogps, StoredReferenceLogps
 def build_reference_logps(mode: str, reason: str, humanline, max_steps: int, engine,
                           batches_of_update: Callable[[int], List[dict]],
                           eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool],
-                          cache: Optional[CacheLocation] = None, show_progress: bool = False) -> ReferenceLogps:
+                          cache: Optional[CacheLocation] = None, show_progress: bool = False,
+                          bars: bool = False) -> ReferenceLogps:
     """The run's reference log-probs. ``mode`` and ``reason``: ``objectives.reference_mode``; ``humanline``: the
     recipe's section (the sync schedule); ``batches_of_update(n)``: this rank's micro-batches of update ``n``;
     ``eval_batches()``: its eval batches (None without a loss evaluation); ``eval_at(u)``: an evaluation runs
-    after ``u`` updates; ``cache``: where a ``cached`` reference lives (``cache_location``). A cached reference is
+    after ``u`` updates; ``cache``: where a ``cached`` reference lives (``cache_location``); ``show_progress``: print
+    its notices; ``bars``: and a progress bar while it is computed. A cached reference is
     computed (or read) here, so call this before a resume loads the policy's trained weights."""
     if mode == "lookahead":
         return LookaheadReference(engine, reason, humanline, max_steps, batches_of_update, eval_batches, eval_at)
     if mode == "cached":
-        return cached_reference(cache, max_steps, engine, reason, batches_of_update, eval_batches, show_progress)
+        return cached_reference(cache, max_steps, engine, reason, batches_of_update, eval_batches, show_progress,
+                                bars)
     return ReferenceLogps(engine, mode, reason, humanline.sync_every, humanline.sync_offset)
 
 

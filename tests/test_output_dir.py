@@ -1,10 +1,12 @@
 """What a run leaves in its output directory and what it trusts there, in one process (no training):
 
 * the output-directory lock (``hl_core/storage/run_lock.py``): a live holder is refused with its pid and host, a
-  dead one on this host or the same SLURM job is taken over with a line, another host's is refused;
+  dead one on this host or the same SLURM job is taken over with a line, another host's is refused; only rank 0
+  takes it;
 * ``final/`` is replaced so that a complete one exists at every instant (an atomic swap; without one, the old
   model is put back at the next start);
 * ``complete.json`` says what a checkpoint holds: a damaged one is refused, an empty one (older versions) is not;
+  a model known by name only (not downloaded yet) is compared by name;
 * the reference cache deletes only the part files its manifest lists, never follows a symbolic link at
   ``reference_cache/rank*`` and refuses a manifest entry naming a path outside it;
 * megatron-core's warnings about missing Transformer Engine / Apex are hidden and said once.
@@ -21,7 +23,10 @@ import sys
 import pytest
 
 from helpers import REPO
+from hl_core.config import load_recipe
 from hl_core.errors import RecipeError
+from hl_core.loop.lifecycle import begin_run
+from hl_core.loop.run_record import check_resume_record, run_record
 from hl_core.reference.cache import ReferenceCacheDir
 from hl_core.storage import checkpoints as ckpt
 from hl_core.storage.digests import sha256_file
@@ -82,6 +87,15 @@ def test_a_requeued_slurm_job_retakes_its_lock(tmp_path, monkeypatch):
     _write_lock(tmp_path, pid=1, host="another-node", slurm_job_id="9999")
     with pytest.raises(RecipeError, match="SLURM job 9999"):
         OutputDirLock(tmp_path).acquire()
+
+
+def test_only_rank_0_takes_the_lock(tmp_path):
+    recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={tmp_path / 'run'}"])
+    other = begin_run(recipe, 2, rank=1)
+    assert other.lock is None and not (tmp_path / "run" / LOCK_FILE).exists()
+    first = begin_run(recipe, 2, rank=0)
+    assert first.lock.held and (tmp_path / "run" / LOCK_FILE).is_file()
+    first.lock.release()
 
 
 # --------------------------------------------------------------------------------------------- final/
@@ -146,6 +160,22 @@ def test_a_damaged_marker_is_refused_and_an_empty_one_is_an_older_versions(tmp_p
         (step / "complete.json").write_text(garbage)
         with pytest.raises(RecipeError, match="complete.json` is damaged"):
             ckpt.read_marker(step)
+
+
+def test_a_model_known_by_name_only_is_compared_by_name(tmp_path):
+    """A hub model not in the local cache when a run starts has no dimensions in its record yet: compared by name
+    and overrides then (a later resume knows its dimensions once it is downloaded)."""
+    recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={tmp_path}"])
+    record = run_record(recipe, 1)
+    assert record["model"]["dims"]["hidden_size"] == 64
+    step = tmp_path / "checkpoints" / "step_2"
+    step.mkdir(parents=True)
+    ckpt.mark_complete(step, 2, {**record, "model": {**record["model"], "dims": None}})
+    assert check_resume_record(step, recipe, record).notices == []
+    renamed = {**record, "model": {**record["model"], "dims": None, "name_or_path": "org/other-model"}}
+    ckpt.mark_complete(step, 2, renamed)
+    with pytest.raises(RecipeError, match="org/other-model"):
+        check_resume_record(step, recipe, record)
 
 
 # ------------------------------------------------------------------------------------- the reference cache

@@ -75,6 +75,8 @@ def _refuse_other_run(recipe, found: List[Path], target: Optional[Path]) -> None
                "`checkpoint.save_every: null` a run keeps none), so `checkpoint.resume: auto` would start afresh")
     elif target is None:
         why = "holds another run's outputs and `checkpoint.resume: never` starts afresh"
+    elif _resume_point(target, output_dir / "checkpoints") < 0:
+        why = f"holds another run's outputs and this run resumes `{target}`, a checkpoint of another directory"
     else:
         why = f"holds outputs newer than `{target}`, which this run resumes"
     raise RecipeError(

@@ -38,12 +38,25 @@ def _digest(value) -> str:
 
 
 def _model(recipe) -> Dict[str, object]:
+    """The model's name and overrides, and its dimensions where they are known without a download."""
     try:
         spec = resolve_spec(recipe.model)
         dims = {key: getattr(spec, key) for key in MODEL_DIMS}
-    except UserError:  # a hub model not in the local cache: its name stands in for its shape
-        dims = {"name_or_path": recipe.model.name_or_path, "config_overrides": dict(recipe.model.config_overrides)}
-    return dims
+    except UserError:  # a hub model not in the local cache (yet): its name and overrides stand in for its shape
+        dims = None
+    return {"name_or_path": recipe.model.name_or_path, "config_overrides": dict(recipe.model.config_overrides),
+            "dims": dims}
+
+
+def _changed(key: str, saved, now) -> bool:
+    """The model: its dimensions when both records know them (another path to the same shape is fine), else its
+    name and overrides."""
+    if key == "model" and isinstance(saved, dict) and isinstance(now, dict):
+        if saved.get("dims") and now.get("dims"):
+            return saved["dims"] != now["dims"]
+        named = ("name_or_path", "config_overrides")
+        return [saved.get(k) for k in named] != [now[k] for k in named]
+    return saved != now
 
 
 def _data(data, split: str) -> Optional[str]:
@@ -64,8 +77,9 @@ def run_record(recipe, world_size: int) -> Dict[str, object]:
         "format": FORMAT,
         "objective": recipe.objective.name,
         "model": _model(recipe),
-        "lora": ({"base": recipe.model.name_or_path, **lora.model_dump(mode="json")} if recipe.model.lora_enabled
-                 else None),
+        # the adapter's shape and the base it is rebuilt on (not `save_merged`, `alpha` or `dropout`: free to change)
+        "lora": ({"base": recipe.model.name_or_path, "r": lora.r, "target_modules": lora.target_modules}
+                 if recipe.model.lora_enabled else None),
         "precision": recipe.engine.precision,
         "examples_per_update": train.micro_batch_size * accumulation * dp,
         "micro_batch_size": train.micro_batch_size,
@@ -118,7 +132,7 @@ def check_resume_record(checkpoint: Path, recipe, record: Dict[str, object]) -> 
     if not saved:
         return ResumeCheck([f"`{checkpoint}` has no run record (an older version wrote it, or its complete.json was "
                             "emptied): resumed without checking that it was written with this recipe."])
-    changes = [key for key in REFUSED if saved.get(key) != record.get(key)]
+    changes = [key for key in REFUSED if _changed(key, saved.get(key), record.get(key))]
     if changes:
         what = "; ".join(f"`{REFUSED[k][0]}` was {_shown(saved.get(k))}, this run has {_shown(record.get(k))}: "
                          f"{REFUSED[k][1]}" for k in changes)

@@ -8,7 +8,8 @@
   window start before ``n`` (update 0, and every sync). At each window start, after the backward and before the
   optimizer step, the policy (no gradients, eval mode) computes the log-probs of the batches of the updates up
   to and including the next sync, and of the eval set when an evaluation falls in that window. Update 0 and an
-  evaluation before any update read the policy itself. Same forward count as a reference copy, one model less.
+  evaluation before any update read the policy itself. Same forward count as a reference copy (plus, once, the last
+  window's updates past ``max_steps``, so a run extended to more updates continues exactly), one model less.
 
 The package: ``store.py`` (log-probs keyed by batch), ``sources.py`` (what the trainer reads: the reference model,
 or stored log-probs, and look-ahead syncing), ``cache.py`` (the cached frozen reference on disk).

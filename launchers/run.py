@@ -9,7 +9,8 @@ Examples::
 
 Exit codes: 0 finished (or stopped by a STOP file / ``train.stop_after``), 1 failure, 2 bad input (one
 paragraph, no traceback), 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a
-resumable checkpoint (a second signal: 143 / 130 at once). See ``hl_core/loop/guard.py``.
+resumable checkpoint (a second signal: 143 / 130 at once; a signal during the post-training evaluations:
+143 / 130 once they stopped). See ``hl_core/loop/guard.py``.
 """
 
 from __future__ import annotations

@@ -176,13 +176,15 @@ def load_split_records(data_cfg, plan: DataPlan) -> Tuple[list, Optional[list]]:
     return train, evaluation
 
 
-def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = True, records=None):
+def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = True, records=None,
+                   bars: Optional[bool] = None):
     """Tokenize the data (``data_cfg``: the recipe's ``data`` section) as ``plan`` asks; returns
     ``(train, eval_or_None)`` datasets.
 
     Examples whose completions are all the same tokens (e.g. a pair that ``data.max_length`` cut to
     chosen == rejected) are dropped and counted in ``dataset.stats``; ``show_progress`` also prints the
-    data summary (:func:`describe_data`). ``records``: ``load_split_records(...)`` when already loaded."""
+    data summary (:func:`describe_data`) and, unless ``bars`` is false, a tokenizing bar for a long split.
+    ``records``: ``load_split_records(...)`` when already loaded."""
     collate = example_collate(plan, tokenizer)
     train_records, eval_records = records if records is not None else load_split_records(data_cfg, plan)
 
@@ -197,7 +199,7 @@ def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = Tr
             max_prompt_length=data_cfg.max_prompt_length, chat_template=data_cfg.chat_template,
         )
         iterator = records
-        if show_progress and len(records) > 256:
+        if show_progress and bars is not False and len(records) > 256:
             from tqdm.auto import tqdm  # imported here: only a long split shows a bar
 
             iterator = tqdm(records, desc=f"tokenizing {desc}", unit="ex", leave=False)

@@ -32,7 +32,7 @@ from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
 from ..objectives import reference_model_needed
 from ..storage.checkpoints import safe_load, wrote_lookahead
-from .base import Engine, launch_environment, lr_lambda
+from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
 from .lora import wrap_lora
 
 # Imports inside functions: deepspeed (seconds to import, and it compiles ops) loads when an engine is built, not when
@@ -167,6 +167,8 @@ class DeepSpeedEngine(Engine):
         if self.lora is not None:
             self._pairs = self.lora.pairs  # synced: (reference adapter name, policy tensor, reference tensor)
         self._last_grad_norm = float("nan")
+        # dropout draws from torch's global generator: seeded per rank, after every model is built and wrapped
+        self.seed_rngs(train.seed + GLOBAL_SEED_OFFSET + self.rank)
 
     # -------------------------------------------------------------------------------------------
     @property

@@ -274,6 +274,15 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             torch.cuda.set_rng_state(cuda)
         tensor_parallel.get_cuda_rng_tracker().set_states({k: v.clone() for k, v in tracked.items()})
 
+    def rng_state(self) -> Dict[str, Any]:
+        return {**super().rng_state(), "tracker": self._rng_state()[2]}  # the model-parallel dropout streams
+
+    def set_rng_state(self, state: Dict[str, Any]) -> None:
+        from megatron.core import tensor_parallel
+
+        super().set_rng_state(state)
+        tensor_parallel.get_cuda_rng_tracker().set_states({k: v.clone() for k, v in state["tracker"].items()})
+
     # ------------------------------------------------------------------------------------------ backward / step
     def backward(self, loss: torch.Tensor) -> None:
         scaled = loss / self.gradient_accumulation_steps

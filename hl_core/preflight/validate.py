@@ -1,7 +1,8 @@
 """``run.py --validate``: everything that can be checked without the weights or a GPU.
 
 The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
-``output_dir``, the checkpoint to resume), the parallel layout for the world size, the local model
+``output_dir``, the checkpoint to resume), the checkpoint's run record against the recipe and another run's outputs
+in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the local model
 directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``), the local
 tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
 is local, the rows are also tokenized, reporting what ``data.max_length`` truncates and the identical pairs
@@ -15,8 +16,11 @@ from typing import Optional
 
 from ..config import check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
+from ..loop.lifecycle import check_other_run
+from ..loop.run_record import check_resume_record, run_record
 from ..models.loading import check_model_config, load_tokenizer
 from ..models.specs import check_layout
+from ..storage.checkpoints import resume_target
 
 
 def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
@@ -25,10 +29,15 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_recipe(recipe, world)
     check_layout(recipe, world)
     check_model_config(recipe.model)
+    target, _ = resume_target(recipe.checkpoint.resume, recipe.output_dir)
+    check_other_run(recipe, target)  # another run's outputs in output_dir
+    resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None
     tokenizer = None
     if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
         tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary
     lines = [f"recipe `{recipe.name}` is valid"]
+    if resume is not None:
+        lines += [f"resumes `{target}`"] + resume.notices
     sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
     if all(s.path is not None for s in sources):
         plan = data_plan(recipe)

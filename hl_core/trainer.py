@@ -15,13 +15,15 @@ drives (data order, guard, checkpoints, metrics, output) lives in ``hl_core.loop
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .config import Recipe, check_recipe, recipe_to_yaml
+from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
+from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
 from .engines import build_engine
 from .humanline import SyncRecord, build_transform
@@ -32,7 +34,7 @@ from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
 from .loop.report import RunReport, StepTimes
 from .loop.safety import TrainerSafety
-from .loop.sources import DataOrder, OfflineSource
+from .loop.sources import OfflineSource, data_order, epoch_steps
 from .models.loading import load_tokenizer
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps, reference_mode
 from .reference import build_reference_logps, cache_location
@@ -58,7 +60,11 @@ class Trainer(TrainerSafety):
         if recipe.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.tokenizer = load_tokenizer(recipe.model)
+        layout = self._load_data()  # before the engine: `train.epochs` sets `train.max_steps`, the LR schedule's length
         self.engine = build_engine(recipe, self.tokenizer)
+        if layout not in (None, (self.engine.dp_size, self.engine.gradient_accumulation_steps)):
+            raise RuntimeError(f"`train.epochs` was derived for (dp, accumulation) = {layout}, but the engine has "
+                               f"{(self.engine.dp_size, self.engine.gradient_accumulation_steps)}")
         self.is_main = self.engine.rank == 0
         self.report = RunReport(self.is_main, self.output_dir, recipe.logging, recipe.name)
         self.objective = OBJECTIVES[recipe.objective.name]
@@ -77,13 +83,27 @@ class Trainer(TrainerSafety):
         self.report.open(self.updates_done, recipe.model_dump(mode="json"))
         self.engine.barrier()
 
+    def _load_data(self) -> Optional[tuple]:
+        """The datasets. With `train.epochs`, `train.max_steps` derived from the train split's size and the batch
+        layout (returned, for the engine to confirm), set on the recipe in its place, and logged."""
+        recipe = self.recipe
+        main = os.environ.get("RANK", "0") == "0"  # before the engine: rank 0 of the launch
+        self.plan = data_plan(recipe)
+        self.train_data, self.eval_data = build_datasets(recipe.data, self.plan, self.tokenizer, show_progress=main)
+        if recipe.train.epochs is None:
+            return None
+        layout = batch_layout(recipe, env_world_size() or 1)
+        steps, line = epoch_steps(recipe.train, len(self.train_data), *layout)
+        recipe.train = recipe.train.model_copy(update={"max_steps": steps, "epochs": None})
+        if main:
+            print(line, flush=True)
+        return layout
+
     def _setup_data(self) -> None:
-        """The datasets, where each update's micro-batches come from, and the held-out evaluation."""
-        recipe, engine = self.recipe, self.engine
-        plan = data_plan(recipe)
-        self.train_data, self.eval_data = build_datasets(recipe.data, plan, self.tokenizer, show_progress=self.is_main)
+        """Where each update's micro-batches come from, and the held-out evaluation."""
+        recipe, engine, plan = self.recipe, self.engine, self.plan
         self.collate = self.train_data.collate
-        order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)
+        order = data_order(self.train_data, recipe.train.seed, recipe.data.shuffle)
         self.logps_temperature = 1.0
         if recipe.rollout.every is not None:
             if self.objective.logps_at_sampling_temperature:

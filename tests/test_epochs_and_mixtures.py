@@ -14,6 +14,7 @@ from hl_core.data.build import DataStats, SourcePart, TokenizedDataset, build_da
 from hl_core.errors import DataError, RecipeError
 from hl_core.loop.sources import DataOrder, MixtureOrder, block_quotas, data_order, epoch_steps, updates_for_epochs
 from hl_core.models.loading import load_tokenizer
+from hl_core.reference.cache import fingerprint
 from launchers.run import main
 
 TINY = REPO / "recipes" / "tiny"
@@ -153,3 +154,9 @@ def test_epochs_recipe_derives_its_updates_in_the_real_trainer(tmp_path):
     run = json.loads(report.read_text())["epochs"]
     assert run["max_steps"] == 5 and [r["step"] for r in run["rows"]] == [0, 1, 2, 3, 4]
     assert [r["lr"] for r in run["rows"]] == pytest.approx([1e-3 * (1 - n / 5) for n in range(5)], rel=1e-9)
+
+
+def test_a_cached_reference_fingerprints_every_source_of_a_mixture():
+    fields = fingerprint(load_recipe(TINY / "mixture_dpo.yaml"), 1, 1, 1)
+    assert {"data.train[0] file train.jsonl", "data.train[1] file extra.jsonl"} <= set(fields)
+    assert "data.train file train.jsonl" in fingerprint(load_recipe(TINY / "humanline_dpo.yaml"), 1, 1, 1)

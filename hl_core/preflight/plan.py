@@ -221,13 +221,14 @@ def memory_plan(
         if lora:  # no second model: a frozen copy of the adapter (synced) or nothing (the adapter switched off)
             reference = pb * A if synced else 0.0
 
+    run_updates = planned_updates(recipe, dp, accum)
     mode, why = reference_mode(recipe)
     if mode == "none":
         reference = 0.0
         notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
     elif mode in ("cached", "lookahead"):
         reference = 0.0
-        updates = planned_updates(recipe, dp, accum)[0] if mode == "cached" else recipe.humanline.sync_every
+        updates = run_updates[0] if mode == "cached" else recipe.humanline.sync_every
         rows = (updates or 1) * accum * sequences_per_micro_batch(recipe, group_size)
         kept = rows * recipe.data.max_length * 4 / 2**20
         notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
@@ -294,7 +295,7 @@ def memory_plan(
         engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
         world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
         gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
-        updates=planned_updates(recipe, dp, accum),
+        updates=run_updates,
         sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
         tokens_per_micro_batch=tokens, token_budget=budget,
         gradient_checkpointing=checkpointing, gpu_memory_gib=gpu_gib,

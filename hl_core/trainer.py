@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .config import Recipe, check_recipe, recipe_to_yaml
+from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
 from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
 from .engines import build_engine
@@ -36,7 +36,7 @@ from .loop.lifecycle import already_complete, begin_run
 from .loop.post_training import announce, run_post_training
 from .loop.report import RunReport, StepTimes, configure_bars
 from .loop.safety import TrainerSafety
-from .loop.sources import DataOrder, OfflineSource
+from .loop.sources import OfflineSource, data_order, epoch_steps
 from .models.loading import load_tokenizer
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps, reference_mode
 from .reference import build_reference_logps, cache_location
@@ -59,14 +59,19 @@ class Trainer(TrainerSafety):
         check_recipe(recipe)
         rank0 = os.environ.get("RANK", "0").strip() == "0"
         self.bars = configure_bars(recipe.logging.progress_bar, rank0)
-        # the output_dir's lock (rank 0), what to resume and whether it may be: refusals before any weights load
-        self.start = begin_run(recipe, env_world_size() or 1, 0 if rank0 else 1)
         if recipe.train.num_threads:
             torch.set_num_threads(recipe.train.num_threads)
         if recipe.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.tokenizer = load_tokenizer(recipe.model)
+        # before the resume checks and the engine: `train.epochs` sets `train.max_steps`, the LR schedule's length
+        layout = self._load_data(rank0)
+        # the output_dir's lock (rank 0), what to resume and whether it may be: refusals before any weights load
+        self.start = begin_run(recipe, env_world_size() or 1, 0 if rank0 else 1)
         self.engine = build_engine(recipe, self.tokenizer)
+        if layout not in (None, (self.engine.dp_size, self.engine.gradient_accumulation_steps)):
+            raise RuntimeError(f"`train.epochs` was derived for (dp, accumulation) = {layout}, but the engine has "
+                               f"{(self.engine.dp_size, self.engine.gradient_accumulation_steps)}")
         self.is_main = self.engine.rank == 0
         self.report = RunReport(self.is_main, self.output_dir, recipe.logging, recipe.name, self.bars)
         self.objective = OBJECTIVES[recipe.objective.name]
@@ -86,14 +91,28 @@ class Trainer(TrainerSafety):
         self.report.open(self.updates_done, recipe.model_dump(mode="json"))
         self.engine.barrier()
 
-    def _setup_data(self) -> None:
-        """The datasets, where each update's micro-batches come from, and the held-out evaluation."""
-        recipe, engine = self.recipe, self.engine
-        plan = data_plan(recipe)
-        self.train_data, self.eval_data = build_datasets(recipe.data, plan, self.tokenizer, show_progress=self.is_main,
+    def _load_data(self, main: bool) -> Optional[tuple]:
+        """The datasets. With `train.epochs`, `train.max_steps` derived from the train split's size and the batch
+        layout (returned, for the engine to confirm), set on the recipe in its place, and logged (``main``: rank 0 of
+        the launch)."""
+        recipe = self.recipe
+        self.plan = data_plan(recipe)
+        self.train_data, self.eval_data = build_datasets(recipe.data, self.plan, self.tokenizer, show_progress=main,
                                                          bars=self.bars)
+        if recipe.train.epochs is None:
+            return None
+        layout = batch_layout(recipe, env_world_size() or 1)
+        steps, line = epoch_steps(recipe.train, len(self.train_data), *layout)
+        recipe.train = recipe.train.model_copy(update={"max_steps": steps, "epochs": None})
+        if main:
+            print(line, flush=True)
+        return layout
+
+    def _setup_data(self) -> None:
+        """Where each update's micro-batches come from, and the held-out evaluation."""
+        recipe, engine, plan = self.recipe, self.engine, self.plan
         self.collate = self.train_data.collate
-        order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)
+        order = data_order(self.train_data, recipe.train.seed, recipe.data.shuffle)
         self.logps_temperature = 1.0
         if recipe.rollout.every is not None:
             if self.objective.logps_at_sampling_temperature:

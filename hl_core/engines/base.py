@@ -57,8 +57,8 @@ class Engine:
     * ``backward(loss)``: accumulate gradients of one micro-batch.
     * ``step()``: gradient clipping + optimizer + LR scheduler at an accumulation boundary; returns
       ``{"lr": ..., "grad_norm": ...}`` or ``None`` between boundaries.
-    * ``sync_reference()``: copy each rank's shard of every policy parameter into the matching
-      reference shard (shard-local; never gathers).
+    * ``sync_reference(mix=1.0)``: copy (``mix`` 1) or mix (``humanline.mix_into``) each rank's shard of every
+      policy parameter into the matching reference shard (shard-local; never gathers).
     * ``reference``: the frozen reference model, or None when the run never reads it
       (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
@@ -161,7 +161,7 @@ class Engine:
     def step(self) -> Optional[Dict[str, float]]:
         raise NotImplementedError
 
-    def sync_reference(self) -> None:
+    def sync_reference(self, mix: float = 1.0) -> None:
         raise NotImplementedError
 
     def local_grads_finite(self) -> bool:

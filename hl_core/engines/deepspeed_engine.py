@@ -27,6 +27,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
+from ..humanline import mix_into
 from ..logprobs import chunk_positions, sequence_token_logps
 from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
@@ -297,27 +298,28 @@ class DeepSpeedEngine(Engine):
 
     # -------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def sync_reference(self):
-        """Shard-local copy policy -> reference: each rank copies only what it holds, and never gathers.
+    def sync_reference(self, mix: float = 1.0):
+        """Shard-local policy -> reference, a copy (``mix`` 1) or a soft update (``humanline.mix_into``): each rank
+        updates only what it holds, and never gathers. LoRA: the reference adapter's tensors.
 
-        ZeRO-3: the partition (``ds_tensor``) is always copied. A reference parameter that is currently
+        ZeRO-3: the partition (``ds_tensor``) is always updated. A reference parameter that is currently
         held whole (persistent parameters, ``ds_persist``, once DeepSpeed has traced the model) must
-        also be refreshed, or the next forward would use the stale whole copy: it is copied from the
-        policy's whole copy when the policy holds one too, and otherwise released, so the next forward
-        re-gathers it from the fresh partition.
+        also be refreshed, or the next forward would use the stale whole copy: it is updated from the
+        policy's whole copy when the policy holds one too (the same elementwise arithmetic as its partition), and
+        otherwise released, so the next forward re-gathers it from the fresh partition.
         """
         self.require_reference()
         copied = 0
         for _, pol, ref in self._pairs:
             if not hasattr(pol, "ds_tensor"):
-                ref.data.copy_(pol.data)
+                mix_into(ref.data, pol.data, mix)
                 copied += ref.numel() * ref.element_size()
                 continue
-            ref.ds_tensor.data.copy_(pol.ds_tensor.data)
+            mix_into(ref.ds_tensor.data, pol.ds_tensor.data, mix)
             copied += ref.ds_tensor.numel() * ref.ds_tensor.element_size()
             if _holds_whole(ref):
                 if _holds_whole(pol):
-                    ref.data.copy_(pol.data)
+                    mix_into(ref.data, pol.data, mix)
                     copied += ref.numel() * ref.element_size()
                 else:
                     ref.partition()

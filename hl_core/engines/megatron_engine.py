@@ -51,6 +51,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
+from ..humanline import mix_into
 from ..logprobs import chunk_positions
 from ..models.loading import DTYPES, build_causal_lm
 from ..objectives import reference_model_needed
@@ -385,12 +386,12 @@ class MegatronEngine(MegatronCheckpointing, Engine):
 
     # ------------------------------------------------------------------------------------------ sync
     @torch.no_grad()
-    def sync_reference(self) -> None:
-        """Shard-local: each rank copies its own TP/PP slice of every policy parameter into the
-        matching reference slice. No collective, no gather."""
+    def sync_reference(self, mix: float = 1.0) -> None:
+        """Shard-local: each rank copies (``mix`` 1) or mixes (``mix_into``) its own TP/PP slice of every policy
+        parameter into the matching reference slice. No collective, no gather."""
         self.require_reference()
         for _, pol, ref in self._pairs:
-            ref.data.copy_(pol.data)
+            mix_into(ref.data, pol.data, mix)
 
     def _policy_module(self):
         return self.policy_module

@@ -14,10 +14,11 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..config import check_recipe
+from ..config import batch_layout, check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
 from ..loop.lifecycle import check_other_run
 from ..loop.run_record import check_resume_record, run_record
+from ..loop.sources import epoch_steps
 from ..models.loading import check_model_config, load_tokenizer
 from ..models.specs import check_layout
 from ..storage.checkpoints import resume_target
@@ -38,15 +39,19 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     lines = [f"recipe `{recipe.name}` is valid"]
     if resume is not None:
         lines += [f"resumes `{target}`"] + resume.notices
-    sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
+    sources = recipe.data.train_sources + ([recipe.data.eval] if recipe.data.eval else [])
     if all(s.path is not None for s in sources):
         plan = data_plan(recipe)
         records = load_split_records(recipe.data, plan)
-        train, evaluation = records
-        lines.append(f"data: {len(train)} train rows" + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
+        train_parts, evaluation = records
+        lines.append(f"data: {sum(map(len, train_parts))} train rows"
+                     + (f" ({', '.join(str(len(p)) for p in train_parts)} per source)" if recipe.data.mixture else "")
+                     + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
         if tokenizer is not None:
             tokenized = build_datasets(recipe.data, plan, tokenizer, show_progress=False, records=records)
             lines.append("tokenized: " + describe_data(recipe.data, plan, *tokenized))
+            if recipe.train.epochs is not None:  # what the run will derive: the same examples, the same layout
+                lines.append(epoch_steps(recipe.train, len(tokenized[0]), *batch_layout(recipe, world))[1])
     else:
         lines.append("data: Hugging Face dataset(s) named; rows are checked when loaded at run time")
     hl = recipe.humanline

@@ -1,6 +1,7 @@
 """Where the reference's per-token log-probs come from (``objectives.reference_mode``).
 
-* ``copy`` / ``none``: the engine's reference model (``ReferenceSyncHook`` overwrites it at each sync), or none.
+* ``copy`` / ``none``: the engine's reference model (``ReferenceSyncHook`` overwrites it at each sync, or mixes the
+  policy into it: ``humanline.sync_mix``), or none.
 * ``cached`` (``train.cache_reference_logps``, frozen reference, offline data): the policy, before any update,
   computes the log-probs of every batch of the run and of the eval set once; they are stored on disk
   (``cache.py``) and no reference model is built.
@@ -39,7 +40,8 @@ def build_reference_logps(mode: str, reason: str, humanline, max_steps: int, eng
     if mode == "cached":
         return cached_reference(cache, max_steps, engine, reason, batches_of_update, eval_batches, show_progress,
                                 bars)
-    return ReferenceLogps(engine, mode, reason, humanline.sync_every, humanline.sync_offset)
+    return ReferenceLogps(engine, mode, reason, humanline.sync_every, humanline.sync_offset,
+                          humanline.sync_mix)
 
 
 __all__ = ["CacheLocation", "LookaheadReference", "ReferenceLogps", "StoredReferenceLogps", "build_reference_logps",

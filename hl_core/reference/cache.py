@@ -52,7 +52,8 @@ def fingerprint(recipe, world_size: int, dp_size: int, gradient_accumulation_ste
             fields[f"tokenizer file {name}"] = digest
     for key, value in data.model_dump(mode="json").items():
         fields[f"data.{key}"] = value
-    for split, source in (("train", data.train), ("eval", data.eval)):
+    sources = [("train" if not data.mixture else f"train[{i}]", source) for i, source in enumerate(data.train_sources)]
+    for split, source in sources + [("eval", data.eval)]:
         for name, digest in local_files(source.path if source is not None else None).items():
             fields[f"data.{split} file {name}"] = digest
     train = recipe.train

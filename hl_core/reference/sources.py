@@ -20,9 +20,10 @@ class ReferenceLogps:
     ``logps(batch, temperature, policy_logps)`` serves the trainer, ``token_logps(batch, model)`` the objectives'
     extra forwards (KTO's KL rows), and ``sync_hook.before_optimizer_step(engine, n)`` runs at every update."""
 
-    def __init__(self, engine, mode: str, reason: str, sync_every: Optional[int], sync_offset: int):
+    def __init__(self, engine, mode: str, reason: str, sync_every: Optional[int], sync_offset: int,
+                 sync_mix: float = 1.0):
         self.engine, self.mode, self.reason = engine, mode, reason
-        self.sync_hook = ReferenceSyncHook(sync_every, sync_offset)
+        self.sync_hook = ReferenceSyncHook(sync_every, sync_offset, sync_mix)
 
     @property
     def available(self) -> bool:

@@ -64,9 +64,13 @@ def _data(data, split: str) -> Optional[str]:
     if source is None and not (split == "eval" and data.eval_fraction):
         return None
     rest = data.model_dump(mode="json", exclude={"train", "eval"})
-    path = source.path if source is not None else data.train.path  # no eval source: carved from the train data
-    return _digest({"source": source.model_dump(mode="json") if source is not None else None, "settings": rest,
-                    "files": local_files(path), "split": split})
+    # no eval source: carved from the train data (each source of a `data.train` mixture)
+    paths = [s.path for s in data.train_sources] if source is None or split == "train" else [source.path]
+    files = [local_files(path) for path in paths]
+    dumped = [s.model_dump(mode="json") for s in source] if isinstance(source, list) else (
+        source.model_dump(mode="json") if source is not None else None)
+    return _digest({"source": dumped, "settings": rest, "files": files[0] if len(files) == 1 else files,
+                    "split": split})
 
 
 def run_record(recipe, world_size: int) -> Dict[str, object]:

@@ -35,16 +35,18 @@ def test_a_cpu_run_builds_no_deepspeed_extension_and_needs_no_compiler(tmp_path,
     assert not extensions.exists() or not any(extensions.rglob("*.so")), list(extensions.rglob("*"))
 
 
-def test_validate_refuses_a_metric_sink_whose_package_is_missing(monkeypatch, capsys):
+def test_validate_refuses_a_sink_or_evaluation_whose_package_is_missing(monkeypatch, capsys):
     import launchers.run as run
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in ("tensorboard", "wandb")
-                        else real(name, *a))
-    for key in ("logging.tensorboard", "logging.wandb.enabled"):
+    missing = ("tensorboard", "wandb", "lm_eval", "alpaca_eval")
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name in missing else real(name, *a))
+    for key in ("logging.tensorboard", "logging.wandb.enabled", "eval.math500.enabled", "eval.alpaca_eval.enabled"):
         assert run.main([str(TINY_HUMANLINE), "--validate", f"{key}=true"]) == 2
         err = capsys.readouterr().err
         assert f"`{key}: true`" in err and "pip install" in err and f"`{key}=false`" in err
+    # a post-training evaluation that will not run needs nothing
+    assert run.main([str(TINY_HUMANLINE), "--validate", "eval.math500.enabled=true", "eval.after_training=false"]) == 0
     assert run.main([str(TINY_HUMANLINE), "--validate"]) == 0
 
 

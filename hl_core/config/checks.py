@@ -113,14 +113,20 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
 
 
 def check_sink_packages(recipe: Recipe) -> None:
-    """The metric sinks a recipe switches on have their packages (checked by name, nothing is imported): else the
-    run would train until its first metrics row and fail there."""
+    """The metric sinks and post-training evaluations a recipe switches on have their packages (checked by name,
+    nothing is imported): else the run would train until its first metrics row, or to its end, and fail there."""
+    ev = recipe.eval
+    after = ev.after_training
     wanted = [("logging.tensorboard", "tensorboard", "tensorboard", recipe.logging.tensorboard),
-              ("logging.wandb.enabled", "wandb", "wandb", recipe.logging.wandb.enabled)]
+              ("logging.wandb.enabled", "wandb", "wandb", recipe.logging.wandb.enabled),
+              ("eval.math500.enabled", "lm_eval", "-e .[eval]", after and ev.math500.enabled),
+              ("eval.math500.enabled", "math_verify", "math-verify", after and ev.math500.enabled),
+              ("eval.alpaca_eval.enabled", "alpaca_eval", "-e .[eval]", after and ev.alpaca_eval.enabled)]
     for key, module, package, enabled in wanted:
         if enabled and importlib.util.find_spec(module) is None:
-            raise RecipeError(f"`{key}: true` needs the `{package}` package, which is not installed. Fix: "
-                              f"`pip install {package}`, or set `{key}=false`.")
+            also = " or `eval.after_training=false`" if key.startswith("eval.") else ""
+            raise RecipeError(f"`{key}: true` needs the `{module}` package, which is not installed. Fix: "
+                              f"`pip install {package}`, or set `{key}=false`{also}.")
 
 
 def check_reference_free(recipe: Recipe) -> None:

@@ -24,6 +24,7 @@ import torch
 from .config import Recipe, check_recipe, recipe_to_yaml
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
 from .engines import build_engine
+from .engines.base import check_launch_environment
 from .humanline import SyncRecord, build_transform
 from .loop.guard import (
     EXIT_INTERRUPTED, SLOW_UPDATES_ENV, GuardFlags, SkipCounter, StopSignals, first_nonfinite, pause_for_test,
@@ -53,6 +54,7 @@ class Trainer(TrainerSafety):
         recipe = self.recipe
         self.signals = StopSignals().install()  # SIGTERM/SIGINT: checkpoint at the next update boundary
         check_recipe(recipe)
+        check_launch_environment()  # RANK, WORLD_SIZE, ...: refused before anything waits on them
         if recipe.train.num_threads:
             torch.set_num_threads(recipe.train.num_threads)
         if recipe.train.deterministic:

@@ -2,7 +2,8 @@
 
 The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
 ``output_dir``, the checkpoint to resume), the parallel layout for the world size, the local model
-directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``), the local
+directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``) and weight
+files (their headers: a cut or damaged safetensors file, a missing shard), the local
 tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
 is local, the rows are also tokenized, reporting what ``data.max_length`` truncates and the identical pairs
 that training would drop.
@@ -15,7 +16,7 @@ from typing import Optional
 
 from ..config import check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
-from ..models.loading import check_model_config, load_tokenizer
+from ..models.loading import check_model_config, check_weights_load, load_tokenizer
 from ..models.specs import check_layout
 
 
@@ -25,6 +26,7 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_recipe(recipe, world)
     check_layout(recipe, world)
     check_model_config(recipe.model)
+    check_weights_load(recipe.model)  # a local model's config.json and safetensors headers (no weights read)
     tokenizer = None
     if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
         tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary

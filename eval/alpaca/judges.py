@@ -27,7 +27,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+import yaml
+
 from .._common import EvalError
+from .compat import import_alpaca_eval
 
 DEFAULT_API_JUDGE = "weighted_alpaca_eval_gpt-4.1"
 RM_MODES = ("hard", "soft")
@@ -243,10 +246,6 @@ def api_judge_config(name: str, workdir: Union[str, Path]) -> str:
     prompt template by absolute path. An existing file/directory path is returned as is; any other name must
     be one of the package's evaluator configs.
     """
-    import yaml
-
-    from .compat import import_alpaca_eval
-
     ae = import_alpaca_eval()
     configs_dir = Path(ae.__file__).parent / "evaluators_configs"
     if name in ("gpt-4.1", DEFAULT_API_JUDGE):
@@ -344,8 +343,6 @@ API_CREDENTIALS = {
 
 def _config_file(annotators_config: str) -> Optional[Path]:
     """The configs.yaml that alpaca_eval reads for ``annotators_config`` (a path, or a name of its own configs)."""
-    from .compat import import_alpaca_eval
-
     path = Path(annotators_config)
     if not path.exists():
         path = Path(import_alpaca_eval().__file__).parent / "evaluators_configs" / annotators_config
@@ -356,10 +353,6 @@ def _config_file(annotators_config: str) -> Optional[Path]:
 def missing_credentials(annotators_config: str) -> List[str]:
     """The environment variables, one group per API the annotator config calls, of which none is set (an
     OpenAI client config file, ``OPENAI_CLIENT_CONFIG_PATH`` or alpaca_eval's own, also holds OpenAI keys)."""
-    import yaml
-
-    from .compat import import_alpaca_eval
-
     path = _config_file(annotators_config)
     try:
         configs = yaml.safe_load(path.read_text()) if path is not None else None

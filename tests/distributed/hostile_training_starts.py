@@ -25,7 +25,7 @@ from hl_core import trainer  # noqa: E402
 from launchers.run import main  # noqa: E402
 
 _close = trainer.Trainer.close
-trainer.Trainer.close = lambda self, destroy_process_group=True: _close(self, destroy_process_group=False)
+trainer.Trainer.close = lambda self, destroy_process_group=True, **kw: _close(self, destroy_process_group=False, **kw)
 
 
 def short_storage(run: Path) -> None:

@@ -245,6 +245,9 @@ def _run_block(name: str, cfg: Dict[str, Any], rdict: Dict[str, Any], recipe: An
 
     data_cfg = rdict.get("data") or {}
     train = data_cfg.get("train") or {}
+    if isinstance(train, list) and not cfg.get("data"):
+        raise EvalError("data_quality: `data.train` is a mixture of sources; name the data to score with "
+                        "`eval.data_quality.data` (one source's path or name).")
     if cfg.get("data"):
         data, split, config, limit = cfg["data"], cfg.get("split", "train"), None, cfg.get("limit")
     else:

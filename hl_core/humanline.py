@@ -8,7 +8,8 @@ The method (see docs/humanline-method.md, "Humanline: Online Alignment as Percep
   but is detached (no gradient).
 * syncing: every ``k`` optimizer updates, after backward and before ``optimizer.step()``, the reference
   weights are overwritten with the policy's (pre-update) weights: sync when ``n % k == 0`` where ``n``
-  is the number of updates already done.
+  is the number of updates already done. With ``humanline.sync_mix = alpha < 1`` the sync is a soft update,
+  ``ref = alpha * policy + (1 - alpha) * ref`` (``mix_into``).
 
 The engines call two hooks: ``LogRatioTransform.__call__`` (per-token, in the loss path) and
 ``ReferenceSyncHook.before_optimizer_step`` (around the optimizer step).
@@ -144,6 +145,17 @@ def should_sync(updates_done: int, sync_every: Optional[int], offset: int = 0) -
     return sync_every is not None and updates_done % sync_every == offset
 
 
+def mix_into(reference: torch.Tensor, policy: torch.Tensor, mix: float) -> None:
+    """In place: ``reference = mix * policy + (1 - mix) * reference``, elementwise, so any shard of a parameter
+    mixes as the whole would. ``mix == 1`` is a plain copy (bit for bit); otherwise ``torch.lerp``, which rounds
+    once in the tensor's dtype (``mul_`` then ``add_`` would round twice: in bf16, a drift of up to an ulp of the
+    weight per sync, larger than a small ``mix``'s step)."""
+    if mix == 1.0:
+        reference.copy_(policy)
+    else:
+        reference.lerp_(policy, mix)
+
+
 @dataclass
 class SyncRecord:
     synced: bool
@@ -153,14 +165,16 @@ class SyncRecord:
 class ReferenceSyncHook:
     """Called by the trainer after backward (and gradient clipping) and before the optimizer step.
 
-    ``engine.sync_reference()`` must copy each rank's own shard of every policy parameter into the
-    matching reference shard (no gather).
+    ``engine.sync_reference(mix)`` must mix (``mix_into``) each rank's own shard of every policy parameter into
+    the matching reference shard (no gather); ``mix`` 1 is the copy.
     """
 
-    def __init__(self, sync_every: Optional[int], offset: int = 0):
+    def __init__(self, sync_every: Optional[int], offset: int = 0, mix: float = 1.0):
         if sync_every is not None and sync_every < 1:
             raise ValueError("sync_every must be >= 1 or None")
-        self.sync_every, self.offset = sync_every, offset
+        if not 0.0 < mix <= 1.0:
+            raise ValueError(f"the sync's mix must be in (0, 1], got {mix}")
+        self.sync_every, self.offset, self.mix = sync_every, offset, float(mix)
         self.num_syncs = 0
 
     def before_optimizer_step(self, engine, updates_done: int) -> SyncRecord:
@@ -168,7 +182,7 @@ class ReferenceSyncHook:
             return SyncRecord(False, 0.0)
         engine.synchronize()  # GPU: time the copy, not the tail of the backward still in flight
         start = time.perf_counter()
-        engine.sync_reference()
+        engine.sync_reference(self.mix)
         engine.synchronize()
         self.num_syncs += 1
         return SyncRecord(True, time.perf_counter() - start)

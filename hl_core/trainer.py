@@ -15,13 +15,15 @@ drives (data order, guard, checkpoints, metrics, output) lives in ``hl_core.loop
 from __future__ import annotations
 
 import math
+import os
 import time
 from pathlib import Path
 from typing import Callable, Dict, List, Optional
 
 import torch
 
-from .config import Recipe, check_recipe, recipe_to_yaml
+from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
+from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
 from .engines import build_engine
 from .engines.base import check_launch_environment
@@ -31,9 +33,11 @@ from .loop.guard import (
 )
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
-from .loop.report import RunReport, StepTimes
+from .loop.lifecycle import already_complete, begin_run
+from .loop.post_training import announce, run_post_training
+from .loop.report import RunReport, StepTimes, configure_bars
 from .loop.safety import TrainerSafety
-from .loop.sources import DataOrder, OfflineSource
+from .loop.sources import OfflineSource, data_order, epoch_steps
 from .models.loading import load_tokenizer
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps, reference_mode
 from .reference import build_reference_logps, cache_location
@@ -55,14 +59,23 @@ class Trainer(TrainerSafety):
         self.signals = StopSignals().install()  # SIGTERM/SIGINT: checkpoint at the next update boundary
         check_recipe(recipe)
         check_launch_environment()  # RANK, WORLD_SIZE, ...: refused before anything waits on them
+        rank0 = os.environ.get("RANK", "0").strip() == "0"
+        self.bars = configure_bars(recipe.logging.progress_bar, rank0)
         if recipe.train.num_threads:
             torch.set_num_threads(recipe.train.num_threads)
         if recipe.train.deterministic:
             torch.use_deterministic_algorithms(True)
         self.tokenizer = load_tokenizer(recipe.model)
+        # before the resume checks and the engine: `train.epochs` sets `train.max_steps`, the LR schedule's length
+        layout = self._load_data(rank0)
+        # the output_dir's lock (rank 0), what to resume and whether it may be: refusals before any weights load
+        self.start = begin_run(recipe, env_world_size() or 1, 0 if rank0 else 1)
         self.engine = build_engine(recipe, self.tokenizer)
+        if layout not in (None, (self.engine.dp_size, self.engine.gradient_accumulation_steps)):
+            raise RuntimeError(f"`train.epochs` was derived for (dp, accumulation) = {layout}, but the engine has "
+                               f"{(self.engine.dp_size, self.engine.gradient_accumulation_steps)}")
         self.is_main = self.engine.rank == 0
-        self.report = RunReport(self.is_main, self.output_dir, recipe.logging, recipe.name)
+        self.report = RunReport(self.is_main, self.output_dir, recipe.logging, recipe.name, self.bars)
         self.objective = OBJECTIVES[recipe.objective.name]
         # seeded by the data-parallel rank: tensor/pipeline-parallel peers must draw the same rejections
         self.transform = build_transform(recipe.humanline, seed=recipe.train.seed + 1000 * self.engine.dp_rank)
@@ -72,20 +85,36 @@ class Trainer(TrainerSafety):
         self.eval_history: List[Dict[str, float]] = []
         self.skips = SkipCounter(recipe.train.max_skipped_updates)
         self._stop_seen, self._signal_seen = None, False
+        for notice in self.start.notices:
+            self.report.print(notice)
         self._resume()
         if self.is_main:
-            self.output_dir.mkdir(parents=True, exist_ok=True)
             (self.output_dir / "recipe.resolved.yaml").write_text(recipe_to_yaml(recipe))
         self.report.open(self.updates_done, recipe.model_dump(mode="json"))
         self.engine.barrier()
 
+    def _load_data(self, main: bool) -> Optional[tuple]:
+        """The datasets. With `train.epochs`, `train.max_steps` derived from the train split's size and the batch
+        layout (returned, for the engine to confirm), set on the recipe in its place, and logged (``main``: rank 0 of
+        the launch)."""
+        recipe = self.recipe
+        self.plan = data_plan(recipe)
+        self.train_data, self.eval_data = build_datasets(recipe.data, self.plan, self.tokenizer, show_progress=main,
+                                                         bars=self.bars)
+        if recipe.train.epochs is None:
+            return None
+        layout = batch_layout(recipe, env_world_size() or 1)
+        steps, line = epoch_steps(recipe.train, len(self.train_data), *layout)
+        recipe.train = recipe.train.model_copy(update={"max_steps": steps, "epochs": None})
+        if main:
+            print(line, flush=True)
+        return layout
+
     def _setup_data(self) -> None:
-        """The datasets, where each update's micro-batches come from, and the held-out evaluation."""
-        recipe, engine = self.recipe, self.engine
-        plan = data_plan(recipe)
-        self.train_data, self.eval_data = build_datasets(recipe.data, plan, self.tokenizer, show_progress=self.is_main)
+        """Where each update's micro-batches come from, and the held-out evaluation."""
+        recipe, engine, plan = self.recipe, self.engine, self.plan
         self.collate = self.train_data.collate
-        order = DataOrder(len(self.train_data), recipe.train.seed, recipe.data.shuffle)
+        order = data_order(self.train_data, recipe.train.seed, recipe.data.shuffle)
         self.logps_temperature = 1.0
         if recipe.rollout.every is not None:
             if self.objective.logps_at_sampling_temperature:
@@ -113,35 +142,38 @@ class Trainer(TrainerSafety):
             mode, reason, recipe.humanline, recipe.train.max_steps, self.engine, self.source.batches,
             self._eval_batches if loss_evals else None, self._evaluates_at,
             cache=cache_location(recipe, self.engine) if mode == "cached" else None, show_progress=self.is_main,
+            bars=self.bars,
         )
         self.sync_hook = self.reference.sync_hook  # before each optimizer step: sync, or compute ahead
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
     def _resume(self) -> None:
-        """``checkpoint.resume``: the newest complete checkpoint (``auto``), a named one, or none."""
-        resume_from, notice = ckpt.resume_target(self.recipe.checkpoint.resume, self.output_dir)
-        if notice:
-            self.report.print(notice)
+        """``checkpoint.resume``: the checkpoint ``begin_run`` chose and checked (the newest complete one for
+        ``auto``, a named one, or none)."""
+        resume_from = self.start.target
         if resume_from is None:
             return
-        directory, tag = resume_from.parent, resume_from.name
-        state = self.engine.load(str(directory), tag)
+        state = self.engine.load(str(resume_from.parent), resume_from.name)
         self.updates_done = int(state.get("updates_done", 0))
-        self.eval_history = list(state.get("eval_history", []))
+        self.eval_history = [] if self.start.eval_changed else list(state.get("eval_history", []))
         self.skips = SkipCounter(self.recipe.train.max_skipped_updates, *state.get("skipped", (0, 0)))
         if hasattr(self.transform, "load_state_dict") and "transform_state" in state:
             self.transform.load_state_dict(state["transform_state"])
         source_state = resume_from / f"source_rank{self.engine.rank:05d}.pt"
         if hasattr(self.source, "load_state_dict") and source_state.exists():
             self.source.load_state_dict(ckpt.safe_load(source_state))
-        notice = self.reference.resume(resume_from, self.engine.rank)  # look-ahead: the window's log-probs
-        if notice:
-            self.report.print(notice)
-        self.report.print(f"Resumed from {directory}/{tag} at update {self.updates_done}.")
+        # look-ahead: the window's log-probs (or a new window where they do not cover this run)
+        for notice in (self.reference.resume(resume_from, self.engine.rank, self.updates_done),
+                       self._restore_rng(resume_from)):
+            if notice:
+                self.report.print(notice)
+        self.report.print(f"Resumed from {resume_from} at update {self.updates_done}.")
 
     # ---------------------------------------------------------------------------------------- train
     def train(self) -> Dict[str, float]:
         recipe = self.recipe
+        if self.start.target is not None and self.updates_done >= recipe.train.max_steps:
+            return self._already_complete()
         if recipe.eval.every is not None and recipe.eval.at_start and self.updates_done == 0:
             self._evaluate()
         self.report.start_progress(recipe.train.max_steps, self.updates_done)
@@ -165,7 +197,10 @@ class Trainer(TrainerSafety):
             every = recipe.checkpoint.save_every
             if every is not None and self.updates_done % every == 0:
                 self._save_checkpoint()
-        if stop_at == self.updates_done < recipe.train.max_steps and not self._checkpoint_exists(self.updates_done):
+        # stopped early: resumable; finished: extendable (`train.max_steps` raised), when checkpoints are on
+        keep = stop_at == self.updates_done < recipe.train.max_steps or (
+            self.updates_done >= recipe.train.max_steps and recipe.checkpoint.save_every is not None)
+        if keep and not self._checkpoint_exists(self.updates_done):
             self._save_checkpoint()
         if self.is_main and (self.output_dir / STOP_FILE).exists():
             (self.output_dir / STOP_FILE).unlink()
@@ -183,6 +218,15 @@ class Trainer(TrainerSafety):
         )
         self.report.close()
         return summary
+
+    def _already_complete(self) -> Dict[str, float]:
+        """A rerun of a finished run: nothing to train (``final/`` written if it is missing); says how to extend."""
+        final = self.output_dir / ckpt.FINAL_DIR
+        if self.recipe.checkpoint.save_final and not self._rank0_says(final.is_dir()):
+            self._save_final()
+        self.report.print(already_complete(self.output_dir, self.updates_done, self._rank0_says(final.is_dir())))
+        self.report.close()
+        return {"updates": self.updates_done, "exit_code": 0, "already_complete": True}
 
     def train_step(self) -> Dict[str, float]:
         """One optimizer update: [rollout] -> micro-batches -> backward; humanline sync; optimizer step.
@@ -267,9 +311,13 @@ class Trainer(TrainerSafety):
         return loss, {**metrics, **hl_metrics}
 
     # ---------------------------------------------------------------------------------------- evaluate
-    @torch.no_grad()
     def _evaluate(self) -> Dict[str, float]:
-        """Held-out loss and objective metrics over the whole eval split (sharded over ranks)."""
+        """Held-out loss and objective metrics over the whole eval split (sharded over ranks), the policy in eval
+        mode: no dropout, so it neither varies nor draws from the training's generators."""
+        with self.engine.policy_as_reference():
+            return self._evaluate_in_eval_mode()
+
+    def _evaluate_in_eval_mode(self) -> Dict[str, float]:
         acc = MetricMeans(self.eval_metric_keys, self.objective.name)
         if self.held_out is not None:  # held-out reward of fresh samples instead of an offline loss
             metrics, weight = self.held_out.evaluate(self.eval_data, self.updates_done)
@@ -306,27 +354,36 @@ class Trainer(TrainerSafety):
         self._signal_seen = seen[1].item() > 0
         return seen.sum().item() > 0
 
-    def close(self, destroy_process_group: bool = True) -> None:
+    def close(self, destroy_process_group: bool = True, keep_lock: bool = False) -> None:
+        """Signal handlers back, engines torn down, the ``output_dir`` lock released (``keep_lock``: not yet);
+        a second call does only what the first left."""
         if getattr(self, "signals", None) is not None:
             self.signals.uninstall()
-        engine = getattr(self, "engine", None)
+        engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             engine.close(destroy_process_group)
+        lock = getattr(getattr(self, "start", None), "lock", None)
+        if lock is not None and not keep_lock:
+            lock.release()
 
 
 def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None) -> Dict[str, float]:
     """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a
     ``final/`` model and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher
-    passes the post-training evals); its result goes into the returned summary as ``post_training_eval``."""
+    passes the post-training evals; ``loop.post_training``); its result goes into the returned summary as
+    ``post_training_eval``. The ``output_dir`` lock is held until then."""
     trainer = Trainer(recipe)
     try:
         trainer.setup()
         summary = trainer.train()
+        final = Path(recipe.output_dir) / ckpt.FINAL_DIR
+        evaluates = (after_training is not None and trainer.is_main and recipe.eval.after_training and final.exists()
+                     and summary.get("updates", 0) >= recipe.train.max_steps and not summary.get("already_complete"))
+        if evaluates:  # while the trainer's handlers still hold a signal back
+            announce(recipe.output_dir, summary)
+        trainer.close(keep_lock=True)
+        if evaluates:
+            summary = run_post_training(after_training, recipe, final, summary, trainer.signals.received or 0)
+        return summary
     finally:
-        is_main = getattr(trainer, "is_main", False)
         trainer.close()
-    final = Path(recipe.output_dir) / "final"
-    if (after_training is not None and is_main and recipe.eval.after_training
-            and summary.get("updates", 0) >= recipe.train.max_steps and final.exists()):
-        summary["post_training_eval"] = after_training(recipe, final)
-    return summary

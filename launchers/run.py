@@ -9,7 +9,8 @@ Examples::
 
 Exit codes: 0 finished (or stopped by a STOP file / ``train.stop_after``), 1 failure, 2 bad input (one
 paragraph, no traceback), 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a
-resumable checkpoint (a second signal: 143 / 130 at once). See ``hl_core/loop/guard.py``.
+resumable checkpoint (a second signal: 143 / 130 at once; a signal during the post-training evaluations:
+143 / 130 once they stopped). See ``hl_core/loop/guard.py``.
 """
 
 from __future__ import annotations
@@ -87,11 +88,11 @@ def main(argv=None) -> int:
         from hl_core.config.checks import env_world_size
 
         world = env_world_size()
-        if args.plan:
-            from hl_core.preflight.plan import plan_report
+        if args.plan:  # exit 1 when the estimate exceeds `cluster.gpu_memory_gb`, so scripts can gate on it
+            from hl_core.preflight.plan import memory_plan, plan_report
 
             print(plan_report(recipe, world))
-            return 0
+            return 1 if memory_plan(recipe, world)["exceeds"] else 0
         if args.validate:
             print(validate(recipe, world))
             return 0

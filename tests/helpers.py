@@ -50,10 +50,61 @@ def recipe_command(recipe, overrides=(), nproc: int = 1) -> list:
             *script]
 
 
+# One-process runs go through `launchers/run.py`'s `main()` inside the test process (the same code path as the
+# command line, minus a ~4 s interpreter start with torch, DeepSpeed and transformers imports); HL_TEST_SUBPROCESS=1
+# runs every recipe in a subprocess instead.
+IN_PROCESS = os.environ.get("HL_TEST_SUBPROCESS", "") != "1"
+
+
+def run_in_process(args) -> subprocess.CompletedProcess:
+    """``launchers/run.py`` ``args`` run by its ``main()`` here, as the subprocess would: cwd at the repository, one
+    torch thread, the environment, torch's global switches and the default generator's state restored afterwards;
+    stdout/stderr captured; an exception is exit code 1 with its traceback on stderr."""
+    import contextlib
+    import io
+    import traceback
+
+    import torch
+
+    import launchers.run as launcher
+
+    out, err = io.StringIO(), io.StringIO()
+    environ, threads = dict(os.environ), torch.get_num_threads()
+    deterministic, rng = torch.are_deterministic_algorithms_enabled(), torch.get_rng_state()
+    os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+    torch.set_num_threads(1)
+    try:
+        with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = launcher.main([str(a) for a in args])
+            except SystemExit as exc:
+                code = exc.code if isinstance(exc.code, int) else 1
+            except Exception:  # a crash: what the interpreter would print, and its exit code
+                traceback.print_exc()
+                code = 1
+    finally:
+        os.environ.clear()
+        os.environ.update(environ)
+        torch.set_num_threads(threads)
+        torch.use_deterministic_algorithms(deterministic)
+        torch.set_rng_state(rng)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # a run that failed in setup
+            if "deepspeed" in sys.modules:
+                import deepspeed.comm
+
+                deepspeed.comm.destroy_process_group()
+            else:
+                torch.distributed.destroy_process_group()
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0) -> subprocess.CompletedProcess:
     """Run a recipe to its end; its exit code must be ``expect``."""
-    proc = subprocess.run(recipe_command(recipe, overrides, nproc), cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    if nproc == 1 and IN_PROCESS:
+        proc = run_in_process([recipe, *overrides, "logging.progress_bar=false"])
+    else:
+        proc = subprocess.run(recipe_command(recipe, overrides, nproc), cwd=REPO, env=_env(), capture_output=True,
+                              text=True, timeout=timeout)
     if proc.returncode != expect:
         raise AssertionError(
             f"run exited {proc.returncode}, expected {expect}:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

@@ -100,7 +100,8 @@ def test_missing_required_key(tmp_path, capsys):
     """)
     assert main([str(path), "--validate"]) == 2
     err = capsys.readouterr().err
-    assert "Missing required recipe key `train.max_steps`" in err
+    # `train.max_steps` or its alternative `train.epochs`: exactly one is required
+    assert "set exactly one of `train.max_steps` (updates) and `train.epochs`" in err and "neither is set" in err
 
 
 @pytest.mark.parametrize(

@@ -107,6 +107,22 @@ def test_tp2_sync_is_shard_local_and_losses_match_tp1(tmp_path, tp1_run):
     assert set(a) == set(b) and max((a[k] - b[k]).abs().max().item() for k in a) < 1e-5
 
 
+def test_tp2_soft_update_mixes_each_shard(tmp_path):
+    """`humanline.sync_mix: 0.5` at tp=2: every sync leaves the gathered reference at `lerp(reference, pre-update
+    policy, 0.5)`, each rank mixing its own slices, with no collective."""
+    report = tmp_path / "report.json"
+    run_torchrun(REPO / "tests/distributed/megatron_sync.py",
+                 [report, tmp_path / "run", TINY_MEGATRON_TP2, 1, *RUN, "train.max_steps=3", "humanline.sync_mix=0.5",
+                  "checkpoint.save_final=false"], nproc=2)
+    data = json.loads(report.read_text())
+    records = data["records"]
+    assert (data["tp"], data["pp"]) == (2, 1) and [r["n"] for r in records] == [0, 1, 2]
+    for r in records:
+        assert r["synced"] and r["sync_collectives"] == 0 and r["ref_vs_mix"] <= 1e-6, r
+    for r in records[1:]:  # neither the policy nor the old reference: the mixture
+        assert r["ref_vs_pre_policy"] > 1e-4 and r["ref_vs_pre_ref"] > 1e-4, r
+
+
 def test_pp2_run_resumes_and_matches_tp1(tmp_path, tp1_run):
     """pp=2 with activation recompute (model.gradient_checkpointing), stopped after 2 updates and resumed."""
     out = tmp_path / "run"

@@ -1,5 +1,6 @@
-"""Runs that never read the reference build none: SFT, and standard rollout GRPO without a KL term; nor do runs
-whose reference log-probs the policy computes (look-ahead syncing, a cached frozen reference). The rule (``hl_core.objectives.reference_needed``), the real engines that follow it, and the plan's memory."""
+"""Runs that never read the reference build none: SFT, DPO's reference-free SimPO, and standard rollout GRPO without
+a KL term; nor do runs whose reference log-probs the policy computes (look-ahead syncing, a cached frozen reference).
+The rule (``hl_core.objectives.reference_needed``), the real engines that follow it, and the plan's memory."""
 
 import json
 
@@ -22,6 +23,8 @@ WARMUP = REPO / "recipes" / "repro" / "warmup.yaml"
     (TINY / "offline_grpo.yaml", ["objective.beta_kl=0"], True),           # offline: ratio vs the reference
     (TINY / "humanline_dpo.yaml", [], True),
     (TINY / "offline_kto.yaml", [], True),
+    (TINY / "offline_dpo.yaml", ["objective.loss_type=simpo"], False),    # reference-free SimPO
+    (TINY / "offline_dpo.yaml", ["objective.loss_type=ipo"], True),
 ])
 def test_reference_needed_rule(recipe, overrides, needed):
     assert reference_needed(load_recipe(recipe, overrides)) is needed
@@ -41,9 +44,11 @@ def test_engines_build_the_reference_only_when_needed(tmp_path):
         f"ds_dpo_lookahead|{TINY / 'humanline_dpo.yaml'}|",
         f"megatron_dpo_lookahead|{TINY / 'megatron_humanline_dpo.yaml'}|parallel.tp=1",
         f"ds_kto_cached|{TINY / 'offline_kto.yaml'}|train.cache_reference_logps=true",
+        f"ds_dpo_simpo|{TINY / 'offline_dpo.yaml'}|objective.loss_type=simpo",  # reference-free
     ], nproc=1)
     got = json.loads(report.read_text())
-    for name in ("ds_sft", "ds_grpo_no_kl", "megatron_sft", "ds_dpo_lookahead", "megatron_dpo_lookahead", "ds_kto_cached"):
+    for name in ("ds_sft", "ds_grpo_no_kl", "megatron_sft", "ds_dpo_lookahead", "megatron_dpo_lookahead",
+                 "ds_kto_cached", "ds_dpo_simpo"):
         entry = got[name]
         assert entry["has_reference"] is False and entry["reference_built"] is False, (name, entry)
         assert "built no reference model" in entry["reference_logps_error"]

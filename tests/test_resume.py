@@ -6,7 +6,9 @@
   code 4, a checkpoint at the update reached), then the rest;
 * two processes (``torchrun``, ZeRO-3: optimizer partitions and each rank's reference shard resume): SIGTERM to
   the whole process group at a random moment (each worker exits 4; torchrun, signalled too, reports its own
-  failure), then the rest.
+  failure), then the rest;
+* one process, trained by `train.epochs` on a `data.train` mixture with soft reference updates
+  (`humanline.sync_mix`): SIGTERM at a random moment, then the rest.
 """
 
 import json
@@ -15,7 +17,9 @@ import random
 import signal
 import time
 
-from helpers import TINY_HUMANLINE, read_jsonl, run_recipe, start_recipe
+import pytest
+
+from helpers import REPO, TINY_HUMANLINE, read_jsonl, run_recipe, start_recipe
 
 COMMON = [
     "train.max_steps=6", "train.lr_schedule=linear", "train.warmup_steps=1", "eval.every=null",
@@ -132,3 +136,36 @@ def test_stop_file_checkpoints_and_exits_cleanly(tmp_path):
     second = run_recipe(TINY_HUMANLINE, common)
     assert "Resumed from" in second.stdout and (out / "final").is_dir() and not (out / ".final.partial").exists()
     assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1]
+
+
+def test_resume_with_epochs_a_mixture_and_soft_syncing(tmp_path):
+    """1.5 passes over 24 + 8 pairs drawn 0.7 / 0.3 = ceil(48 / 8) = 6 updates; the reference mixed half-way to the
+    policy every 2nd update (a reference copy: look-ahead cannot serve a mixture). The LR schedule runs over the
+    derived 6 updates, and the SIGTERMed, resumed run repeats the straight run's losses exactly."""
+    from hl_core.engines.base import lr_lambda
+
+    prefs = "tests/fixtures/tiny/prefs"
+    overrides = [
+        f"data.train=[{{path: {prefs}/train.jsonl, weight: 0.7, limit: 24}}, {{path: {prefs}/extra.jsonl, weight: 0.3, "
+        "limit: 8}]", "train.max_steps=null", "train.epochs=1.5", "train.lr_schedule=linear", "train.warmup_steps=1",
+        "eval.every=null", "checkpoint.save_final=false", "checkpoint.save_every=null", "humanline.sync_every=2",
+        "humanline.sync_mix=0.5"]
+    recipe = REPO / "recipes" / "tiny" / "mixture_dpo.yaml"
+    straight, out = tmp_path / "straight", tmp_path / "run"
+    first = run_recipe(recipe, overrides + [f"output_dir={straight}"]).stdout
+    assert "`train.epochs: 1.5` -> `train.max_steps: 6` = ceil(1.5 x 32 examples / 8 per update" in first
+    assert "32 train pairs from 2 sources [" in first and "train.jsonl: 24 at weight 0.7" in first
+    assert "reference log-probs: copy (look-ahead syncing does not apply: `humanline.sync_mix: 0.5`" in first
+    summary = json.loads((straight / "summary.json").read_text())
+    assert [s["examples"] for s in summary["data/train_sources"]] == [24, 8] and summary["updates"] == 6
+    rows = read_jsonl(straight / "metrics.jsonl")
+    schedule = lr_lambda(1, 6, "linear")
+    assert [r["lr"] for r in rows] == pytest.approx([1e-3 * schedule(n) for n in range(6)], rel=1e-9)
+    assert rows[-1]["lr"] < rows[1]["lr"] / 4  # decayed over the derived length, not a default one
+    with open(tmp_path / "sigterm.log", "w+") as log:
+        proc = start_recipe(recipe, overrides + [f"output_dir={out}"], log=log, **SLOW)
+        output = _sigterm_midrun(proc, out / "metrics.jsonl", 1, log)
+    reached = _assert_checkpointed_at_reached_update(out, output)
+    last = run_recipe(recipe, overrides + [f"output_dir={out}"])
+    assert f"Resumed from {out / 'checkpoints'}/step_{reached} at update {reached}" in last.stdout
+    _assert_same_losses(straight, out)

@@ -8,15 +8,19 @@ from helpers import REPO, read_jsonl, run_recipe
 
 TINY = sorted(p for p in (REPO / "recipes" / "tiny").glob("*.yaml") if not p.name.startswith("_"))
 # the DPO demo recipes are exercised end to end in test_demo.py
-# megatron recipes run in their own tests (tests/test_megatron_*.py), the LoRA one in tests/test_lora.py
-OTHERS = [p for p in TINY if p.stem not in ("humanline_dpo", "offline_dpo", "humanline_dpo_lora")
-          and not p.stem.startswith("megatron")]
+# megatron recipes run in their own tests (tests/test_megatron_*.py), the LoRA one in tests/test_lora.py, the online
+# demo (30 updates of 64 samples) shortened in tests/test_first_run.py; the DPO variants in theirs: dpo_loss_types
+# (tests/test_dpo_losses.py), humanline_soft_sync_dpo (tests/test_sync_mix.py), epochs_dpo
+# (tests/test_epochs_and_mixtures.py), mixture_dpo (tests/test_resume.py)
+OWN_TESTS = ("humanline_dpo", "offline_dpo", "humanline_dpo_lora", "online_grpo_digits", "dpo_loss_types",
+             "humanline_soft_sync_dpo", "epochs_dpo", "mixture_dpo")
+OTHERS = [p for p in TINY if p.stem not in OWN_TESTS and not p.stem.startswith("megatron")]
 
 
 def test_tiny_recipe_set():
     names = {p.stem for p in TINY}
     assert {"offline_kto", "humanline_kto", "offline_grpo", "humanline_grpo", "humanline_sample_dpo",
-            "online_grpo_math", "sparse_grpo_math", "humanline_sparse_grpo_math", "online_dpo_rm"} <= names
+            "online_grpo_math", "sparse_grpo_math", "humanline_sparse_grpo_math", "online_dpo_rm", *OWN_TESTS} <= names
 
 
 @pytest.mark.parametrize("recipe", OTHERS, ids=[p.stem for p in OTHERS])

@@ -23,6 +23,8 @@ import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from hl_core.storage.digests import sha256_file
+
 from .._common import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,8 +54,6 @@ def digit_credit(prompts, completions: Sequence[str], references: Sequence[Optio
 
 
 def file_digest(path: Path) -> str:
-    from hl_core.reference.cache import sha256_file
-
     return sha256_file(path)
 
 

@@ -59,7 +59,8 @@ def run_one(run: Run) -> Run:
     """Train one (arm, warm-up, seed) through ``launchers/run.py``; reads its curve and metrics back."""
     run.output_dir.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, str(REPO / "launchers" / "run.py"), str(run.recipe), *run.overrides,
-           f"output_dir={run.output_dir}", "logging.progress_bar=false", "checkpoint.resume=never"]
+           f"output_dir={run.output_dir}", "logging.progress_bar=false", "checkpoint.resume=never",
+           "checkpoint.overwrite=true"]  # a rerun of the study trains each arm afresh in its directory
     start = time.perf_counter()
     proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
     run.wall_s = time.perf_counter() - start

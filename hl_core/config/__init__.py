@@ -26,9 +26,10 @@ from .load import (
 )
 from .schema import Recipe
 from .sections import (
-    OBJECTIVE_CONFIGS, CheckpointConfig, DataConfig, DataSource, DPOObjective, EngineConfig, GRPOObjective,
-    HumanlineConfig, KTOObjective, ModelConfig, ObjectiveConfig, ParallelConfig, SFTObjective, TrainConfig, _Section,
+    OBJECTIVE_CONFIGS, CheckpointConfig, DPOObjective, EngineConfig, GRPOObjective, HumanlineConfig, KTOObjective,
+    ModelConfig, ObjectiveConfig, ParallelConfig, SFTObjective, TrainConfig, _Section,
 )
+from .sections_data import DataConfig, DataSource, MixtureSource
 from .sections_run import (
     POST_TRAINING_EVALS, AlpacaEvalConfig, ClusterConfig, DataQualityEvalConfig, EvalConfig, LoggingConfig,
     Math500EvalConfig, RewardConfig, RolloutConfig, WandbConfig, _GenerationEval,
@@ -40,7 +41,8 @@ __all__ = [
     "REPO_ROOT", "Recipe", "load_recipe", "check_recipe", "batch_layout", "recipe_to_yaml", "recipe_keys_markdown",
     "apply_overrides", "deep_merge", "parse_override", "validate_recipe_dict", "POST_TRAINING_EVALS",
     "OBJECTIVE_CONFIGS", "ObjectiveConfig", "DPOObjective", "KTOObjective", "GRPOObjective", "SFTObjective",
-    "ModelConfig", "DataSource", "DataConfig", "HumanlineConfig", "EngineConfig", "ParallelConfig", "TrainConfig",
+    "ModelConfig", "DataSource", "MixtureSource", "DataConfig", "HumanlineConfig", "EngineConfig", "ParallelConfig",
+    "TrainConfig",
     "CheckpointConfig", "Math500EvalConfig", "AlpacaEvalConfig", "DataQualityEvalConfig", "EvalConfig",
     "WandbConfig", "LoggingConfig", "RewardConfig", "RolloutConfig", "ClusterConfig",
 ]

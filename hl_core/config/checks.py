@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from ..errors import RecipeError
-from ..objectives import lookahead_blocker, reference_needed
+from ..objectives import OBJECTIVES, lookahead_blocker, reference_needed
 from ..storage.text import non_regular_file
 from .resume import check_resume
 from .schema import Recipe
@@ -45,6 +45,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "need Transformer Engine's attention (its local DotProductAttention refuses `packed_seq_params`), which "
             "this setup does not install. Fix: `data.packing=false`, or `engine.name=deepspeed`."
         )
+    check_reference_free(recipe)
     check_token_budget(recipe)
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
@@ -74,7 +75,15 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "or `data.eval_fraction` (e.g. 0.05), or `eval.every=null`."
         )
     check_held_out(recipe)
+    quality = recipe.eval.data_quality
+    if quality.enabled and quality.data is None and recipe.data.mixture:
+        raise RecipeError(
+            f"`eval.data_quality` scores `data.train` when `eval.data_quality.data` is null, but `data.train` is a "
+            f"mixture of {len(recipe.data.train_sources)} sources. Fix: name the data to score with "
+            "`eval.data_quality.data=...` (one source's path or name)."
+        )
     check_reference_source(recipe)
+    check_sink_packages(recipe)
     resume = recipe.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise RecipeError(
@@ -83,7 +92,9 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     check_resume(recipe, world_size or env_world_size() or 1)
     check_output_dir(recipe.output_dir)
-    for key, source in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval)):
+    sources = [("data.train" if not recipe.data.mixture else f"data.train[{i}]", source)
+               for i, source in enumerate(recipe.data.train_sources)] + [("data.eval", recipe.data.eval)]
+    for key, source in sources:
         if source is not None and source.path is not None and not Path(source.path).exists():
             raise RecipeError(
                 f"`{key}.path: {source.path}` does not exist (looked relative to {os.getcwd()}). "
@@ -106,6 +117,34 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     if world_size is not None:
         batch_layout(recipe, world_size)
+
+
+def check_sink_packages(recipe: Recipe) -> None:
+    """The metric sinks a recipe switches on have their packages (checked by name, nothing is imported): else the
+    run would train until its first metrics row and fail there."""
+    wanted = [("logging.tensorboard", "tensorboard", "tensorboard", recipe.logging.tensorboard),
+              ("logging.wandb.enabled", "wandb", "wandb", recipe.logging.wandb.enabled)]
+    for key, module, package, enabled in wanted:
+        if enabled and importlib.util.find_spec(module) is None:
+            raise RecipeError(f"`{key}: true` needs the `{package}` package, which is not installed. Fix: "
+                              f"`pip install {package}`, or set `{key}=false`.")
+
+
+def check_reference_free(recipe: Recipe) -> None:
+    """A reference-free objective (DPO's `loss_type: simpo`) builds no reference: humanline has nothing to act on."""
+    if recipe.objective.name == "sft" or OBJECTIVES[recipe.objective.name].needs_reference(recipe.objective):
+        return
+    hl = recipe.humanline
+    keys = [f"`humanline.{key}: {value}`" for key, value, off in (
+        ("transform", hl.transform, hl.transform == "none"), ("sync_every", hl.sync_every, hl.sync_every is None)
+    ) if not off]
+    if keys:
+        raise RecipeError(
+            f"`objective.loss_type: {recipe.objective.loss_type}` is reference-free (it scores the policy's own "
+            f"log-probs), so the run builds no reference and humanline has no log-ratio to transform and no "
+            f"reference to sync, but the recipe sets {' and '.join(keys)}. Fix: `humanline.transform=none "
+            "humanline.sync_every=null`, or a reference-based `objective.loss_type` (sigmoid, ipo, hinge, robust)."
+        )
 
 
 def check_lora(recipe: Recipe) -> None:

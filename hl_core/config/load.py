@@ -226,6 +226,12 @@ def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str,
                 child = node[part] = {}
             if i == 0 and part == "objective" and isinstance(child, str):
                 child = node[part] = {"name": child}  # `objective: kto` shorthand, then `objective.beta=...`
+            if isinstance(child, list):
+                raise RecipeError(
+                    f"Override `{text}`: `{'.'.join(parts[: i + 1])}` is a list (e.g. a `data.train` mixture), so it "
+                    f"has no `{parts[i + 1]}`. Fix: override the whole list, e.g. "
+                    f"`{'.'.join(parts[: i + 1])}=[{{path: a.jsonl, weight: 0.7}}, {{path: b.jsonl, weight: 0.3}}]`."
+                )
             if not isinstance(child, dict):
                 raise RecipeError(
                     f"Override `{text}`: `{'.'.join(parts[: i + 1])}` is a value, not a group, so it has no `{parts[i + 1]}`."
@@ -241,15 +247,30 @@ def _model_for_loc(loc: Sequence[Any], objective: Optional[str] = None):
         model, loc = OBJECTIVE_CONFIGS.get(objective, DPOObjective), loc[1:]
     else:
         model = Recipe
-    for part in loc:
+    loc = list(loc)
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            continue  # an item of a list: `model` is already the item's class
         fields = getattr(model, "model_fields", None)
         if not fields or part not in fields:
             return None
         annotation = fields[part].annotation
-        model = _unwrap_model(annotation)
+        listed = i + 1 < len(loc) and isinstance(loc[i + 1], int)
+        model = _list_item_model(annotation) if listed else _unwrap_model(annotation)
         if model is None:
             return None
     return model
+
+
+def _list_item_model(annotation):
+    """The class of a list's items in a field annotation (e.g. ``data.train``'s mixture sources)."""
+    if getattr(annotation, "__origin__", None) is list:
+        return _unwrap_model(annotation.__args__[0])
+    for arg in getattr(annotation, "__args__", ()) or ():
+        found = _list_item_model(arg)
+        if found is not None:
+            return found
+    return None
 
 
 def _unwrap_model(annotation):
@@ -262,11 +283,18 @@ def _unwrap_model(annotation):
     return None
 
 
+def _key(loc: Sequence[Any]) -> str:
+    """A location as the recipe writes it: `data.train[0].weight`."""
+    return "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in loc).lstrip(".")
+
+
 def _describe_error(err: Dict[str, Any]) -> str:
     loc, objective = list(err["loc"]), None
     if len(loc) >= 2 and loc[0] == "objective" and loc[1] in OBJECTIVE_CONFIGS:
         objective, loc = loc[1], ["objective", *loc[2:]]  # drop the union tag pydantic adds
-    key = ".".join(str(p) for p in loc) or "(recipe)"
+    if loc[:2] == ["data", "train"] and len(loc) > 2 and loc[2] in ("source", "mixture"):
+        del loc[2]  # the tag of `data.train`'s form (one source, or a mixture)
+    key = _key(loc) or "(recipe)"
     kind = err["type"]
     given = err.get("input")
     if kind == "extra_forbidden":
@@ -275,6 +303,8 @@ def _describe_error(err: Dict[str, Any]) -> str:
         hint = did_you_mean(str(loc[-1]), choices)
         known = f" Known keys here: {', '.join(choices)}." if choices else ""
         scope = f" for objective `{objective}`" if objective else ""
+        if loc[:2] == ["data", "train"] and loc[-1] == "weight" and len(loc) == 3:
+            hint = " A weight belongs to a source of a mixture: `data.train` as a list of sources with weights."
         return f"Unknown recipe key `{key}`{scope}.{hint}{known} Fix: remove it or correct the spelling."
     if kind == "missing":
         field = _model_for_loc(loc[:-1], objective)

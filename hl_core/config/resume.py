@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import List
 
 from ..errors import RecipeError
-from ..storage.checkpoints import COMPLETE_MARKER, is_complete, newest_complete, step_dirs
+from ..storage.checkpoints import COMPLETE_MARKER, is_complete, newest_complete, read_marker, step_dirs
 
 MEGATRON_LAYOUT_FILE = "megatron_layout.json"  # hl_core.engines.megatron_checkpoint.LAYOUT_FILE
 _ZERO_OPTIM = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
@@ -89,6 +89,7 @@ def check_resume(recipe, world_size: int) -> None:
             f"{where}, but `{target}` holds no checkpoint files (missing or not a checkpoint of this pack). "
             "Fix: point `checkpoint.resume` at a complete `step_N` directory, or use `never`."
         )
+    read_marker(target)  # a damaged complete.json is refused here (it says what the checkpoint holds)
     _check_layout(target, recipe, world_size, where)
 
 

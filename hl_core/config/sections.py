@@ -1,7 +1,8 @@
 """The recipe groups that shape training: model, data, objective, humanline, engine, parallel, train, checkpoint.
 
 Every group is a strict pydantic model (``_Section``: unknown keys are errors); the top level, ``Recipe``,
-is in ``schema.py``, the groups around training (eval, logging, rollout, cluster) in ``sections_run.py``.
+is in ``schema.py``, the data group in ``sections_data.py``, the groups around training (eval, logging, rollout,
+cluster) in ``sections_run.py``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..errors import did_you_mean
 from ..humanline import transform_names
+from ..objectives.dpo_losses import LOSS_TYPES
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
 MAX_SEED = 2**32 - 1
@@ -34,7 +36,8 @@ class LoraSection(_Section):
     and a sync copies the adapter's tensors only. Checkpoints keep the adapter, its optimizer states and the
     reference adapter, not the frozen base (rebuilt from `model.name_or_path`, or with `random_init` from
     `train.seed`). `final/` holds the adapter in PEFT format (`PeftModel.from_pretrained(base, "final")`) and the
-    tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it).
+    tokenizer; `final/merged/` the merged model when `save_merged` is set (post-training evals read it), and always
+    with `model.random_init` (that base exists only inside the run, so the adapter alone could not be loaded).
     `--plan` counts the adapter from the model's dimensions. Example: `recipes/tiny/humanline_dpo_lora.yaml`;
     memory and speed against full fine-tuning: `bench/reference.py`."""
 
@@ -50,7 +53,8 @@ class LoraSection(_Section):
     )
     save_merged: bool = Field(
         False, description="Also write the merged model (base + adapter, a plain Hugging Face model) to "
-        "`final/merged/`; `final/` itself holds the adapter in PEFT format. Needed by the post-training evals.",
+        "`final/merged/`; `final/` itself holds the adapter in PEFT format. Needed by the post-training evals. "
+        "Always on with `model.random_init` (the random base is not loadable by name).",
     )
 
     @field_validator("target_modules")
@@ -126,64 +130,46 @@ class ModelConfig(_Section):
         return overrides
 
 
-class DataSource(_Section):
-    """One data source: a local file (`path`) or a Hugging Face dataset (`name`)."""
-
-    path: Optional[str] = Field(None, description="Local `.jsonl`, `.json` or `.parquet` file.")
-    name: Optional[str] = Field(None, description="Hugging Face dataset name (used when `path` is not set).")
-    split: str = Field("train", description="Split to read from a Hugging Face dataset.")
-    config: Optional[str] = Field(None, description="Hugging Face dataset configuration name.")
-    limit: Optional[int] = Field(None, ge=1, description="Use only the first `limit` rows.")
-
-    @model_validator(mode="after")
-    def _one_source(self):
-        if (self.path is None) == (self.name is None):
-            raise ValueError("set exactly one of `path` (a local file) or `name` (a Hugging Face dataset)")
-        return self
-
-
-class DataConfig(_Section):
-    """Training and held-out data, row format, chat template and truncation."""
-
-    train: DataSource = Field(description="Training data source.")
-    eval: Optional[DataSource] = Field(None, description="Held-out data source for `eval.every`.")
-    eval_fraction: float = Field(
-        0.0, ge=0.0, lt=1.0, description="Hold out this fraction of `train` for evaluation when `eval` is unset."
-    )
-    format: Literal["auto", "plain", "messages"] = Field(
-        "auto",
-        description="Row format: `plain` (prompt/chosen/rejected strings), `messages` (chosen/rejected as "
-        "chat message lists, UltraFeedback style) or `auto` (detected per row).",
-    )
-    max_length: int = Field(1024, ge=8, description="Maximum prompt + completion tokens per sequence.")
-    max_prompt_length: int = Field(512, ge=1, description="Prompt tokens kept (the most recent) when truncating.")
-    chat_template: str = Field(
-        "auto", description="`auto` (the tokenizer's chat template), `none` (contents joined by blank lines), "
-        "`raw` (contents concatenated as they are), or a Jinja template string."
-    )
-    shuffle: bool = Field(True, description="Shuffle training data each epoch (seeded by `train.seed`).")
-    packing: bool = Field(
-        False, description="Padding-free forwards: each micro-batch's sequences (pairs, KTO and KL rows, GRPO group "
-        "members, SFT rows, generated completions) are packed into as few `data.max_length`-token rows as fit, "
-        "positions restarting per sequence and attention never crossing one (transformers' packed-sequence mask; "
-        "flash-attention's variable-length path on a GPU). Same losses as padded batches. DeepSpeed engine only.",
-    )
-
-    @model_validator(mode="after")
-    def _lengths(self):
-        if self.max_prompt_length >= self.max_length:
-            raise ValueError(
-                f"`max_prompt_length` ({self.max_prompt_length}) must be smaller than `max_length` "
-                f"({self.max_length}) so the completion keeps at least one token"
-            )
-        return self
-
-
 class DPOObjective(_Section):
-    """DPO: `-logsigmoid(beta * (sum_t d_chosen - sum_t d_rejected))`; consumes preference pairs."""
+    """DPO: `-logsigmoid(beta * (sum_t d_chosen - sum_t d_rejected))`, or another loss of its family (`loss_type`,
+    TRL's names and formulas: `hl_core/objectives/dpo_losses.py`); consumes preference pairs."""
 
     name: Literal["dpo"] = Field(description="`dpo`.")
-    beta: float = Field(0.1, gt=0, description="Inverse temperature on the summed log-ratio reward.")
+    beta: float = Field(
+        0.1, gt=0, description="Inverse temperature on the summed log-ratio reward; `ipo`: the regularisation tau "
+        "(target margin `1 / (2 beta)`); `simpo`: SimPO's beta on the mean log-probs (its paper: 2.0 to 2.5).",
+    )
+    loss_type: Literal[LOSS_TYPES] = Field(
+        "sigmoid", description="With d the chosen minus the rejected completion's summed (humanline-transformed) "
+        "log-ratio: `sigmoid` (DPO) `-logsigmoid(beta d)`; `hinge` (SLiC) `relu(1 - beta d)`; `ipo` "
+        "`(d' - 1/(2 beta))^2`, d' over per-token mean log-ratios (TRL's length normalisation); `robust` (rDPO) "
+        "`(-(1-eps) logsigmoid(beta d) + eps logsigmoid(-beta d)) / (1 - 2 eps)`, eps = `label_smoothing`; `simpo` "
+        "(reference-free) `-logsigmoid(beta m - simpo_gamma)`, m the chosen minus rejected per-token mean log-prob "
+        "of the policy: no reference is built, so no humanline transform or syncing.",
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="`loss_type: robust` only: eps, the assumed fraction of flipped preference "
+        "labels (0 <= eps < 0.5; 0 is plain DPO).",
+    )
+    simpo_gamma: float = Field(
+        0.5, ge=0, description="`loss_type: simpo` only: the target reward margin gamma (TRL's `simpo_gamma`; the "
+        "SimPO paper's gamma / beta ratios are 0.3 to 0.8).",
+    )
+
+    @model_validator(mode="after")
+    def _family_keys(self):
+        if self.loss_type != "robust" and self.label_smoothing != 0.0:
+            raise ValueError(
+                f"`objective.label_smoothing: {self.label_smoothing}` is read by `loss_type: robust` only, but "
+                f"`objective.loss_type` is `{self.loss_type}`. Fix: `objective.loss_type=robust`, or remove "
+                "`objective.label_smoothing`"
+            )
+        if self.loss_type != "simpo" and "simpo_gamma" in self.model_fields_set:
+            raise ValueError(
+                f"`objective.simpo_gamma` is read by `loss_type: simpo` only, but `objective.loss_type` is "
+                f"`{self.loss_type}`. Fix: `objective.loss_type=simpo`, or remove `objective.simpo_gamma`"
+            )
+        return self
 
 
 class KTOObjective(_Section):
@@ -246,6 +232,15 @@ class HumanlineConfig(_Section):
     sync_every: Optional[int] = Field(
         None, ge=1, description="Overwrite the reference with the policy every k optimizer updates; null = never."
     )
+    sync_mix: float = Field(
+        1.0, gt=0, le=1,
+        description="At each sync the reference becomes `sync_mix * policy + (1 - sync_mix) * reference` "
+        "(TR-DPO's soft update, TRL's `ref_model_mixup_alpha`), shard-local like the copy: 1.0 is the hard copy "
+        "(bit for bit); `0 < alpha < 1` a soft update (`torch.lerp`, rounded once in the weights' dtype: in bf16 a "
+        "step under half a unit in the last place of a weight leaves it unchanged). LoRA: the reference adapter's "
+        "A and B tensors are each mixed. Needs `humanline.sync_every`; look-ahead syncing cannot serve a mixture, so "
+        "`humanline.reference: auto` keeps a reference copy.",
+    )
     sync_offset: int = Field(
         0, ge=0,
         description="Phase of syncing: before update n (n = updates done) when `n % sync_every == sync_offset`, "
@@ -285,6 +280,12 @@ class HumanlineConfig(_Section):
                 f"`humanline.sync_offset` ({self.sync_offset}) must be smaller than the sync period, but {period}. "
                 "Fix: set `humanline.sync_offset` to a value in [0, sync_every), or 0 without syncing"
             )
+        if self.sync_mix != 1.0 and self.sync_every is None:
+            raise ValueError(
+                f"`humanline.sync_mix: {self.sync_mix}` mixes the policy into the reference at each sync, but syncing "
+                "is off (`humanline.sync_every` is null). Fix: set `humanline.sync_every` (e.g. 1), or remove "
+                "`humanline.sync_mix`"
+            )
         return self
 
     @property
@@ -321,7 +322,19 @@ class ParallelConfig(_Section):
 class TrainConfig(_Section):
     """Optimisation: steps, learning rate, batch sizes, clipping, seed."""
 
-    max_steps: int = Field(ge=1, description="Number of optimizer updates.")
+    max_steps: Optional[int] = Field(
+        None, ge=1, description="Number of optimizer updates; or set `train.epochs` instead (exactly one of them).",
+    )
+    epochs: Optional[float] = Field(
+        None, gt=0,
+        description="Passes over the training data instead of `train.max_steps` (exactly one of them; set "
+        "`train.max_steps: null` where a base recipe sets it): at setup the run derives `max_steps = ceil(epochs x "
+        "examples / examples per update)` (examples after tokenizing, a mixture's sources summed; per update: "
+        "`micro_batch_size` x accumulation x data-parallel size) and logs it; the progress bar, LR schedule and "
+        "`recipe.resolved.yaml` use it. The data stream is endless, so a partial last batch is completed from the "
+        "next pass's order: every example is seen at least `floor(epochs)` times, none is dropped, every update "
+        "is full.",
+    )
     lr: float = Field(1e-6, gt=0, description="Peak learning rate (AdamW).")
     micro_batch_size: int = Field(1, ge=1, description="Examples (pairs for DPO) per rank per forward/backward.")
     gradient_accumulation_steps: Optional[int] = Field(
@@ -390,6 +403,13 @@ class TrainConfig(_Section):
 
     @model_validator(mode="after")
     def _batch(self):
+        if (self.max_steps is None) == (self.epochs is None):
+            given = "both are set" if self.epochs is not None else "neither is set"
+            raise ValueError(
+                f"set exactly one of `train.max_steps` (updates) and `train.epochs` (passes over the data); {given}. "
+                "Fix: e.g. `train.max_steps=1000`, or `train.epochs=2 train.max_steps=null` (a base recipe may set "
+                "`max_steps`)"
+            )
         if self.global_batch_size is not None and self.gradient_accumulation_steps is not None:
             raise ValueError("set either `gradient_accumulation_steps` or `global_batch_size`, not both")
         if self.global_batch_size is not None and self.global_batch_size % self.micro_batch_size:
@@ -403,9 +423,18 @@ class TrainConfig(_Section):
 class CheckpointConfig(_Section):
     """Resumable checkpoints and the final Hugging Face export."""
 
-    save_every: Optional[int] = Field(None, ge=1, description="Save a resumable checkpoint every N updates.")
+    save_every: Optional[int] = Field(
+        None, ge=1, description="Save a resumable checkpoint every N updates, and at the end of a finished run (so "
+        "a rerun with a larger `train.max_steps` extends it); null: only when a run is stopped early.",
+    )
     keep_last: int = Field(2, ge=1, description="Resumable checkpoints kept on disk.")
     resume: str = Field(
         "auto", description="`auto` (the newest complete checkpoint in output_dir if any), `never`, or a path."
     )
     save_final: bool = Field(True, description="Write `final/`, a Hugging Face model directory, at the end.")
+    overwrite: bool = Field(
+        False, description="Let a run start afresh in an `output_dir` that holds another run (`resume: never`, a "
+        "checkpoint of another directory, or `auto` beside a finished run's `final/` with no checkpoint), or resume "
+        "an older checkpoint than the newest: that run's newer checkpoints and `final/` are deleted first. Without "
+        "it such a run is refused (exit code 2): two runs in one directory would mix.",
+    )

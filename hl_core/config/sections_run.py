@@ -115,7 +115,12 @@ class LoggingConfig(_Section):
     """Progress bar, console lines and metric sinks (metrics.jsonl always)."""
 
     log_every: int = Field(1, ge=1, description="Print a metrics line every N updates (metrics.jsonl gets all).")
-    progress_bar: bool = Field(True, description="tqdm progress bar on rank 0.")
+    progress_bar: Optional[bool] = Field(
+        None, description="tqdm progress bars on rank 0: null (default) shows them only when stderr is a terminal, "
+        "so a log file gets a plain metrics line every `log_every` updates instead of bar repaints; true forces them, "
+        "false turns them off. Off, the run's other bars (tokenizing, reference log-probs, model writes, downloads) "
+        "are off too.",
+    )
     tensorboard: bool = Field(False, description="Write TensorBoard events to output_dir/tensorboard.")
     wandb: WandbConfig = Field(default_factory=WandbConfig, description="Weights & Biases sink.")
 

@@ -28,13 +28,27 @@ class DataStats:
     identical_dropped: int = 0
 
 
-class TokenizedDataset:
-    """A list of tokenized examples plus the collate function that batches them (``stats``: how they were made)."""
+@dataclass(frozen=True)
+class SourcePart:
+    """One source of a ``data.train`` mixture inside the combined dataset: its examples are the indices
+    ``[start, start + stats.examples)``."""
 
-    def __init__(self, features: List[dict], collate: Callable, stats: Optional[DataStats] = None):
+    label: str
+    weight: float
+    start: int
+    stats: DataStats
+
+
+class TokenizedDataset:
+    """A list of tokenized examples plus the collate function that batches them (``stats``: how they were made;
+    ``parts``: a mixture's sources, consecutive in ``features``, or None for one source)."""
+
+    def __init__(self, features: List[dict], collate: Callable, stats: Optional[DataStats] = None,
+                 parts: Optional[List[SourcePart]] = None):
         self.features = features
         self.collate = collate
         self.stats = stats or DataStats(examples=len(features))
+        self.parts = parts
 
     def __len__(self) -> int:
         return len(self.features)
@@ -164,27 +178,32 @@ def _load(source, data_cfg, plan: DataPlan, kind: str):
     )
 
 
-def load_split_records(data_cfg, plan: DataPlan) -> Tuple[list, Optional[list]]:
-    """Records of the train split and of the eval split (``data.eval`` or ``data.eval_fraction``),
-    in the form the plan asks for. ``data_cfg``: the recipe's ``data`` section."""
-    train = _load(data_cfg.train, data_cfg, plan, plan.train_kind)
+def load_split_records(data_cfg, plan: DataPlan) -> Tuple[List[list], Optional[list]]:
+    """Records of each training source (one list per source of ``data.train``: one, or a mixture's) and of the
+    eval split (``data.eval``, or ``data.eval_fraction`` held out of each training source), in the form the plan
+    asks for. ``data_cfg``: the recipe's ``data`` section."""
+    parts = [_load(source, data_cfg, plan, plan.train_kind) for source in data_cfg.train_sources]
     evaluation = None
     if data_cfg.eval is not None:
         evaluation = _load(data_cfg.eval, data_cfg, plan, plan.eval_kind)
     elif data_cfg.eval_fraction > 0:
-        train, evaluation = split_eval(train, data_cfg.eval_fraction, plan.seed)
-    return train, evaluation
+        splits = [split_eval(part, data_cfg.eval_fraction, plan.seed) for part in parts]
+        parts, evaluation = [train for train, _ in splits], [row for _, held in splits for row in held]
+    return parts, evaluation
 
 
-def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = True, records=None):
+def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = True, records=None,
+                   bars: Optional[bool] = None):
     """Tokenize the data (``data_cfg``: the recipe's ``data`` section) as ``plan`` asks; returns
     ``(train, eval_or_None)`` datasets.
 
     Examples whose completions are all the same tokens (e.g. a pair that ``data.max_length`` cut to
     chosen == rejected) are dropped and counted in ``dataset.stats``; ``show_progress`` also prints the
-    data summary (:func:`describe_data`). ``records``: ``load_split_records(...)`` when already loaded."""
+    data summary (:func:`describe_data`) and, unless ``bars`` is false, a tokenizing bar for a long split.
+    ``records``: ``load_split_records(...)`` when already loaded. A mixture's sources are tokenized and counted one
+    by one, then joined in order (``dataset.parts``)."""
     collate = example_collate(plan, tokenizer)
-    train_records, eval_records = records if records is not None else load_split_records(data_cfg, plan)
+    train_parts, eval_records = records if records is not None else load_split_records(data_cfg, plan)
 
     def run(records, desc, kind_name):
         if records is None:
@@ -197,7 +216,7 @@ def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = Tr
             max_prompt_length=data_cfg.max_prompt_length, chat_template=data_cfg.chat_template,
         )
         iterator = records
-        if show_progress and len(records) > 256:
+        if show_progress and bars is not False and len(records) > 256:
             from tqdm.auto import tqdm  # imported here: only a long split shows a bar
 
             iterator = tqdm(records, desc=f"tokenizing {desc}", unit="ex", leave=False)
@@ -214,7 +233,14 @@ def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = Tr
             )
         return TokenizedDataset(kept, collate, stats)
 
-    train, evaluation = run(train_records, "train", plan.train_kind), run(eval_records, "eval", plan.eval_kind)
+    if data_cfg.mixture:
+        sources = data_cfg.train_sources
+        parts = [run(part, f"train, `data.train[{i}]` {source.label}", plan.train_kind)
+                 for i, (part, source) in enumerate(zip(train_parts, sources))]
+        train = join_sources(parts, [source.label for source in sources], [source.weight for source in sources])
+    else:
+        train = run(train_parts[0], "train", plan.train_kind)
+    evaluation = run(eval_records, "eval", plan.eval_kind)
     if show_progress:
         print("data: " + describe_data(data_cfg, plan, train, evaluation), flush=True)
     return train, evaluation
@@ -228,19 +254,42 @@ def tokenize_row(tokenize: Callable, record):
         raise exc.at(record.source) from None
 
 
+def join_sources(parts: List[TokenizedDataset], labels: List[str], weights: List[float]) -> TokenizedDataset:
+    """A mixture's tokenized sources as one dataset, in order, each remembered as a ``SourcePart``."""
+    features, sources, start = [], [], 0
+    for part, label, weight in zip(parts, labels, weights):
+        features += part.features
+        sources.append(SourcePart(label, weight, start, part.stats))
+        start += len(part)
+    total = DataStats(*(sum(getattr(p.stats, f) for p in parts) for f in ("examples", "truncated", "truncated_tokens",
+                                                                          "identical_dropped")))
+    return TokenizedDataset(features, parts[0].collate, total, sources)
+
+
+def _cut(s: DataStats) -> str:
+    """What truncation and the identical-completion check did to a split or source ('' when nothing)."""
+    if s.truncated:
+        dropped = f"; {s.identical_dropped} dropped: identical after truncation" if s.identical_dropped else ""
+        return f"{s.truncated} truncated, {s.truncated_tokens} tokens cut{dropped}"
+    return f"{s.identical_dropped} dropped: identical completions" if s.identical_dropped else ""
+
+
 def describe_data(data_cfg, plan: DataPlan, train: TokenizedDataset, evaluation: Optional[TokenizedDataset]) -> str:
-    """One line: examples per split, what truncation cut, and the identical examples dropped."""
+    """One line: examples per split (and per source of a mixture, with its weight), what truncation cut, and the
+    identical examples dropped."""
     parts = []
     for name, data, kind in (("train", train, plan.train_kind), ("eval", evaluation, plan.eval_kind)):
         if data is None:
             continue
         noun, s = DATA_KINDS[kind].example, data.stats
         text = f"{s.examples} {name} {noun}s"
-        if s.truncated:
-            text += f" ({s.truncated} truncated, {s.truncated_tokens} tokens cut"
-            text += f"; {s.identical_dropped} dropped: identical after truncation)" if s.identical_dropped else ")"
-        elif s.identical_dropped:
-            text += f" ({s.identical_dropped} dropped: identical completions)"
+        if data.parts:
+            total = sum(part.weight for part in data.parts)
+            text += f" from {len(data.parts)} sources [" + "; ".join(
+                f"{p.label}: {p.stats.examples} at weight {p.weight / total:.3g}"
+                + (f", {_cut(p.stats)}" if _cut(p.stats) else "") for p in data.parts) + "]"
+        elif _cut(s):
+            text += f" ({_cut(s)})"
         parts.append(text)
     limits = f"`data.max_length` {data_cfg.max_length}, `data.max_prompt_length` {data_cfg.max_prompt_length}"
     budget = plan.token_budget
@@ -258,4 +307,10 @@ def data_summary_fields(train: TokenizedDataset, evaluation: Optional[TokenizedD
             out.update({f"data/{name}_examples": s.examples, f"data/{name}_truncated": s.truncated,
                         f"data/{name}_truncated_tokens": s.truncated_tokens,
                         f"data/{name}_identical_dropped": s.identical_dropped})
+            if data.parts:  # a mixture: each source's counts
+                out[f"data/{name}_sources"] = [
+                    {"source": p.label, "weight": p.weight, "examples": p.stats.examples,
+                     "truncated": p.stats.truncated, "truncated_tokens": p.stats.truncated_tokens,
+                     "identical_dropped": p.stats.identical_dropped}
+                    for p in data.parts]
     return out

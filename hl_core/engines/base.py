@@ -5,12 +5,18 @@ from __future__ import annotations
 import contextlib
 import math
 import os
+import random
 import socket
 from typing import Any, Dict, Optional
 
+import numpy as np
 import torch
 
 from ..errors import LaunchError
+
+# torch's global generators (dropout), Python's and NumPy's are seeded with train.seed + this + the rank: the offset
+# keeps their stream apart from the humanline sampling generators (train.seed + 1000 x the data-parallel rank)
+GLOBAL_SEED_OFFSET = 1_000_003
 
 
 def lr_lambda(warmup_steps: int, max_steps: int, schedule: str):
@@ -103,8 +109,8 @@ class Engine:
     * ``backward(loss)``: accumulate gradients of one micro-batch.
     * ``step()``: gradient clipping + optimizer + LR scheduler at an accumulation boundary; returns
       ``{"lr": ..., "grad_norm": ...}`` or ``None`` between boundaries.
-    * ``sync_reference()``: copy each rank's shard of every policy parameter into the matching
-      reference shard (shard-local; never gathers).
+    * ``sync_reference(mix=1.0)``: copy (``mix`` 1) or mix (``humanline.mix_into``) each rank's shard of every
+      policy parameter into the matching reference shard (shard-local; never gathers).
     * ``reference``: the frozen reference model, or None when the run never reads it
       (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
@@ -115,6 +121,8 @@ class Engine:
     * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints (every file
       loaded with ``weights_only=True``; the trainer marks a checkpoint complete after ``save`` returns).
     * ``save_hf(dir)``: a Hugging Face model directory (safetensors + tokenizer).
+    * ``seed_rngs(seed)``, ``rng_state()``, ``set_rng_state(state)``: the global generators (dropout), seeded from
+      ``train.seed`` and the rank at construction, kept per rank in checkpoints.
     """
 
     rank: int = 0
@@ -154,7 +162,9 @@ class Engine:
     @contextlib.contextmanager
     def policy_as_reference(self):
         """The policy in eval mode under no-grad, as the reference model runs: for log-probs the policy computes
-        in place of a reference copy (a cached frozen reference, look-ahead syncing)."""
+        in place of a reference copy (a cached frozen reference, look-ahead syncing), and for held-out
+        evaluations (dropout off: the same weights always give the same numbers, and no random draw is taken
+        from the training's generators)."""
         module = self._policy_module()
         was_training = module.training
         module.eval()
@@ -163,6 +173,31 @@ class Engine:
                 yield
         finally:
             module.train(was_training)
+
+    def seed_rngs(self, seed: int) -> None:
+        """Seed torch's global generators (CPU and GPUs: dropout draws from them), Python's ``random`` and NumPy's
+        with ``seed`` (which includes the rank: each rank its own stream)."""
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def rng_state(self) -> Dict[str, Any]:
+        """This rank's global generator states (kept in each checkpoint, so a resumed run draws what an
+        uninterrupted one would); only tensors, numbers and tuples (``weights_only`` loads)."""
+        kind, keys, pos, has_gauss, cached = np.random.get_state()
+        state = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                 "numpy": (kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached)}
+        if self.device.type == "cuda":
+            state["cuda"] = torch.cuda.get_rng_state(self.device)
+        return state
+
+    def set_rng_state(self, state: Dict[str, Any]) -> None:
+        torch.set_rng_state(state["torch"])
+        random.setstate(state["python"])
+        kind, keys, pos, has_gauss, cached = state["numpy"]
+        np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+        if "cuda" in state and self.device.type == "cuda":
+            torch.cuda.set_rng_state(state["cuda"], self.device)
 
     def backward(self, loss: torch.Tensor) -> None:
         raise NotImplementedError
@@ -178,7 +213,7 @@ class Engine:
     def step(self) -> Optional[Dict[str, float]]:
         raise NotImplementedError
 
-    def sync_reference(self) -> None:
+    def sync_reference(self, mix: float = 1.0) -> None:
         raise NotImplementedError
 
     def local_grads_finite(self) -> bool:

@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
+import importlib
 import os
 from pathlib import Path
 from typing import Any, Dict, Optional
@@ -26,12 +27,13 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
+from ..humanline import mix_into
 from ..logprobs import chunk_positions, sequence_token_logps
 from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
 from ..objectives import reference_model_needed
 from ..storage.checkpoints import safe_load, wrote_lookahead
-from .base import Engine, launch_environment, lr_lambda
+from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
 from .lora import wrap_lora
 
 # Imports inside functions: deepspeed (seconds to import, and it compiles ops) loads when an engine is built, not when
@@ -61,10 +63,23 @@ def safe_checkpoint_engine(config):
 
 
 def _init_distributed(backend: Optional[str]) -> None:
+    """DeepSpeed's process group. Under gloo (CPU ranks) DeepSpeed would JIT-compile its shared-memory all-reduce op
+    (about two minutes and a C++ compiler, once per Python environment, and again whenever another environment
+    shares torch's extension cache): gloo's own collectives serve the CPU sizes of this pack, so the op is not built.
+    Its absence is a path DeepSpeed supports (``build_shm_op`` returns None on platforms without the op)."""
     import deepspeed
 
-    if not torch.distributed.is_initialized():
-        deepspeed.init_distributed(dist_backend=launch_environment(backend), verbose=False)
+    ds_comm = importlib.import_module("deepspeed.comm.torch")  # the attribute `deepspeed.comm.torch` is torch itself
+    if torch.distributed.is_initialized():
+        return
+    backend = launch_environment(backend)
+    build = ds_comm.build_shm_op
+    if backend == "gloo":
+        ds_comm.build_shm_op = lambda: None
+    try:
+        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+    finally:
+        ds_comm.build_shm_op = build
 
 
 def _holds_whole(param) -> bool:
@@ -153,6 +168,8 @@ class DeepSpeedEngine(Engine):
         if self.lora is not None:
             self._pairs = self.lora.pairs  # synced: (reference adapter name, policy tensor, reference tensor)
         self._last_grad_norm = float("nan")
+        # dropout draws from torch's global generator: seeded per rank, after every model is built and wrapped
+        self.seed_rngs(train.seed + GLOBAL_SEED_OFFSET + self.rank)
 
     # -------------------------------------------------------------------------------------------
     @property
@@ -281,27 +298,28 @@ class DeepSpeedEngine(Engine):
 
     # -------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def sync_reference(self):
-        """Shard-local copy policy -> reference: each rank copies only what it holds, and never gathers.
+    def sync_reference(self, mix: float = 1.0):
+        """Shard-local policy -> reference, a copy (``mix`` 1) or a soft update (``humanline.mix_into``): each rank
+        updates only what it holds, and never gathers. LoRA: the reference adapter's tensors.
 
-        ZeRO-3: the partition (``ds_tensor``) is always copied. A reference parameter that is currently
+        ZeRO-3: the partition (``ds_tensor``) is always updated. A reference parameter that is currently
         held whole (persistent parameters, ``ds_persist``, once DeepSpeed has traced the model) must
-        also be refreshed, or the next forward would use the stale whole copy: it is copied from the
-        policy's whole copy when the policy holds one too, and otherwise released, so the next forward
-        re-gathers it from the fresh partition.
+        also be refreshed, or the next forward would use the stale whole copy: it is updated from the
+        policy's whole copy when the policy holds one too (the same elementwise arithmetic as its partition), and
+        otherwise released, so the next forward re-gathers it from the fresh partition.
         """
         self.require_reference()
         copied = 0
         for _, pol, ref in self._pairs:
             if not hasattr(pol, "ds_tensor"):
-                ref.data.copy_(pol.data)
+                mix_into(ref.data, pol.data, mix)
                 copied += ref.numel() * ref.element_size()
                 continue
-            ref.ds_tensor.data.copy_(pol.ds_tensor.data)
+            mix_into(ref.ds_tensor.data, pol.ds_tensor.data, mix)
             copied += ref.ds_tensor.numel() * ref.ds_tensor.element_size()
             if _holds_whole(ref):
                 if _holds_whole(pol):
-                    ref.data.copy_(pol.data)
+                    mix_into(ref.data, pol.data, mix)
                     copied += ref.numel() * ref.element_size()
                 else:
                     ref.partition()
@@ -361,9 +379,11 @@ class DeepSpeedEngine(Engine):
 
     def save_hf(self, directory: str) -> None:
         if self.lora is not None:  # the adapter in PEFT format (+ `merged/` when asked)
+            # a random-init base exists nowhere but in this run: the adapter alone could not be loaded, so merge
+            merged = self.recipe.model.lora.save_merged or self.recipe.model.random_init
             if self.rank == 0:
                 Path(directory).mkdir(parents=True, exist_ok=True)
-                self.lora.save_final(directory, self.tokenizer, self.recipe.model.lora.save_merged)
+                self.lora.save_final(directory, self.tokenizer, merged)
             self.barrier()
             return
         state_dict = self.full_state_dict()
@@ -384,5 +404,7 @@ class DeepSpeedEngine(Engine):
         gc.collect()  # free the engines' hooks and buffers while the process group still exists
         if torch.distributed.is_initialized():
             torch.distributed.barrier()
-            if destroy_process_group:
-                torch.distributed.destroy_process_group()
+            if destroy_process_group:  # DeepSpeed's own teardown also drops the groups it cached (a next engine
+                import deepspeed.comm  # in this process would otherwise meet unregistered groups); loaded already
+
+                deepspeed.comm.destroy_process_group()

@@ -51,6 +51,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
+from ..humanline import mix_into
 from ..logprobs import chunk_positions
 from ..models.loading import DTYPES, build_causal_lm
 from ..objectives import reference_model_needed
@@ -274,6 +275,15 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             torch.cuda.set_rng_state(cuda)
         tensor_parallel.get_cuda_rng_tracker().set_states({k: v.clone() for k, v in tracked.items()})
 
+    def rng_state(self) -> Dict[str, Any]:
+        return {**super().rng_state(), "tracker": self._rng_state()[2]}  # the model-parallel dropout streams
+
+    def set_rng_state(self, state: Dict[str, Any]) -> None:
+        from megatron.core import tensor_parallel
+
+        super().set_rng_state(state)
+        tensor_parallel.get_cuda_rng_tracker().set_states({k: v.clone() for k, v in state["tracker"].items()})
+
     # ------------------------------------------------------------------------------------------ backward / step
     def backward(self, loss: torch.Tensor) -> None:
         scaled = loss / self.gradient_accumulation_steps
@@ -376,12 +386,12 @@ class MegatronEngine(MegatronCheckpointing, Engine):
 
     # ------------------------------------------------------------------------------------------ sync
     @torch.no_grad()
-    def sync_reference(self) -> None:
-        """Shard-local: each rank copies its own TP/PP slice of every policy parameter into the
-        matching reference slice. No collective, no gather."""
+    def sync_reference(self, mix: float = 1.0) -> None:
+        """Shard-local: each rank copies (``mix`` 1) or mixes (``mix_into``) its own TP/PP slice of every policy
+        parameter into the matching reference slice. No collective, no gather."""
         self.require_reference()
         for _, pol, ref in self._pairs:
-            ref.data.copy_(pol.data)
+            mix_into(ref.data, pol.data, mix)
 
     def _policy_module(self):
         return self.policy_module

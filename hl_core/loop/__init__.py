@@ -6,5 +6,8 @@
 * ``metrics.py``: declared metric keys and their means over micro-batches and ranks;
 * ``guard.py``: what stops a run (non-finite updates, signals) and with which exit code;
 * ``safety.py``: the non-finite decision, checkpoint and ``final/`` writes (mixed into the trainer);
-* ``report.py`` and ``sinks.py``: progress bar, printed lines, ``metrics.jsonl`` / TensorBoard / W&B, the summary.
+* ``report.py`` and ``sinks.py``: progress bar, printed lines, ``metrics.jsonl`` / TensorBoard / W&B, the summary;
+* ``lifecycle.py`` and ``run_record.py``: a run's start in its ``output_dir`` (the lock, another run's outputs, the
+  checkpoint to resume and whether its run record allows it) and the line a finished run's rerun prints;
+* ``post_training.py``: the post-training evaluations' phase and what ``summary.json`` says about it.
 """

@@ -3,8 +3,10 @@
 Exit codes of ``launchers/run.py`` (the README's Reliability section lists them too):
 
     0 finished (or stopped cleanly by a STOP file or ``train.stop_after``), 1 failure (a bug, a crash),
-    2 bad input, 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a resumable
-    checkpoint; a second signal exits at once with 128 + the signal (143 for SIGTERM, 130 for SIGINT).
+    2 bad input, 3 stopped on a non-finite update (or every update skipped: no ``final/``), 4 stopped by
+    SIGTERM/SIGINT after saving a resumable checkpoint; a second signal exits at once with 128 + the signal
+    (143 for SIGTERM, 130 for SIGINT), and so does a signal during the post-training evaluations
+    (``hl_core/loop/post_training.py``: training finished, ``summary.json`` records it).
 
 Per update every rank checks its own view (the loss and the objective's statistics of its micro-batches,
 its own gradient shards) and the flags travel in the update's totals reduction, together with the STOP

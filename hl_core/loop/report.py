@@ -4,13 +4,53 @@ and the end-of-run summary (printed, and ``summary.json``). On the other ranks e
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
 import torch
 
+from .. import __version__
+from ..storage.checkpoints import CHECKPOINT_PREFIX, FINAL_DIR
 from .sinks import Sinks
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+def provenance() -> Dict[str, Optional[str]]:
+    """The package version, and the git commit of the checkout it runs from (None for an installed copy)."""
+    commit = None
+    if (REPO_ROOT / ".git").exists():
+        try:  # fixed arguments: nothing from the recipe reaches the command
+            done = subprocess.run(["git", "-C", str(REPO_ROOT), "rev-parse", "HEAD"], capture_output=True, text=True,
+                                  timeout=10)
+            commit = done.stdout.strip() if done.returncode == 0 else None
+        except (OSError, subprocess.SubprocessError):
+            commit = None
+    return {"version": __version__, "git_commit": commit}
+
+
+def shows_bar(progress_bar: Optional[bool]) -> bool:
+    """``logging.progress_bar``: true forces tqdm bars, false turns them off; null (the default) shows them only
+    when stderr is a terminal, so a log file gets plain lines rather than repaints."""
+    return sys.stderr.isatty() if progress_bar is None else progress_bar
+
+
+def configure_bars(progress_bar: Optional[bool], rank0: bool) -> bool:
+    """At the start of a run: whether this process shows progress bars (rank 0, when ``shows_bar`` says so).
+    Without, the libraries' bars are off too (model writes, hub downloads, dataset loading)."""
+    bars = rank0 and shows_bar(progress_bar)
+    if not bars:
+        from huggingface_hub.utils import disable_progress_bars  # imported here: only the bar switch, when off
+        from transformers.utils import logging as transformers_logging  # imported here: likewise (seconds to load)
+
+        transformers_logging.disable_progress_bar()
+        disable_progress_bars()
+        os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"  # read when `datasets` is first imported
+    return bars
 
 # held-out metrics the end-of-run summary prints (start -> end), when the objective reports them
 SUMMARY_EVAL_KEYS = {
@@ -42,8 +82,9 @@ class StepTimes:
 class RunReport:
     """Rank 0's output. ``logging_cfg`` is the recipe's ``logging`` section."""
 
-    def __init__(self, is_main: bool, output_dir: Path, logging_cfg, run_name: str):
+    def __init__(self, is_main: bool, output_dir: Path, logging_cfg, run_name: str, bars: bool = False):
         self.is_main, self.output_dir, self.cfg, self.run_name = is_main, Path(output_dir), logging_cfg, run_name
+        self.bars = is_main and bars  # tqdm bars (``configure_bars``); else a plain line every `log_every` updates
         self.sinks: Optional[Sinks] = None
         self.bar = None
 
@@ -61,7 +102,7 @@ class RunReport:
             print(text, flush=True)
 
     def start_progress(self, total: int, done: int) -> None:
-        if self.is_main and self.cfg.progress_bar:
+        if self.bars:
             from tqdm.auto import tqdm  # imported here: only rank 0 with a bar needs it
 
             self.bar = tqdm(total=total, initial=done, desc=self.run_name, unit="step", dynamic_ncols=True)
@@ -108,7 +149,7 @@ class RunReport:
         names what the sync share measures; ``rollouts``: the run generates (the wall-clock split is shown)."""
         summary = {"updates": updates, "wall_s": wall, "torch_threads": torch.get_num_threads(),
                    "deterministic": torch.are_deterministic_algorithms_enabled(), "skipped_updates": skipped,
-                   "exit_code": exit_code}
+                   "exit_code": exit_code, **provenance()}
         if times.step:
             total = max(sum(times.step), 1e-12)
             summary.update(mean_step_s=sum(times.step) / len(times.step), sync_frac=sum(times.sync) / total,
@@ -141,5 +182,16 @@ class RunReport:
         for key, label in SUMMARY_EVAL_KEYS.items():
             if f"eval_start/{key}" in summary:
                 lines.append(f"  {label}: {summary[f'eval_start/{key}']:.3f} -> {summary[f'eval_end/{key}']:.3f}")
-        lines.append(f"outputs: {self.output_dir}/metrics.jsonl, checkpoints/, final/")
+        lines.append(f"outputs: {self.output_dir}/" + ", ".join(self.written()))
         return lines
+
+    def written(self) -> List[str]:
+        """What the run directory holds that this summary points to (only what exists)."""
+        out = self.output_dir
+        found = [name for name in ("metrics.jsonl", "eval.jsonl")
+                 if (out / name).is_file() and (out / name).stat().st_size]
+        if any((out / "checkpoints").glob(f"{CHECKPOINT_PREFIX}*")):
+            found.append("checkpoints/")
+        if (out / FINAL_DIR).is_dir():
+            found.append(f"{FINAL_DIR}/")
+        return found

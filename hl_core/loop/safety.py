@@ -1,7 +1,7 @@
 """The trainer's safety side: what ends a run on a non-finite update, and how checkpoints and ``final/`` are
-written (complete or invisible, never with non-finite weights). ``Trainer`` inherits it; it uses the trainer's
-``engine``, ``recipe``, ``output_dir``, ``is_main``, ``report``, ``skips``, ``updates_done``, ``eval_history``,
-``transform`` and ``source``."""
+written (complete or invisible, never with non-finite weights, nor untrained ones). ``Trainer`` inherits it; it
+uses the trainer's ``engine``, ``recipe``, ``output_dir``, ``is_main``, ``report``, ``skips``, ``updates_done``,
+``eval_history``, ``transform``, ``source``, ``reference`` and ``start`` (the run record)."""
 
 from __future__ import annotations
 
@@ -77,15 +77,34 @@ class TrainerSafety:
         reference_state = self.reference.state_dict()  # look-ahead syncing: the log-probs kept for this window
         if reference_state is not None:
             torch.save(reference_state, ckpt_dir / tag / ckpt.reference_logps_file(self.engine.rank))
+        torch.save(self.engine.rng_state(), ckpt_dir / tag / ckpt.rng_file(self.engine.rank))  # dropout's draws
         self.engine.barrier()
         if self.is_main:
             pause_for_test(HANG_BEFORE_COMPLETE_ENV, at=tag)
-            ckpt.mark_complete(ckpt_dir / tag, self.updates_done)
+            ckpt.mark_complete(ckpt_dir / tag, self.updates_done, self.start.record)
             ckpt.rotate(ckpt_dir, self.recipe.checkpoint.keep_last)
         self.engine.barrier()
 
+    def _restore_rng(self, checkpoint) -> str:
+        """This rank's generator states from ``checkpoint``; a notice when it keeps none (an older version)."""
+        path = checkpoint / ckpt.rng_file(self.engine.rank)
+        if not path.exists():
+            return (f"`{checkpoint}` keeps no random generator states (an older version wrote it): with dropout, "
+                    "the updates after the resume draw other masks than an uninterrupted run.")
+        self.engine.set_rng_state(ckpt.safe_load(path))
+        return ""
+
     def _save_final(self) -> None:
-        """``final/``: written whole to ``.final.partial``, then renamed; never with non-finite weights."""
+        """``final/``: written whole to ``.final.partial``, then swapped in; never with non-finite weights, nor
+        from a run whose every update was skipped (its weights are the untrained ones)."""
+        if self.skips.total >= self.updates_done:
+            self.report.stop_progress()
+            self._stop_nonfinite(
+                f"Refused to write `final/`: none of the run's {self.updates_done} updates took an optimizer step "
+                f"(all {self.skips.total} were skipped as non-finite under `train.on_nonfinite: skip`), so its "
+                "weights are the untrained ones. Fix: lower `train.lr`, set `train.max_grad_norm` (e.g. 1.0), check "
+                "the data and `objective.beta`; `train.on_nonfinite=stop` ends such a run at its first bad update."
+            )
         self._refuse_nonfinite_weights("`final/`")
         partial = self.output_dir / ckpt.FINAL_PARTIAL
         if self.is_main and partial.exists():

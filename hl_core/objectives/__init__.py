@@ -29,8 +29,8 @@ class ObjectiveSpec:
     uses_behaviour_logps: bool = False
     # rollouts: log-probs at the sampling temperature (logits / T, policy and reference alike)
     logps_at_sampling_temperature: bool = False
-    # False for objectives that never look at the reference (SFT): its forward pass is skipped
-    needs_reference: bool = True
+    # (objective_cfg) -> False when nothing reads the reference (SFT, DPO's reference-free SimPO): no forward, no model
+    needs_reference: Callable = lambda cfg: True
     # every metric ``batch_loss`` may report: the trainer reduces this fixed set (reporting another is an error)
     metric_keys: Tuple[str, ...] = ()
     # training micro-batches (hl_core.loop.micro_batches): (cfg, batch) -> what the micro-batch loss is a mean over
@@ -53,8 +53,8 @@ def register_objective(spec: ObjectiveSpec) -> None:
 
 
 register_objective(ObjectiveSpec(
-    "dpo", dpo_loss, "paired", dpo_batch_loss, metric_keys=dpo.METRIC_KEYS, loss_share=dpo.dpo_loss_share,
-    metric_weights=dpo.dpo_metric_weights))
+    "dpo", dpo_loss, "paired", dpo_batch_loss, needs_reference=dpo.dpo_needs_reference, metric_keys=dpo.METRIC_KEYS,
+    loss_share=dpo.dpo_loss_share, metric_weights=dpo.dpo_metric_weights))
 register_objective(ObjectiveSpec(
     "kto", kto_loss, "unpaired", kto_batch_loss, metric_keys=kto.METRIC_KEYS, loss_share=kto.kto_loss_share,
     metric_weights=kto.kto_metric_weights, prepare_update=kto.kto_prepare_update,
@@ -64,7 +64,7 @@ register_objective(ObjectiveSpec(
     loss_share=grpo.grpo_loss_share, share_scope=grpo.grpo_share_scope, metric_weights=grpo.grpo_metric_weights,
     prepare_update=grpo.grpo_prepare_update))
 register_objective(ObjectiveSpec(
-    "sft", sft_loss, "sft", sft_batch_loss, needs_reference=False, metric_keys=sft.METRIC_KEYS,
+    "sft", sft_loss, "sft", sft_batch_loss, needs_reference=lambda cfg: False, metric_keys=sft.METRIC_KEYS,
     loss_share=sft.sft_loss_share, metric_weights=sft.sft_metric_weights, finish_metrics=sft.sft_finish_metrics))
 
 def needs_old_logps(recipe) -> bool:
@@ -76,16 +76,20 @@ def needs_old_logps(recipe) -> bool:
 def reference_needed(recipe) -> bool:
     """Whether anything reads the reference's log-probs, and so whether the engine builds a reference model.
 
-    Not for SFT, and not for standard rollout GRPO without a KL term: its ratio is against the behaviour
-    policy's log-probs kept at sampling time. Syncing implies humanline, which always needs the reference.
+    Not for SFT or a reference-free DPO loss (SimPO), and not for standard rollout GRPO without a KL term: its ratio
+    is against the behaviour policy's log-probs kept at sampling time. Syncing implies humanline, which always needs
+    the reference (the checks refuse humanline with a reference-free objective).
     """
-    if not OBJECTIVES[recipe.objective.name].needs_reference:
+    if not OBJECTIVES[recipe.objective.name].needs_reference(recipe.objective):
         return False
     behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
     return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
 
 def lookahead_blocker(recipe) -> Optional[str]:
     """Why look-ahead syncing cannot serve this run's reference log-probs (None when it can)."""
+    if recipe.humanline.sync_mix != 1.0:
+        return (f"`humanline.sync_mix: {recipe.humanline.sync_mix}` mixes the policy into the reference, and the "
+                "policy computing log-probs ahead holds its own weights, not the mixture")
     if recipe.rollout.every is not None:
         return ("its batches are rollouts (`rollout.every`), sampled after the sync from the updated policy, so "
                 "they are not known at the sync")

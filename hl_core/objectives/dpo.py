@@ -1,6 +1,8 @@
-"""DPO over (already humanline-transformed) per-token log-ratios.
+"""DPO and its family over (already humanline-transformed) per-token log-ratios.
 
+``objective.loss_type`` picks the per-pair loss (``dpo_losses.PAIR_LOSSES``); ``sigmoid`` is DPO:
 ``r_c = beta * sum_t d_c[t]``, ``r_r = beta * sum_t d_r[t]``, ``loss = mean_b -logsigmoid(r_c - r_r)``.
+The reference-free ``simpo`` compares the policy's own per-token mean log-probs instead of log-ratios.
 """
 
 from __future__ import annotations
@@ -8,9 +10,9 @@ from __future__ import annotations
 from typing import Dict, Optional, Tuple
 
 import torch
-import torch.nn.functional as F
 
 from .base import weighted_mean
+from .dpo_losses import PAIR_LOSSES, LossSettings, sequence_score
 
 # every metric ``dpo_batch_loss`` reports (the trainer reduces exactly these over micro-batches and ranks)
 METRIC_KEYS = (
@@ -20,7 +22,7 @@ METRIC_KEYS = (
 
 def sequence_logratio(logratios: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Sum of per-token log-ratios over the non-masked tokens: ``[B, T] -> [B]``."""
-    return (logratios * mask.to(logratios.dtype)).sum(dim=-1)
+    return sequence_score(logratios, mask, per_token_mean=False)
 
 
 def dpo_loss(
@@ -30,21 +32,29 @@ def dpo_loss(
     rejected_mask: torch.Tensor,
     beta: float = 0.1,
     weights: Optional[torch.Tensor] = None,
+    loss_type: str = "sigmoid",
+    label_smoothing: float = 0.0,
+    simpo_gamma: float = 0.5,
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
-    """Batch mean of ``-logsigmoid(beta * (sum chosen - sum rejected))`` (weighted by per-pair
-    ``weights`` when given, e.g. online pairs whose score gap is under the threshold get 0).
+    """Batch mean of the ``loss_type`` loss of each pair (weighted by per-pair ``weights`` when given, e.g. online
+    pairs whose score gap is under the threshold get 0). For ``simpo`` (reference-free) the first and third
+    arguments are the policy's per-token log-probs rather than log-ratios.
 
-    Returns ``(loss, metrics)``; metrics hold the mean chosen/rejected rewards (``beta * sum``),
-    the mean margin and the reward accuracy (fraction of pairs with chosen reward > rejected, ties
-    counting one half).
+    Returns ``(loss, metrics)``; metrics hold the mean chosen/rejected implicit rewards (``beta`` times the summed
+    log-ratio, as TRL logs them for every reference-based type; SimPO: ``beta`` times the mean log-prob), the mean
+    margin and the reward accuracy (fraction of pairs with chosen reward > rejected, ties counting one half).
     """
     if chosen_logratios.shape[0] != rejected_logratios.shape[0]:
         raise ValueError("chosen and rejected batches must have the same number of pairs")
-    chosen_rewards = beta * sequence_logratio(chosen_logratios, chosen_mask)
-    rejected_rewards = beta * sequence_logratio(rejected_logratios, rejected_mask)
-    margins = chosen_rewards - rejected_rewards
-    loss = weighted_mean(-F.logsigmoid(margins), weights)
+    kind = PAIR_LOSSES[loss_type]
+    losses = kind.losses(sequence_score(chosen_logratios, chosen_mask, kind.length_normalised),
+                         sequence_score(rejected_logratios, rejected_mask, kind.length_normalised),
+                         LossSettings(beta, label_smoothing, simpo_gamma))
+    loss = weighted_mean(losses, weights)
     with torch.no_grad():
+        chosen_rewards = beta * sequence_score(chosen_logratios, chosen_mask, kind.reference_free)
+        rejected_rewards = beta * sequence_score(rejected_logratios, rejected_mask, kind.reference_free)
+        margins = chosen_rewards - rejected_rewards
         metrics = {
             "rewards/chosen": float(chosen_rewards.mean()),
             "rewards/rejected": float(rejected_rewards.mean()),
@@ -55,12 +65,20 @@ def dpo_loss(
     return loss, metrics
 
 
+def dpo_needs_reference(objective_cfg) -> bool:
+    """False for a reference-free ``loss_type`` (SimPO): nothing reads the reference's log-probs."""
+    return not PAIR_LOSSES[objective_cfg.loss_type].reference_free
+
+
 def dpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Trainer entry point: rows ``[:B]`` of a collated pair batch are chosen, rows ``[B:]`` rejected."""
-    log_ratios, mask = inputs.log_ratios, inputs.mask
-    half = log_ratios.shape[0] // 2
-    loss, metrics = dpo_loss(log_ratios[:half], mask[:half], log_ratios[half:], mask[half:], beta=objective_cfg.beta,
-                             weights=inputs.batch.get("weights"))
+    cfg, mask = objective_cfg, inputs.mask
+    # a reference-free loss (SimPO) scores the policy's log-probs; the others the humanline-transformed log-ratios
+    values = inputs.log_ratios if dpo_needs_reference(cfg) else inputs.policy_logps
+    half = values.shape[0] // 2
+    loss, metrics = dpo_loss(values[:half], mask[:half], values[half:], mask[half:], beta=cfg.beta,
+                             weights=inputs.batch.get("weights"), loss_type=cfg.loss_type,
+                             label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma)
     metrics.update(policy_preference_metrics(inputs.policy_logps[:half], mask[:half], inputs.policy_logps[half:], mask[half:]))
     return loss, metrics
 

@@ -60,6 +60,8 @@ from typing import Any, Dict, List, Optional, Tuple
 
 from ..config import Recipe, batch_layout
 from ..config.checks import check_lora
+from ..data.build import data_plan, load_split_records
+from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
 from .plan_lora import lora_terms
@@ -78,7 +80,7 @@ def grpo_group_size(recipe: Recipe) -> Tuple[int, str]:
     rollout = recipe.rollout
     if rollout.every is not None and getattr(rollout, "num_generations", None):
         return int(rollout.num_generations), "rollout.num_generations"
-    path = recipe.data.train.path
+    path = recipe.data.train_sources[0].path  # a mixture: its first source
     if path and str(path).endswith(".jsonl") and Path(path).is_file():
         try:
             with open(path) as handle:
@@ -88,6 +90,22 @@ def grpo_group_size(recipe: Recipe) -> Tuple[int, str]:
         except (OSError, ValueError, AttributeError):
             pass
     return DEFAULT_GRPO_GROUP_SIZE, "preference pairs become groups of two"
+
+
+def planned_updates(recipe: Recipe, dp: int, accum: int) -> Tuple[Optional[int], str]:
+    """The run's optimizer updates and how they are known: `train.max_steps`, or `train.epochs` over the local
+    training rows (counted before tokenizing; pairs that truncation makes identical are dropped at run time, so the
+    run may derive fewer); None when the data are named on the Hugging Face hub."""
+    train = recipe.train
+    if train.epochs is None:
+        return train.max_steps, f"updates: {train.max_steps} (`train.max_steps`)"
+    if any(source.path is None for source in recipe.data.train_sources):
+        return None, (f"updates: derived at run time from `train.epochs: {train.epochs:g}` and the size of the "
+                      "Hugging Face data set")
+    rows = sum(map(len, load_split_records(recipe.data, data_plan(recipe))[0]))
+    steps, line = epoch_steps(train, rows, dp, accum)
+    return steps, (f"updates: at most {steps}, from {rows} training rows before tokenizing (the run derives the "
+                   f"count from the examples it keeps and logs it): {line}")
 
 
 def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) -> int:
@@ -203,16 +221,19 @@ def memory_plan(
         if lora:  # no second model: a frozen copy of the adapter (synced) or nothing (the adapter switched off)
             reference = pb * A if synced else 0.0
 
+    run_updates = planned_updates(recipe, dp, accum)
     mode, why = reference_mode(recipe)
     if mode == "none":
         reference = 0.0
         notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
     elif mode in ("cached", "lookahead"):
         reference = 0.0
-        updates = recipe.train.max_steps if mode == "cached" else recipe.humanline.sync_every
-        kept = updates * accum * sequences_per_micro_batch(recipe, group_size) * recipe.data.max_length * 4 / 2**20
+        updates = run_updates[0] if mode == "cached" else recipe.humanline.sync_every
+        rows = (updates or 1) * accum * sequences_per_micro_batch(recipe, group_size)
+        kept = rows * recipe.data.max_length * 4 / 2**20
         notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
-                     f"{kept:.2f} MiB per rank ({updates} update(s) of padded float32 rows)")
+                     f"{kept:.2f} MiB per rank " + (f"({updates} update(s) of padded float32 rows)" if updates else
+                                                    "per update (padded float32 rows; `train.epochs` over hub data)"))
 
     # activations and logits (hl_core.preflight.plan_terms: counted tensor by tensor, checked against measurement)
     b = sequences_per_micro_batch(recipe, group_size)
@@ -274,6 +295,7 @@ def memory_plan(
         engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
         world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
         gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
+        updates=run_updates,
         sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
         tokens_per_micro_batch=tokens, token_budget=budget,
         gradient_checkpointing=checkpointing, gpu_memory_gib=gpu_gib,
@@ -309,6 +331,7 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
            if plan["token_budget"] is not None else
            f"{plan['sequences_per_micro_batch']} sequences of <= {plan['seq_len']} tokens per micro-batch")
         + f", {plan['attention']} attention)",
+        plan["updates"][1],
         f"per-GPU memory estimate ({unit}):",
         "  at rest (between updates)",
         f"    weights (policy)            {v['weights']:9.2f}",

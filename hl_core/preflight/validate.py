@@ -1,7 +1,8 @@
 """``run.py --validate``: everything that can be checked without the weights or a GPU.
 
 The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
-``output_dir``, the checkpoint to resume), the parallel layout for the world size, the local model
+``output_dir``, the checkpoint to resume), the checkpoint's run record against the recipe and another run's outputs
+in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the local model
 directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``) and weight
 files (their headers: a cut or damaged safetensors file, a missing shard), the local
 tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
@@ -14,10 +15,14 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
-from ..config import check_recipe
+from ..config import batch_layout, check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
+from ..loop.lifecycle import check_other_run
+from ..loop.run_record import check_resume_record, run_record
+from ..loop.sources import epoch_steps
 from ..models.loading import check_model_config, check_weights_load, load_tokenizer
 from ..models.specs import check_layout
+from ..storage.checkpoints import resume_target
 
 
 def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
@@ -27,19 +32,28 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_layout(recipe, world)
     check_model_config(recipe.model)
     check_weights_load(recipe.model)  # a local model's config.json and safetensors headers (no weights read)
+    target, _ = resume_target(recipe.checkpoint.resume, recipe.output_dir)
+    check_other_run(recipe, target)  # another run's outputs in output_dir
+    resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None
     tokenizer = None
     if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
         tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary
     lines = [f"recipe `{recipe.name}` is valid"]
-    sources = [recipe.data.train] + ([recipe.data.eval] if recipe.data.eval else [])
+    if resume is not None:
+        lines += [f"resumes `{target}`"] + resume.notices
+    sources = recipe.data.train_sources + ([recipe.data.eval] if recipe.data.eval else [])
     if all(s.path is not None for s in sources):
         plan = data_plan(recipe)
         records = load_split_records(recipe.data, plan)
-        train, evaluation = records
-        lines.append(f"data: {len(train)} train rows" + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
+        train_parts, evaluation = records
+        lines.append(f"data: {sum(map(len, train_parts))} train rows"
+                     + (f" ({', '.join(str(len(p)) for p in train_parts)} per source)" if recipe.data.mixture else "")
+                     + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
         if tokenizer is not None:
             tokenized = build_datasets(recipe.data, plan, tokenizer, show_progress=False, records=records)
             lines.append("tokenized: " + describe_data(recipe.data, plan, *tokenized))
+            if recipe.train.epochs is not None:  # what the run will derive: the same examples, the same layout
+                lines.append(epoch_steps(recipe.train, len(tokenized[0]), *batch_layout(recipe, world))[1])
     else:
         lines.append("data: Hugging Face dataset(s) named; rows are checked when loaded at run time")
     hl = recipe.humanline

@@ -11,7 +11,7 @@ import torch
 
 from ..humanline import ReferenceSyncHook, SyncRecord, should_sync
 from ..storage.checkpoints import reference_logps_file, safe_load
-from .store import LogpStore, forward_is_deterministic
+from .store import LogpStore, forward_batches, forward_is_deterministic
 
 
 class ReferenceLogps:
@@ -20,9 +20,10 @@ class ReferenceLogps:
     ``logps(batch, temperature, policy_logps)`` serves the trainer, ``token_logps(batch, model)`` the objectives'
     extra forwards (KTO's KL rows), and ``sync_hook.before_optimizer_step(engine, n)`` runs at every update."""
 
-    def __init__(self, engine, mode: str, reason: str, sync_every: Optional[int], sync_offset: int):
+    def __init__(self, engine, mode: str, reason: str, sync_every: Optional[int], sync_offset: int,
+                 sync_mix: float = 1.0):
         self.engine, self.mode, self.reason = engine, mode, reason
-        self.sync_hook = ReferenceSyncHook(sync_every, sync_offset)
+        self.sync_hook = ReferenceSyncHook(sync_every, sync_offset, sync_mix)
 
     @property
     def available(self) -> bool:
@@ -42,9 +43,10 @@ class ReferenceLogps:
     def load_state_dict(self, state: dict) -> None:
         pass
 
-    def resume(self, checkpoint, rank: int) -> Optional[str]:
-        """After the engine loaded ``checkpoint``: restore what this mode keeps; a notice when the checkpoint was
-        written in another mode (e.g. ``train.on_nonfinite: skip`` chose a copy after a look-ahead run stopped)."""
+    def resume(self, checkpoint, rank: int, updates_done: int) -> Optional[str]:
+        """After the engine loaded ``checkpoint`` (``updates_done`` updates): restore what this mode keeps; a notice
+        when the checkpoint was written in another mode (e.g. ``train.on_nonfinite: skip`` chose a copy after a
+        look-ahead run stopped)."""
         if getattr(self.engine, "resynced_at_resume", False):
             return ("The checkpoint was written with look-ahead syncing and keeps no reference copy; this run keeps "
                     f"one ({self.reason}). It starts from the policy's weights at the resume: one extra sync there.")
@@ -82,7 +84,9 @@ class StoredReferenceLogps(ReferenceLogps):
 
 class LookaheadReference(StoredReferenceLogps):
     """Look-ahead syncing: ``sync_hook`` is this object; at each window start it replaces the stored log-probs
-    with the policy's for the batches up to the next sync (see the module docstring)."""
+    with the policy's for the batches up to the next sync (see the module docstring). A window is computed whole
+    even where it reaches past ``max_steps`` (with the eval set), so a finished run extended to more updates
+    continues exactly; a resume whose window the checkpoint does not cover starts a new window there."""
 
     def __init__(self, engine, reason: str, humanline, max_steps: int, batches_of_update: Callable[[int], List[dict]],
                  eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool]):
@@ -99,6 +103,17 @@ class LookaheadReference(StoredReferenceLogps):
             n += 1
         return n
 
+    def window_start(self, updates_done: int) -> int:
+        """The window start (update 0 or a sync) whose weights update ``updates_done`` reads as its reference."""
+        n = updates_done - 1
+        while n > 0 and not should_sync(n, self.sync_every, self.offset):
+            n -= 1
+        return max(n, 0)
+
+    def _evals_in(self, first: int, last: int) -> bool:
+        return (self.eval_batches is not None
+                and any(self.eval_at(u) for u in range(first, min(last, self.max_steps) + 1)))
+
     def before_optimizer_step(self, engine, updates_done: int) -> SyncRecord:
         synced = should_sync(updates_done, self.sync_every, self.offset)
         if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
@@ -107,10 +122,10 @@ class LookaheadReference(StoredReferenceLogps):
         start = time.perf_counter()
         end = self.window_end(updates_done)
         self.store = LogpStore()
-        updates = range(updates_done + 1, min(end, self.max_steps - 1) + 1)
-        self.store.fill(engine, (b for m in updates for b in self.batches_of_update(m)), 1.0)
-        evals = [u for u in range(updates_done + 1, min(end, self.max_steps) + 1) if self.eval_at(u)]
-        if evals and self.eval_batches is not None:
+        self.store.fill(engine, (b for m in range(updates_done + 1, end + 1) for b in self.batches_of_update(m)), 1.0)
+        # the eval set when an evaluation falls in the window, or the window reaches past the run's end (a run
+        # extended to more updates may evaluate there)
+        if self._evals_in(updates_done + 1, end) or (end > self.max_steps and self.eval_batches is not None):
             self.store.fill(engine, self.eval_batches(), 1.0)
         self.policy_is_reference = False
         engine.synchronize()
@@ -123,11 +138,27 @@ class LookaheadReference(StoredReferenceLogps):
         self.store = LogpStore(state["values"])
         self.policy_is_reference = bool(state["policy_is_reference"])
 
-    def resume(self, checkpoint, rank: int) -> Optional[str]:
+    def _covers(self, updates_done: int) -> bool:
+        """The stored log-probs hold every batch this run reads before its next window starts (on this rank)."""
+        if self.policy_is_reference:
+            return True
+        end = self.window_end(self.window_start(updates_done))
+        batches = [b for m in range(updates_done, min(end, self.max_steps - 1) + 1) for b in self.batches_of_update(m)]
+        if self._evals_in(updates_done + 1, end):
+            batches += list(self.eval_batches())
+        return all(self.store.get(f, 1.0) is not None for b in batches for f in forward_batches(b))
+
+    def resume(self, checkpoint, rank: int, updates_done: int) -> Optional[str]:
         path = Path(checkpoint) / reference_logps_file(rank)
-        if path.exists():
-            self.load_state_dict(safe_load(path))
+        if not path.exists():
+            self.store, self.policy_is_reference = LogpStore(), True  # a new window starts at the resume
+            return ("The checkpoint keeps a reference copy, not look-ahead log-probs; this run syncs by look-ahead: "
+                    "its reference starts from the policy's weights at the resume (one extra sync there).")
+        self.load_state_dict(safe_load(path))
+        missing = torch.tensor([float(not self._covers(updates_done))], dtype=torch.float64)
+        if self.engine.all_reduce_sum(missing).item() == 0:
             return None
-        self.store, self.policy_is_reference = LogpStore(), True  # a new window starts at the resume
-        return ("The checkpoint keeps a reference copy, not look-ahead log-probs; this run syncs by look-ahead: "
-                "its reference starts from the policy's weights at the resume (one extra sync there).")
+        self.store, self.policy_is_reference = LogpStore(), True  # every rank starts a new window at the resume
+        return (f"The checkpoint's look-ahead log-probs do not cover what this run reads from update {updates_done} "
+                "(its data, batch layout or evaluations changed): the reference restarts from the policy's weights "
+                "at the resume (one extra sync there).")

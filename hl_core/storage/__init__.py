@@ -1,3 +1,4 @@
 """What the core writes and reads on disk, in formats no other package decides: the run directory's checkpoints
-(``checkpoints.py``: complete-or-invisible saves, ``final/``, the resume target, and the one safe way to load a
-torch file) and user text files (``text.py``: UTF-8, or the place of the first bad byte)."""
+(``checkpoints.py``: complete-or-invisible saves and their ``complete.json``, ``final/``, the resume target, and the
+one safe way to load a torch file), its lock (``run_lock.py``: one run per ``output_dir``), file digests
+(``digests.py``) and user text files (``text.py``: UTF-8, or the place of the first bad byte)."""

@@ -5,7 +5,10 @@
   barrier rank 0 writes the marker (through a temporary file and a rename) and then ``latest``.
   ``checkpoint.resume: auto`` takes the newest complete checkpoint and says, in one line, which newer
   ones it ignored; DeepSpeed's ``latest`` file alone is never trusted.
-* ``final/`` is written to ``.final.partial`` and renamed when whole.
+* ``final/`` is written to ``.final.partial`` and swapped in when whole (``publish_final``): some complete
+  ``final/`` exists at every instant.
+* ``complete.json`` holds the update count and the run record (what the checkpoint was written with); a resume
+  compares it with the recipe (``hl_core/loop/run_record.py``).
 * Every checkpoint file is read with ``safe_load`` (``torch.load(weights_only=True)``); DeepSpeed's own files
   go through a checkpoint engine of ours whose allowlist holds exactly the classes DeepSpeed stores
   (``hl_core/engines/deepspeed_engine.py``): a file with anything else is refused (exit code 2) and
@@ -14,6 +17,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import pickle
@@ -28,7 +32,7 @@ from ..errors import RecipeError
 
 COMPLETE_MARKER = "complete.json"
 CHECKPOINT_PREFIX = "step_"
-FINAL_DIR, FINAL_PARTIAL = "final", ".final.partial"
+FINAL_DIR, FINAL_PARTIAL, FINAL_OLD = "final", ".final.partial", ".final.old"
 _STEP = re.compile(r"step_(\d+)")
 
 
@@ -38,6 +42,11 @@ REFERENCE_LOGPS = "reference_logps_rank"
 def reference_logps_file(rank: int) -> str:
     """A rank's look-ahead reference log-probs in a checkpoint (``hl_core.reference.sources.LookaheadReference``)."""
     return f"{REFERENCE_LOGPS}{rank:05d}.pt"
+
+
+def rng_file(rank: int) -> str:
+    """A rank's random generator states in a checkpoint (``Engine.rng_state``)."""
+    return f"rng_rank{rank:05d}.pt"
 
 
 def wrote_lookahead(checkpoint: Path) -> bool:
@@ -77,10 +86,40 @@ def skipped_notice(skipped: List[Path], chosen: Optional[Path]) -> str:
             f"interrupted, or an older version wrote it, then add an empty {COMPLETE_MARKER} to use it); {then}.")
 
 
-def mark_complete(path: Path, updates_done: int) -> None:
-    """Rank 0, after every rank's files are written: the marker, then ``latest`` (both atomic renames)."""
-    _write_atomic(path / COMPLETE_MARKER, json.dumps({"updates_done": updates_done}))
+def mark_complete(path: Path, updates_done: int, run_record: Optional[dict] = None) -> None:
+    """Rank 0, after every rank's files are written: the marker (the update count and the run record: what the
+    checkpoint was written with, ``hl_core.loop.run_record``), then ``latest`` (both atomic renames)."""
+    marker = {"updates_done": updates_done}
+    if run_record is not None:
+        marker["run"] = run_record
+    _write_atomic(path / COMPLETE_MARKER, json.dumps(marker, indent=1))
     _write_atomic(path.parent / "latest", path.name)
+
+
+def read_marker(path: Path) -> dict:
+    """A complete checkpoint's ``complete.json``: ``{}`` when empty (an older version's checkpoint, or one marked by
+    hand), else its ``updates_done`` (matching the ``step_N`` name) and ``run`` record. Anything else is refused
+    (``RecipeError``): a damaged marker cannot say what the checkpoint holds."""
+    marker_path = Path(path) / COMPLETE_MARKER
+    text = marker_path.read_text(errors="replace").strip()
+    if not text:
+        return {}
+    try:
+        marker = json.loads(text)
+    except ValueError:
+        marker = None
+    step = _STEP.fullmatch(Path(path).name)
+    updates = marker.get("updates_done") if isinstance(marker, dict) else None
+    if (not isinstance(marker, dict) or ("updates_done" in marker and (type(updates) is not int or (
+            step is not None and updates != int(step.group(1))))) or not isinstance(marker.get("run", {}), dict)):
+        raise RecipeError(
+            f"The checkpoint marker `{marker_path}` is damaged: it should be the JSON object this pack writes "
+            f"(`updates_done` equal to the directory's step, and the run record), but it holds "
+            f"`{text[:60]}{'...' if len(text) > 60 else ''}`, so what the checkpoint holds is unknown. Fix: point "
+            "`checkpoint.resume` at another `step_N`, remove this checkpoint so that `auto` takes the previous "
+            f"complete one, or, if you know it is whole, empty `{COMPLETE_MARKER}` (resumed without the run checks)."
+        )
+    return marker
 
 
 def _write_atomic(path: Path, text: str) -> None:
@@ -105,12 +144,48 @@ def rotate(directory: Path, keep_last: int) -> None:
             shutil.rmtree(path, ignore_errors=True)
 
 
+def _exchange(a: Path, b: Path) -> bool:
+    """Swap two directories in one atomic step (Linux ``renameat2(RENAME_EXCHANGE)``); False where the platform or
+    the file system cannot."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        renameat2 = libc.renameat2
+    except (OSError, AttributeError):
+        return False
+    at_fdcwd, rename_exchange = -100, 2
+    return renameat2(at_fdcwd, os.fsencode(a), at_fdcwd, os.fsencode(b), rename_exchange) == 0
+
+
 def publish_final(output_dir: Path) -> None:
-    """Rank 0: ``.final.partial`` -> ``final`` (an older ``final`` is replaced)."""
-    partial, final = output_dir / FINAL_PARTIAL, output_dir / FINAL_DIR
+    """Rank 0: ``.final.partial`` (whole) becomes ``final``. An older ``final`` is swapped out in one atomic step
+    and then deleted, so a complete ``final/`` exists at every instant; where the file system cannot swap, the
+    old one is renamed to ``.final.old`` first, and a kill between the two renames leaves it for
+    :func:`recover_final` to put back at the next start."""
+    partial, final, old = output_dir / FINAL_PARTIAL, output_dir / FINAL_DIR, output_dir / FINAL_OLD
+    if old.exists():
+        shutil.rmtree(old)  # a finished replacement's leftover
+    if final.exists() and _exchange(partial, final):
+        os.replace(partial, old)  # the old model, now at `.final.partial`, out of the way of the next save
+    else:
+        if final.exists():
+            os.replace(final, old)
+        os.replace(partial, final)
+    if old.exists():
+        shutil.rmtree(old)
+
+
+def recover_final(output_dir: Path) -> str:
+    """Rank 0 at the start of a run: undo a ``final/`` replacement that a kill interrupted (``.final.old`` is
+    the previous complete model); a one-line notice, or ''."""
+    final, old = Path(output_dir) / FINAL_DIR, Path(output_dir) / FINAL_OLD
+    if not old.exists():
+        return ""
     if final.exists():
-        shutil.rmtree(final)
-    os.replace(partial, final)
+        shutil.rmtree(old)
+        return ""
+    os.replace(old, final)
+    return (f"Restored `{final}` from `{old.name}`: a replacement of `final/` was interrupted before the new one "
+            "was in place.")
 
 
 # -------------------------------------------------------------------------------------------- loading

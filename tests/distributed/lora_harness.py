@@ -66,8 +66,8 @@ def synced_run(report):
     records, pending = [], {}
     original_step, original_sync = engine.step, engine.sync_reference
 
-    def sync():
-        original_sync()
+    def sync(*mix):
+        original_sync(*mix)
         pending["sync_bytes"] = engine.last_sync_bytes
 
     def step():

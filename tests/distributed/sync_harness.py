@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable, Dict, List
 
+import torch
 import torch.distributed as dist
 
 COLLECTIVES = ["all_gather", "all_gather_into_tensor", "_all_gather_base", "all_gather_object", "broadcast",
@@ -42,9 +43,11 @@ def record_sync_steps(trainer, engine, gather_policy: Callable[[], Dict], gather
                       modules=(dist,)) -> List[dict]:
     """Wrap the sync hook and ``engine.step``; returns the list the records are appended to: per update
     ``n``, whether it synced, the collectives issued during the sync, and max-abs differences of the
-    reference against the pre-update policy / pre-sync reference, and how far the policy moved."""
+    reference against the pre-update policy / pre-sync reference / the soft update of the two (``torch.lerp`` of
+    the gathered weights by ``humanline.sync_mix``), and how far the policy moved."""
     records: List[dict] = []
     pending: dict = {}
+    mix = trainer.recipe.humanline.sync_mix
     original_hook, original_step = trainer.sync_hook.before_optimizer_step, engine.step
 
     def hook(eng, updates_done):
@@ -64,6 +67,8 @@ def record_sync_steps(trainer, engine, gather_policy: Callable[[], Dict], gather
                 "n": pending["n"], "synced": pending["synced"], "sync_collectives": pending["sync_collectives"],
                 "ref_vs_pre_policy": max((post_ref[k] - pre_policy[k]).abs().max().item() for k in post_ref),
                 "ref_vs_pre_ref": max((post_ref[k] - pre_ref[k]).abs().max().item() for k in post_ref),
+                "ref_vs_mix": max((post_ref[k] - torch.lerp(pre_ref[k], pre_policy[k], mix)).abs().max().item()
+                                  for k in post_ref),
                 "policy_moved": max((post_policy[k] - pre_policy[k]).abs().max().item() for k in post_ref),
             })
         return out

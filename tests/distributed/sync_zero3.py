@@ -1,6 +1,7 @@
 """Run under torchrun (2 processes): humanline syncing under ZeRO-3, checked against gathered weights.
 
-Writes a JSON report (rank 0) to argv[1]. Gathering happens only here, in the test harness.
+argv: report.json output_dir sync_every [overrides...]. Writes a JSON report (rank 0) to argv[1]. Gathering
+happens only here, in the test harness.
 """
 
 import json
@@ -18,6 +19,7 @@ from sync_harness import CountCollectives, record_sync_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 report_path, out_dir, sync_every = sys.argv[1], sys.argv[2], int(sys.argv[3])
+extra = sys.argv[4:]  # more overrides (e.g. `humanline.sync_mix=0.5`, fewer updates)
 
 recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [
     "engine.zero_stage=3",
@@ -25,7 +27,7 @@ recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [
     "engine.zero3_param_persistence_threshold=100",
     f"humanline.sync_every={sync_every}", "humanline.reference=copy", f"output_dir={out_dir}", "eval.every=null",
     "checkpoint.save_every=null", "checkpoint.save_final=false", "logging.progress_bar=false",
-    "train.max_steps=5", "train.lr=5e-3",
+    "train.max_steps=5", "train.lr=5e-3", *extra,
 ])
 trainer = Trainer(recipe)
 trainer.setup()

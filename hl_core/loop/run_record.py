@@ -1,0 +1,167 @@
+"""What a checkpoint was written with (its run record, kept in its ``complete.json``), and what a resume may change.
+
+A resume compares the checkpoint's record with this run's, before the engine is built:
+
+* refused (one paragraph naming each change and the fix, exit code 2): another objective, model shape (or LoRA
+  setting), precision (DeepSpeed's fp32 and bf16 optimizer states differ), or number of examples per update
+  (the data stream is consumed that many examples per update: another number moves every later update's data);
+* allowed, one line each: more updates (``train.max_steps`` raised: the learning rate follows the new
+  ``train.max_steps``'s schedule from the update reached), new training data or seed (the run continues at the
+  same stream position of the new data's seeded order), new eval data (the held-out history before the resume,
+  measured on the other set, is dropped), another split of the same examples into micro-batches;
+* a checkpoint without a record (an older version, or ``complete.json`` emptied by hand) is resumed unchecked,
+  with one line saying so.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Dict, List, Optional
+
+from ..config import batch_layout
+from ..engines.base import lr_lambda
+from ..errors import RecipeError, UserError
+from ..models.specs import resolve_spec
+from ..storage.checkpoints import read_marker
+from ..storage.digests import local_files
+
+FORMAT = 1
+MODEL_DIMS = ("model_type", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "intermediate_size",
+              "head_dim")
+
+
+def _digest(value) -> str:
+    return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _model(recipe) -> Dict[str, object]:
+    """The model's name and overrides, and its dimensions where they are known without a download."""
+    try:
+        spec = resolve_spec(recipe.model)
+        dims = {key: getattr(spec, key) for key in MODEL_DIMS}
+    except UserError:  # a hub model not in the local cache (yet): its name and overrides stand in for its shape
+        dims = None
+    return {"name_or_path": recipe.model.name_or_path, "config_overrides": dict(recipe.model.config_overrides),
+            "dims": dims}
+
+
+def _changed(key: str, saved, now) -> bool:
+    """The model: its dimensions when both records know them (another path to the same shape is fine), else its
+    name and overrides."""
+    if key == "model" and isinstance(saved, dict) and isinstance(now, dict):
+        if saved.get("dims") and now.get("dims"):
+            return saved["dims"] != now["dims"]
+        named = ("name_or_path", "config_overrides")
+        return [saved.get(k) for k in named] != [now[k] for k in named]
+    return saved != now
+
+
+def _data(data, split: str) -> Optional[str]:
+    source = getattr(data, split)
+    if source is None and not (split == "eval" and data.eval_fraction):
+        return None
+    rest = data.model_dump(mode="json", exclude={"train", "eval"})
+    path = source.path if source is not None else data.train.path  # no eval source: carved from the train data
+    return _digest({"source": source.model_dump(mode="json") if source is not None else None, "settings": rest,
+                    "files": local_files(path), "split": split})
+
+
+def run_record(recipe, world_size: int) -> Dict[str, object]:
+    """This run's record (JSON-serialisable): what a checkpoint it writes holds and what its data stream is."""
+    dp, accumulation = batch_layout(recipe, world_size)
+    train, lora = recipe.train, recipe.model.lora
+    return {
+        "format": FORMAT,
+        "objective": recipe.objective.name,
+        "model": _model(recipe),
+        # the adapter's shape and the base it is rebuilt on (not `save_merged`, `alpha` or `dropout`: free to change)
+        "lora": ({"base": recipe.model.name_or_path, "r": lora.r, "target_modules": lora.target_modules}
+                 if recipe.model.lora_enabled else None),
+        "precision": recipe.engine.precision,
+        "examples_per_update": train.micro_batch_size * accumulation * dp,
+        "micro_batch_size": train.micro_batch_size,
+        "max_steps": train.max_steps,
+        "lr_schedule": [train.lr_schedule, train.warmup_steps],
+        "seed": train.seed,
+        "data_train": _data(recipe.data, "train"),
+        "data_eval": _data(recipe.data, "eval"),
+    }
+
+
+# refused changes: record key -> (the recipe key a user sets, why it cannot continue)
+REFUSED = {
+    "objective": ("objective.name", "its optimizer state, reference and metrics belong to that objective: continuing "
+                  "it under another would mix two objectives in one run"),
+    "model": ("model.name_or_path / model.config_overrides", "its weights do not fit a model of another shape"),
+    "lora": ("model.lora", "its trainable weights are another adapter (or none)"),
+    "precision": ("engine.precision", "the optimizer state differs between fp32 and bf16 (bf16 keeps fp32 master "
+                  "weights and a loss scaler), so one cannot be loaded as the other"),
+    "examples_per_update": ("train.micro_batch_size x accumulation x data-parallel size",
+                            "the data stream is consumed that many examples per update, so another number would "
+                            "move every later update onto other examples"),
+}
+
+
+@dataclass
+class ResumeCheck:
+    """What a resume found: the lines to print, and whether the held-out history must start again."""
+
+    notices: List[str] = field(default_factory=list)
+    eval_changed: bool = False
+
+
+def _shown(value) -> str:
+    return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
+
+
+def check_resume_record(checkpoint: Path, recipe, record: Dict[str, object]) -> ResumeCheck:
+    """Compare ``checkpoint``'s record with this run's ``record``; raises ``RecipeError`` on a refused change."""
+    marker = read_marker(checkpoint)
+    where = f"`checkpoint.resume: {recipe.checkpoint.resume}` took `{checkpoint}`"
+    updates = marker.get("updates_done")
+    if isinstance(updates, int) and updates > recipe.train.max_steps:
+        raise RecipeError(
+            f"{where}, which holds {updates} updates, more than this run's `train.max_steps: {recipe.train.max_steps}`:"
+            f" a run cannot be shortened. Fix: set `train.max_steps` to {updates} or more, point `checkpoint.resume` "
+            "at an earlier `step_N`, or start afresh in another `output_dir`."
+        )
+    saved = marker.get("run")
+    if not saved:
+        return ResumeCheck([f"`{checkpoint}` has no run record (an older version wrote it, or its complete.json was "
+                            "emptied): resumed without checking that it was written with this recipe."])
+    changes = [key for key in REFUSED if _changed(key, saved.get(key), record.get(key))]
+    if changes:
+        what = "; ".join(f"`{REFUSED[k][0]}` was {_shown(saved.get(k))}, this run has {_shown(record.get(k))}: "
+                         f"{REFUSED[k][1]}" for k in changes)
+        raise RecipeError(
+            f"{where}, which was written by another kind of run: {what}. Fix: set those keys back to continue it, "
+            "or start a new run in another `output_dir` (from its weights: `model.name_or_path=<that "
+            "output_dir>/final`), or here with `checkpoint.resume=never checkpoint.overwrite=true`."
+        )
+    check = ResumeCheck()
+    if saved.get("max_steps") != record["max_steps"]:
+        check.notices.append(_extension_line(saved, record, updates))
+    if saved.get("data_train") != record["data_train"] or saved.get("seed") != record["seed"]:
+        check.notices.append(
+            f"The training data or `train.seed` changed since `{checkpoint.name}`: this run continues at update "
+            f"{updates} from the same position ({updates} x {record['examples_per_update']} examples) of the new "
+            "data's seeded order.")
+    if saved.get("data_eval") != record["data_eval"]:
+        check.eval_changed = True
+        check.notices.append("The eval data changed since the checkpoint: the held-out results before the resume "
+                             "(another set) are dropped from this run's start -> end summary.")
+    return check
+
+
+def _extension_line(saved: Dict, record: Dict, updates) -> str:
+    old, new = saved.get("max_steps"), record["max_steps"]
+    line = f"`train.max_steps` is {new} (the checkpoint's run had {old}): continuing from update {updates}"
+    schedule, warmup = record["lr_schedule"]
+    if schedule == "constant" or not isinstance(updates, int) or not isinstance(old, int):
+        return line + "."
+    now, before = lr_lambda(warmup, new, schedule)(updates), lr_lambda(warmup, old, schedule)(updates)
+    return (f"{line}; the learning rate follows the `{schedule}` schedule of the new `train.max_steps` from there "
+            f"({now:.3f} x `train.lr` at update {updates}, where the old schedule was at {before:.3f}).")

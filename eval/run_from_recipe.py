@@ -152,7 +152,9 @@ def run_post_training_eval(
     ``recipe``: the validated ``Recipe`` (or its dict); ``model_dir``: the trained model (``output_dir/final``);
     ``output_dir``: the run's output directory. ``only``: run these blocks whatever ``enabled`` says (the CLI
     uses it). Returns ``{"eval_dir": ..., "<block>": result dict or {"error": ...}}``; with
-    ``raise_on_error`` an :class:`EvalError` listing the failed blocks is raised after all blocks ran.
+    ``raise_on_error`` an :class:`EvalError` listing the failed blocks is raised after all blocks ran (its
+    paragraph only, exit 2, when each failure was a user error; a ``RuntimeError`` when one was a bug, whose
+    traceback was logged).
     Does nothing on ranks other than 0, or when ``eval.after_training`` is false and ``only`` is not given.
     """
     if not _is_rank_zero():

@@ -58,6 +58,34 @@ def require_file(path: str, what: str) -> str:
     return path
 
 
+def check_model_dir(model: Any, what: str = "model") -> None:
+    """A local model directory ``model`` (a hub name or a loaded model passes) has intact files: a config.json, and
+    safetensors files whose headers and sizes agree (``hl_core.models.loading.weight_files_problem``)."""
+    if not isinstance(model, (str, Path)) or not os.path.isdir(model):
+        return
+    from hl_core.models.loading import weight_files_problem  # imported here: it imports torch
+
+    problem = weight_files_problem(model)
+    if problem is not None:
+        raise EvalError(
+            f"the {what} `{model}` cannot be loaded: {problem}. Fix: evaluate an intact model directory (a run's "
+            "`final/`, or one saved with `save_pretrained`)."
+        )
+
+
+def check_finite_weights(model: Any, label: Any, what: str = "model") -> None:
+    """The loaded ``model`` holds no NaN/inf weights (they would turn every sampled token or score into NaN)."""
+    from hl_core.models.loading import nonfinite_parameter  # imported here: it imports torch
+
+    name = nonfinite_parameter(model)
+    if name is not None:
+        raise EvalError(
+            f"the {what} `{label}` has NaN or infinite weights (first: `{name}`), so everything it generates or "
+            "scores would be NaN. Fix: evaluate a checkpoint from before the weights diverged (a run's `final/` is "
+            "written only from finite weights), or retrain."
+        )
+
+
 def read_rows(path: str) -> List[Dict[str, Any]]:
     """Rows of a local ``.jsonl`` / ``.json`` (list, or JSON lines) / ``.parquet`` file."""
     from hl_core.data.rows import iter_file_rows

@@ -27,7 +27,9 @@ import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-from ._common import EvalError, looks_local, set_offline, write_json, write_jsonl
+from ._common import (
+    EvalError, check_finite_weights, check_model_dir, looks_local, set_offline, write_json, write_jsonl,
+)
 
 PAPER_BAD_QUARTILE = (-1.03, -0.36)
 KINDS = ("auto", "preference", "unpaired", "groups")
@@ -114,14 +116,17 @@ def completion_logps(
     """Per item: ``{"sum_logp": [per completion], "n_tokens": [...], "mean_logp": [...], "record_mean_logp"}``."""
     import torch
 
-    from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
+    from hl_core.data.tokens import ChatTemplateError, pad_right, tokenize_prompt_and_completions
     from hl_core.logprobs import sequence_token_logps
 
     seqs: List[Tuple[int, int, List[int], List[int]]] = []  # (item, completion, ids, completion mask)
     for i, item in enumerate(items):
-        prompt_ids, comps = tokenize_prompt_and_completions(
-            item["prompt"], item["completions"], tokenizer, max_length, max_prompt_length, chat_template
-        )
+        try:
+            prompt_ids, comps = tokenize_prompt_and_completions(
+                item["prompt"], item["completions"], tokenizer, max_length, max_prompt_length, chat_template
+            )
+        except ChatTemplateError as exc:
+            raise exc.at(item.get("source") or f"row {i}") from None
         for j, comp in enumerate(comps):
             seqs.append((i, j, prompt_ids + comp, [0] * len(prompt_ids) + [1] * len(comp)))
     order = sorted(range(len(seqs)), key=lambda k: len(seqs[k][2]))  # length-sorted batches: less padding
@@ -294,11 +299,13 @@ def load_model(model: str, dtype: str = "fp32", device: Optional[str] = None, tr
     dtypes = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
     if dtype not in dtypes:
         raise EvalError(f"dtype `{dtype}` is not known; use one of {', '.join(dtypes)}.")
+    check_model_dir(model, "reference model")
     try:
         tok = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
         lm = AutoModelForCausalLM.from_pretrained(model, dtype=dtypes[dtype], trust_remote_code=trust_remote_code)
     except OSError as exc:
         raise EvalError(f"could not load the reference model `{model}` ({exc}). Fix: pass a local model directory.")
+    check_finite_weights(lm, model, "reference model")
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     device = device or ("cuda" if torch.cuda.is_available() else "cpu")

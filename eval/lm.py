@@ -17,7 +17,7 @@ import os
 from collections import defaultdict
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
-from ._common import EvalError
+from ._common import EvalError, check_finite_weights, check_model_dir
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +77,7 @@ def make_lm(
             f"model `{model}` is not a local directory and hub access is off (offline mode). Fix: pass the path "
             f"of a Hugging Face model directory (e.g. RUN/final)."
         )
+    check_model_dir(model)
     if backend == "hf":
         import torch
         from lm_eval.models.huggingface import HFLM
@@ -92,6 +93,7 @@ def make_lm(
             **extra,
         )
         _no_hub_model_info(lm, model)
+        check_finite_weights(lm.model, model)
         return lm
     from lm_eval.models.vllm_causallms import VLLM
 

@@ -30,6 +30,8 @@ import traceback
 from pathlib import Path
 from typing import Any, Dict, Iterable, Optional, Union
 
+from hl_core.errors import UserError
+
 from ._common import EvalError, set_offline
 
 log = logging.getLogger(__name__)
@@ -150,7 +152,9 @@ def run_post_training_eval(
     ``recipe``: the validated ``Recipe`` (or its dict); ``model_dir``: the trained model (``output_dir/final``);
     ``output_dir``: the run's output directory. ``only``: run these blocks whatever ``enabled`` says (the CLI
     uses it). Returns ``{"eval_dir": ..., "<block>": result dict or {"error": ...}}``; with
-    ``raise_on_error`` an :class:`EvalError` listing the failed blocks is raised after all blocks ran.
+    ``raise_on_error`` an :class:`EvalError` listing the failed blocks is raised after all blocks ran (its
+    paragraph only, exit 2, when each failure was a user error; a ``RuntimeError`` when one was a bug, whose
+    traceback was logged).
     Does nothing on ranks other than 0, or when ``eval.after_training`` is false and ``only`` is not given.
     """
     if not _is_rank_zero():
@@ -183,18 +187,24 @@ def run_blocks(
     set_offline(bool(settings.get("offline")))
     rdict = _as_dict(recipe) if recipe is not None else {}
     model_dir = str(model_dir) if model_dir is not None else None
-    failures = []
+    failures, bugs = [], 0
     for b in blocks:
         try:
             log.info("post-training eval: %s", b)
             out[b] = _run_block(b, settings[b], rdict, recipe, model_dir, eval_dir)
+        except UserError as exc:  # a bad file or setting: its paragraph says it all
+            out[b] = {"error": str(exc)}
+            failures.append(f"{b}: {exc}")
         except Exception as exc:  # keep going: one failing eval must not lose the others
             msg = f"{type(exc).__name__}: {exc}"
             log.error("post-training eval %s failed: %s\n%s", b, msg, traceback.format_exc())
             out[b] = {"error": msg}
             failures.append(f"{b} ({msg})")
+            bugs += 1
     if failures and raise_on_error:
-        raise EvalError(f"eval failed: {'; '.join(failures)}. Results of the others are in {eval_dir}.")
+        others = f" Results of the others are in {eval_dir}." if len(blocks) > 1 else ""
+        text = f"eval failed: {'; '.join(failures)}{others}"
+        raise RuntimeError(text) if bugs else EvalError(text)
     return out
 
 

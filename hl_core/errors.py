@@ -31,6 +31,11 @@ class DataError(UserError):
     """A bad data file or data row; the message names ``file:line`` (or row index)."""
 
 
+class LaunchError(UserError):
+    """A bad launch environment (``RANK``, ``WORLD_SIZE``, ...): every process prints it, since the processes
+    cannot agree on which of them is rank 0."""
+
+
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """Return ' Did you mean `x`?' for the closest choice, or '' when nothing is close."""
     match = difflib.get_close_matches(word, list(choices), n=1, cutoff=0.6)

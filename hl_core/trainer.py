@@ -26,6 +26,7 @@ from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
 from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
 from .engines import build_engine
+from .engines.base import check_launch_environment
 from .humanline import SyncRecord, build_transform
 from .loop.guard import (
     EXIT_INTERRUPTED, SLOW_UPDATES_ENV, GuardFlags, SkipCounter, StopSignals, first_nonfinite, pause_for_test,
@@ -57,6 +58,7 @@ class Trainer(TrainerSafety):
         recipe = self.recipe
         self.signals = StopSignals().install()  # SIGTERM/SIGINT: checkpoint at the next update boundary
         check_recipe(recipe)
+        check_launch_environment()  # RANK, WORLD_SIZE, ...: refused before anything waits on them
         rank0 = os.environ.get("RANK", "0").strip() == "0"
         self.bars = configure_bars(recipe.logging.progress_bar, rank0)
         if recipe.train.num_threads:

@@ -26,7 +26,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from hl_core.errors import EXIT_USER_ERROR, UserError  # noqa: E402
+from hl_core.errors import EXIT_USER_ERROR, LaunchError, UserError  # noqa: E402
 from hl_core.loop.guard import NonFiniteStop  # noqa: E402
 
 
@@ -76,7 +76,8 @@ def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
 
 def main(argv=None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after flags
-    rank = int(os.environ.get("RANK", "0"))
+    rank = os.environ.get("RANK", "0").strip()
+    rank = int(rank) if rank.isdigit() else 0  # only says who prints; the trainer refuses a malformed RANK
     try:
         from hl_core.config import load_recipe, recipe_to_yaml
 
@@ -99,7 +100,7 @@ def main(argv=None) -> int:
 
         return run(recipe, after_training=post_training_eval).get("exit_code", 0)
     except UserError as exc:
-        if rank == 0:
+        if rank == 0 or isinstance(exc, LaunchError):  # a bad RANK: no process knows that it is rank 0
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
     except NonFiniteStop as exc:

@@ -44,6 +44,7 @@ from hl_core.errors import EXIT_USER_ERROR, UserError  # noqa: E402
 
 STOP_FILE_NAME = "STOP"
 DEFAULT_STOP_BEFORE_S = 600
+MAX_SIGNAL_S = 65535  # sbatch --signal=[B:]SIG@TIME takes TIME from 0 to 65535 seconds
 # A token sbatch's own `#SBATCH` parser reads as one value: no whitespace, quotes or shell syntax. Every pattern
 # here is used with `fullmatch`: `$` would also match before a trailing newline.
 _DIRECTIVE_SAFE = re.compile(r"[A-Za-z0-9_./:,+=@%\[\]-]+")
@@ -231,6 +232,12 @@ def render_sbatch(
         raise UserError(
             f"`--gpus-per-node {gpus}` must be at least 1 (it is also the number of ranks per node). "
             "Fix: e.g. `--gpus-per-node 8`, or `--gpus-per-node 1 --cpu` for CPU ranks."
+        )
+    if not 0 < stop_before_s <= MAX_SIGNAL_S:
+        raise UserError(
+            f"`--stop-before {stop_before_s}` must be a number of seconds from 1 to {MAX_SIGNAL_S} (SLURM's limit for "
+            "`--signal`): how long before the time limit the run is asked to checkpoint and stop. Fix: e.g. "
+            f"`--stop-before {DEFAULT_STOP_BEFORE_S}` (the default), more than one checkpoint save takes."
         )
     world = nodes * gpus
     if check:

@@ -204,6 +204,31 @@ def test_gpt41_api_judge_config(tmp_path):
         api_judge_config("no_such_judge", tmp_path)
 
 
+def test_api_judge_config_with_a_relative_output_dir_and_its_credentials(tmp_path, monkeypatch):
+    """Issue 25, item 3: every shipped recipe's `output_dir` is relative, and alpaca_eval reads a relative config
+    path against its own configs directory; the written config is named by its absolute path. The API key it needs
+    is looked for before anything is generated (the refusal itself: tests/test_hostile_cases.py)."""
+    from alpaca_eval.annotators import PairwiseAnnotator
+
+    from eval.alpaca.judges import missing_credentials
+
+    monkeypatch.chdir(tmp_path)
+    path = api_judge_config("gpt-4.1", "runs/x/eval")
+    assert Path(path).is_absolute() and Path(path) == tmp_path / "runs/x/eval" / DEFAULT_API_JUDGE / "configs.yaml"
+    PairwiseAnnotator(annotators_config=path, caching_path=None)  # found, from any working directory
+    for name in ("OPENAI_API_KEY", "OPENAI_API_KEYS"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("OPENAI_CLIENT_CONFIG_PATH", str(tmp_path / "no_such_client_config.yaml"))
+    assert missing_credentials(path) == ["`OPENAI_API_KEY` or `OPENAI_API_KEYS` (for `openai_completions`)"]
+    assert missing_credentials("weighted_alpaca_eval_gpt4_turbo") == missing_credentials(path)
+    monkeypatch.setenv("OPENAI_API_KEY", "sk-test")
+    assert missing_credentials(path) == []
+    monkeypatch.delenv("OPENAI_API_KEY")
+    (tmp_path / "client.yaml").write_text("default:\n  - api_key: sk-test\n")
+    monkeypatch.setenv("OPENAI_CLIENT_CONFIG_PATH", str(tmp_path / "client.yaml"))
+    assert missing_credentials(path) == []
+
+
 def test_preference_helpers_and_errors(tmp_path):
     assert reward_preference(0.0, 1.0) == 2.0 and reward_preference(1.0, 0.0) == 1.0 and reward_preference(1, 1) == 1.5
     assert check_preference(1.25, "x") == 1.25

@@ -341,6 +341,10 @@ def run_alpaca_eval(
     refs = attach_references(rows, reference_outputs)
     generator = generator_name or default_generator_name(model if model is not None else "model")
 
+    judge_args = dict(workdir=out_dir or Path.cwd(), rm_mode=rm_mode, rm_batch_size=rm_batch_size,
+                      rm_max_length=rm_max_length, trust_remote_code=trust_remote_code)
+    loads_a_model = isinstance(judge, str) and judge.startswith("rm:")  # after generation: not both in memory
+    judge_obj = None if loads_a_model else make_judge(judge, **judge_args)  # an API judge's credentials, first
     generation: Dict[str, Any]
     if model_outputs is not None:
         by_instr = {r["instruction"]: r for r in read_rows(model_outputs)}
@@ -372,10 +376,8 @@ def run_alpaca_eval(
     if out_dir is not None:
         write_json(out_dir / "alpaca_model_outputs.json", outputs)
 
-    judge_obj = make_judge(
-        judge, workdir=out_dir or Path.cwd(), rm_mode=rm_mode, rm_batch_size=rm_batch_size,
-        rm_max_length=rm_max_length, trust_remote_code=trust_remote_code,
-    )
+    if judge_obj is None:
+        judge_obj = make_judge(judge, **judge_args)
     cache = str(out_dir / "alpaca_annotator_cache.json") if out_dir is not None else None
     metrics, annotations, lc_info = judge_outputs(
         outputs, refs, judge_obj, generator=generator, length_controlled=length_controlled, lc_data=lc_data,

@@ -27,7 +27,10 @@ import os
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
+import yaml
+
 from .._common import EvalError
+from .compat import import_alpaca_eval
 
 DEFAULT_API_JUDGE = "weighted_alpaca_eval_gpt-4.1"
 RM_MODES = ("hard", "soft")
@@ -243,10 +246,6 @@ def api_judge_config(name: str, workdir: Union[str, Path]) -> str:
     prompt template by absolute path. An existing file/directory path is returned as is; any other name must
     be one of the package's evaluator configs.
     """
-    import yaml
-
-    from .compat import import_alpaca_eval
-
     ae = import_alpaca_eval()
     configs_dir = Path(ae.__file__).parent / "evaluators_configs"
     if name in ("gpt-4.1", DEFAULT_API_JUDGE):
@@ -254,8 +253,8 @@ def api_judge_config(name: str, workdir: Union[str, Path]) -> str:
         cfg = dict(base["weighted_alpaca_eval_gpt4_turbo"])
         cfg["prompt_template"] = str((configs_dir / cfg["prompt_template"]).resolve())
         cfg["completions_kwargs"] = dict(cfg["completions_kwargs"], model_name="gpt-4.1")
-        out = Path(workdir) / DEFAULT_API_JUDGE / "configs.yaml"
-        out.parent.mkdir(parents=True, exist_ok=True)
+        out = (Path(workdir) / DEFAULT_API_JUDGE / "configs.yaml").resolve()  # alpaca_eval reads a relative
+        out.parent.mkdir(parents=True, exist_ok=True)  # path against its own configs directory
         out.write_text(yaml.safe_dump({DEFAULT_API_JUDGE: cfg}, sort_keys=False))
         return str(out)
     if os.path.exists(name):
@@ -330,14 +329,66 @@ def make_judge(
     return CallableJudge(load_callable(value), name=value)
 
 
+# alpaca_eval's completion functions -> the environment variables holding their credentials (any one will do)
+API_CREDENTIALS = {
+    "openai_completions": ("OPENAI_API_KEY", "OPENAI_API_KEYS"),
+    "anthropic_completions": ("ANTHROPIC_API_KEY",),
+    "google_completions": ("GOOGLE_API_KEY",),
+    "cohere_completions": ("COHERE_API_KEY",),
+    "huggingface_api_completions": ("HUGGINGFACEHUB_API_TOKEN",),
+    "jina_chat_completions": ("JINA_CHAT_API_KEY",),
+    "replicate_completions": ("REPLICATE_API_TOKEN",),
+}
+
+
+def _config_file(annotators_config: str) -> Optional[Path]:
+    """The configs.yaml that alpaca_eval reads for ``annotators_config`` (a path, or a name of its own configs)."""
+    path = Path(annotators_config)
+    if not path.exists():
+        path = Path(import_alpaca_eval().__file__).parent / "evaluators_configs" / annotators_config
+    path = path / "configs.yaml" if path.is_dir() else path
+    return path if path.is_file() else None
+
+
+def missing_credentials(annotators_config: str) -> List[str]:
+    """The environment variables, one group per API the annotator config calls, of which none is set (an
+    OpenAI client config file, ``OPENAI_CLIENT_CONFIG_PATH`` or alpaca_eval's own, also holds OpenAI keys)."""
+    path = _config_file(annotators_config)
+    try:
+        configs = yaml.safe_load(path.read_text()) if path is not None else None
+    except (OSError, yaml.YAMLError):
+        configs = None
+    functions = sorted({cfg.get("fn_completions") for cfg in (configs or {}).values() if isinstance(cfg, dict)}
+                       - {None}) if isinstance(configs, dict) else []
+    client_file = Path(os.environ.get("OPENAI_CLIENT_CONFIG_PATH") or
+                       Path(import_alpaca_eval().__file__).parent / "client_configs" / "openai_configs.yaml")
+    missing = []
+    for fn in functions:
+        names = API_CREDENTIALS.get(str(fn), ())
+        if fn == "openai_completions" and client_file.is_file():
+            continue
+        if names and not any(os.environ.get(name, "").strip() for name in names):
+            missing.append(" or ".join(f"`{name}`" for name in names) + f" (for `{fn}`)")
+    return missing
+
+
 class ApiJudge:
-    """An alpaca_eval annotator config (called through the package's PairwiseAnnotator)."""
+    """An alpaca_eval annotator config (called through the package's PairwiseAnnotator). Its API credentials
+    are checked when it is made, before anything is generated."""
 
     kind = "api"
 
     def __init__(self, annotators_config: str, name: str):
         self.annotators_config = annotators_config
         self.name = name
+        missing = missing_credentials(annotators_config)
+        if missing:
+            raise EvalError(
+                f"AlpacaEval's judge `api:{name}` calls an API whose credentials are not in the environment: "
+                f"{'; '.join(missing)} is unset. Nothing was generated. Fix: export the key (e.g. `export "
+                "OPENAI_API_KEY=...`), or judge locally with `--judge rm:MODEL` (a reward model) or `--judge "
+                "py:MODULE:FUNCTION` (`eval.alpaca_eval.judge` in a recipe)."
+            )
 
     def describe(self) -> Dict[str, Any]:
         return {"kind": self.kind, "name": self.name, "annotators_config": self.annotators_config}

@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 from ..errors import RecipeError
 from ..objectives import OBJECTIVES, lookahead_blocker, reference_needed
+from ..storage.text import non_regular_file
 from .resume import check_resume
 from .schema import Recipe
 from .sections_run import POST_TRAINING_EVALS
@@ -22,7 +23,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     if recipe.model.lora_enabled:
         check_lora(recipe)
     if recipe.engine.name == "megatron":
-        if importlib.util.find_spec("megatron.core") is None:
+        if not installed("megatron.core"):
             raise RecipeError(
                 "`engine.name: megatron` needs the `megatron-core` package. "
                 "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
@@ -99,6 +100,12 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 f"`{key}.path: {source.path}` does not exist (looked relative to {os.getcwd()}). "
                 "Fix: give an existing .jsonl/.json/.parquet file, or use `name` for a Hugging Face dataset."
             )
+        kind = non_regular_file(source.path) if source is not None and source.path is not None else None
+        if kind is not None:
+            raise RecipeError(
+                f"`{key}.path: {source.path}` is {kind}, not a regular file: reading it would never end or would "
+                "block. Fix: give a .jsonl/.json/.parquet file."
+            )
     if _looks_local(recipe.model.name_or_path) and not Path(recipe.model.name_or_path).exists():
         written_by_a_run = Path(recipe.model.name_or_path).name == "final"
         raise RecipeError(
@@ -160,7 +167,7 @@ def check_lora(recipe: Recipe) -> None:
             "sync and export are written for whole parameters). Fix: `engine.zero_stage=2` (the frozen base weights "
             "are not in the optimizer, so ZeRO-2 already shards all that LoRA trains), or `model.lora.r=null`."
         )
-    if importlib.util.find_spec("peft") is None:
+    if not installed("peft"):
         raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or `model.lora.r=null`.")
     evals = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
     if evals and recipe.eval.after_training and not lora.save_merged:
@@ -243,6 +250,15 @@ def check_reference_source(recipe: Recipe) -> None:
         if blocker:
             raise RecipeError(f"`humanline.reference: lookahead` does not apply: {blocker}. "
                               "Fix: `humanline.reference=auto` (look-ahead where it applies, else a reference copy).")
+
+
+def installed(module: str) -> bool:
+    """Whether ``module`` (dotted names too) can be imported, without importing it (its parent packages are:
+    ``find_spec("a.b")`` imports ``a``, and raises instead of answering when ``a`` is missing)."""
+    try:
+        return importlib.util.find_spec(module) is not None
+    except ImportError:  # ModuleNotFoundError: a parent package is missing
+        return False
 
 
 def env_world_size() -> Optional[int]:

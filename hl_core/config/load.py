@@ -4,6 +4,7 @@ errors name the key path and the fix."""
 from __future__ import annotations
 
 import copy
+import sys
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
@@ -11,7 +12,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from ..errors import RecipeError, did_you_mean
-from ..storage.text import decode_utf8
+from ..storage.text import decode_utf8, non_regular_file, read_regular_bytes
 from .schema import Recipe
 from .sections import OBJECTIVE_CONFIGS, DPOObjective
 
@@ -26,8 +27,9 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.safe_load`` semantics, except that a key given twice in one mapping raises
-    :class:`DuplicateKeyError` naming both lines (plain YAML silently keeps the last). Merge keys (``<<``)
-    still merge and may be overridden."""
+    :class:`DuplicateKeyError` naming both lines (plain YAML silently keeps the last), and a document whose aliases
+    expand past ``MAX_YAML_VALUES`` values raises :class:`YAMLLimitError` before anything is built. Merge keys
+    (``<<``) still merge and may be overridden."""
 
     def construct_mapping(self, node, deep=False):
         if isinstance(node, yaml.MappingNode):
@@ -44,19 +46,71 @@ class UniqueKeyLoader(yaml.SafeLoader):
                     raise DuplicateKeyError(key, first.start_mark.line + 1, key_node.start_mark)
         return super().construct_mapping(node, deep=deep)
 
+    def compose_document(self):
+        node = super().compose_document()
+        if node is not None and expanded_size(node, MAX_YAML_VALUES) > MAX_YAML_VALUES:
+            raise YAMLLimitError(
+                f"aliases (`*name`) expand to more than {MAX_YAML_VALUES:,} values (anchors that refer to each "
+                "other multiply, or refer to themselves): building them would take all memory. Fix: write the values "
+                "out, or nest fewer aliases"
+            )
+        return node
+
+
+MAX_YAML_VALUES = 100_000  # values of one YAML document once its aliases are expanded; recipes hold a few hundred
+
+
+class YAMLLimitError(yaml.YAMLError):
+    """A YAML document beyond what a recipe can be: aliases expanding past ``MAX_YAML_VALUES``, or nesting past
+    Python's recursion limit (the message completes "the YAML ...")."""
+
+
+def expanded_size(root: yaml.Node, limit: int) -> int:
+    """How many nodes ``root`` has once every alias is expanded (more than ``limit`` when it exceeds it or when an
+    anchor contains itself). Each node is counted once per path to it, computed bottom-up over the node graph the
+    composer built (aliases are shared nodes), without recursion."""
+    sizes: Dict[int, int] = {}
+    on_path = set()  # the ancestors of the node being visited: meeting one again is a cycle
+    stack: List[Tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, finished = stack.pop()
+        children: List[yaml.Node] = []
+        if isinstance(node, yaml.MappingNode):
+            children = [part for pair in node.value for part in pair]
+        elif isinstance(node, yaml.SequenceNode):
+            children = list(node.value)
+        if finished:
+            on_path.discard(id(node))
+            sizes[id(node)] = min(limit + 1, 1 + sum(sizes[id(child)] for child in children))
+        elif id(node) in on_path:
+            return limit + 1
+        elif id(node) not in sizes:
+            on_path.add(id(node))
+            stack.append((node, True))
+            stack.extend((child, False) for child in children if id(child) not in sizes)
+    return sizes[id(root)]
+
 
 def safe_load_unique(text: str) -> Any:
-    """``yaml.safe_load`` refusing duplicate keys (see :class:`UniqueKeyLoader`, a ``SafeLoader``)."""
+    """``yaml.safe_load`` refusing duplicate keys (see :class:`UniqueKeyLoader`, a ``SafeLoader``), alias bombs
+    and nesting deeper than Python's recursion limit (:class:`YAMLLimitError`)."""
     loader = UniqueKeyLoader(text)
     try:
         return loader.get_single_data()
+    except RecursionError:
+        raise YAMLLimitError(
+            f"nests lists or mappings deeper than about {sys.getrecursionlimit()} levels. Fix: a recipe is a few "
+            "levels of groups and keys; repair the file"
+        ) from None
     finally:
         loader.dispose()
 
 
 def _read_yaml(path: Path) -> Dict[str, Any]:
     try:
-        raw = path.read_bytes()
+        raw = read_regular_bytes(path, lambda kind: RecipeError(
+            f"Recipe path `{path}` is {kind}, not a regular file: reading it would never end or would block (nothing "
+            "was read). Fix: name a recipe YAML file."))
     except FileNotFoundError:
         raise RecipeError(f"Recipe file `{path}` not found. Fix: check the path (recipes live under recipes/).")
     except IsADirectoryError:
@@ -73,6 +127,8 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
             f"{exc.first_line}, again at line {exc.line}); YAML would silently keep only the second. "
             "Fix: remove or merge one of them."
         )
+    except YAMLLimitError as exc:
+        raise RecipeError(f"Recipe `{path}`: the YAML {exc}.")
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else str(path)
@@ -111,7 +167,8 @@ def _resolve_defaults(path: Path, stack: Tuple[Path, ...] = ()) -> Dict[str, Any
     for base in bases:
         base_path = (path.parent / base)
         if not base_path.is_file():
-            state = "is a directory" if base_path.is_dir() else "does not exist"
+            kind = non_regular_file(base_path)
+            state = "is a directory" if base_path.is_dir() else f"is {kind}" if kind else "does not exist"
             raise RecipeError(
                 f"`defaults` in `{path}` names `{base}`, which {state} at `{base_path}`. "
                 "Fix: `defaults` lists recipe files, with paths relative to the recipe file."
@@ -134,9 +191,28 @@ def parse_override(text: str) -> Tuple[List[str], Any]:
         value = safe_load_unique(raw) if raw.strip() else None
     except DuplicateKeyError as exc:
         raise RecipeError(f"Command-line override `{text}`: key `{exc.key}` is given twice. Fix: give it once.")
+    except YAMLLimitError as exc:
+        raise RecipeError(f"Command-line override `{key.strip()}=...`: the YAML {exc}.")
+    except yaml.constructor.ConstructorError as exc:
+        if not _has_tag(raw):
+            return parts, raw  # e.g. a Jinja template `{{ x }}`, which YAML reads as an unhashable mapping key
+        # a tag that safe_load does not build (`!!python/object...`, `!x`): kept as text, it would pass unnoticed
+        raise RecipeError(
+            f"Command-line override `{key.strip()}`: its value has a YAML tag that is not allowed ({exc.problem}); "
+            "tags would build objects, and recipes hold plain values only. Fix: drop the tag, or quote the whole value "
+            f"if you meant the text (`{key.strip()}='\"...\"'`)."
+        )
     except yaml.YAMLError:
-        value = raw
+        value = raw  # not YAML at all (e.g. `a: b` unquoted): the text as it is
     return parts, value
+
+
+def _has_tag(text: str) -> bool:
+    """Whether the YAML ``text`` spells out a tag (``!x``, ``!!python/...``)."""
+    try:
+        return any(isinstance(token, yaml.TagToken) for token in yaml.scan(text, Loader=yaml.SafeLoader))
+    except yaml.YAMLError:
+        return False
 
 
 def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str, Any]:

@@ -13,7 +13,7 @@ import torch
 from ..errors import DataError
 from ..objectives import OBJECTIVES
 from .preference import split_eval
-from .tokens import counting_truncation
+from .tokens import ChatTemplateError, counting_truncation
 
 
 @dataclass
@@ -221,7 +221,7 @@ def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = Tr
 
             iterator = tqdm(records, desc=f"tokenizing {desc}", unit="ex", leave=False)
         with counting_truncation() as cut:
-            features = [tokenize(record) for record in iterator]
+            features = [tokenize_row(tokenize, record) for record in iterator]
         kept = [f for f in features if identical is None or not identical(f)]
         stats = DataStats(len(kept), cut.rows, cut.tokens, len(features) - len(kept))
         if not kept:
@@ -244,6 +244,14 @@ def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = Tr
     if show_progress:
         print("data: " + describe_data(data_cfg, plan, train, evaluation), flush=True)
     return train, evaluation
+
+
+def tokenize_row(tokenize: Callable, record):
+    """``tokenize(record)``; a chat template's failure names the row."""
+    try:
+        return tokenize(record)
+    except ChatTemplateError as exc:
+        raise exc.at(record.source) from None
 
 
 def join_sources(parts: List[TokenizedDataset], labels: List[str], weights: List[float]) -> TokenizedDataset:

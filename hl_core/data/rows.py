@@ -14,10 +14,12 @@ import functools
 import json
 import math
 import os
+import re
+import sys
 from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 from hl_core.errors import DataError, RecipeError, did_you_mean
-from hl_core.storage.text import decode_utf8
+from hl_core.storage.text import decode_utf8, lone_surrogate, non_regular_file, read_regular_bytes
 
 FORMATS = ("auto", "plain", "messages")
 JSONL_EXTENSIONS = (".jsonl",)
@@ -138,6 +140,9 @@ def iter_file_rows(
             f"{path}: {what} file {state} (working directory {os.getcwd()}). Fix: give the path of an "
             f"existing {'/'.join(SUPPORTED_EXTENSIONS)} file, or use `name` for a Hugging Face dataset."
         )
+    kind = non_regular_file(path)
+    if kind is not None:
+        raise not_a_regular_file(path, kind, what)
     ext = os.path.splitext(path)[1].lower()
     if ext in JSONL_EXTENSIONS:
         yield from iter_jsonl(path, example=example)
@@ -152,15 +157,92 @@ def iter_file_rows(
         )
 
 
+def not_a_regular_file(path: str, kind: str, what: str = "data") -> DataError:
+    return DataError(
+        f"{path}: {what} file is {kind}, not a regular file; reading it would never end or would block (nothing was "
+        f"read). Fix: give the path of a regular {'/'.join(SUPPORTED_EXTENSIONS)} file."
+    )
+
+
 def read_text(path: str) -> str:
-    with open(path, "rb") as f:
-        raw = f.read()
+    raw = read_regular_bytes(path, lambda kind: not_a_regular_file(path, kind))
     return decode_utf8(raw, path, lambda where, detail: DataError(
         f"{where}: is not UTF-8 text ({detail}). Fix: re-save the file as UTF-8 JSON."))
 
 
+class _DuplicateKey(ValueError):
+    def __init__(self, key: str):
+        super().__init__(key)
+        self.key = key
+
+
+def _object_without_duplicates(pairs: List[Tuple[str, Any]]) -> Dict[str, Any]:
+    obj: Dict[str, Any] = {}
+    for key, value in pairs:
+        if key in obj:
+            raise _DuplicateKey(key)
+        obj[key] = value
+    return obj
+
+
+_DECODER = json.JSONDecoder(object_pairs_hook=_object_without_duplicates)
+_SURROGATE_ESCAPE = re.compile(r"\\u[dD][89a-fA-F]")
+
+
+def _surrogate_field(value: Any) -> Optional[str]:
+    """The path (``chosen[1].content``) of the first string (or key) in ``value`` holding a lone UTF-16 surrogate;
+    iterative, so no nesting depth can exhaust the stack."""
+    stack: List[Tuple[str, Any]] = [("", value)]
+    while stack:
+        where, node = stack.pop()
+        if isinstance(node, str):
+            if lone_surrogate(node) is not None:
+                return where or "(the row)"
+        elif isinstance(node, dict):
+            for key, child in reversed(list(node.items())):
+                if lone_surrogate(key) is not None:
+                    return f"{where}.{key!a}" if where else f"key {key!a}"
+                stack.append((f"{where}.{key}" if where else key, child))
+        elif isinstance(node, list):
+            stack.extend((f"{where}[{i}]", child) for i, child in reversed(list(enumerate(node))))
+    return None
+
+
+def parse_json(text: str, where: str) -> Any:
+    """One JSON value of a user's data file, refusing (``DataError`` naming ``where``, e.g. ``file:line``) what the
+    standard parser accepts silently or fails on with a traceback: a key given twice in one object (the parser would
+    keep the last), strings with lone UTF-16 surrogates (``"\\ud800"``: no text, the tokenizer fails on them),
+    nesting deeper than Python's recursion limit and integers too long to convert. ``json.JSONDecodeError`` (a
+    syntax error) is left to the caller, which knows the file's form."""
+    try:
+        value = _DECODER.decode(text)
+    except _DuplicateKey as exc:
+        raise DataError(
+            f"{where}: key `{exc.key}` appears twice in one JSON object; JSON readers silently keep only one of the "
+            "two values. Fix: remove or rename one of them."
+        ) from None
+    except json.JSONDecodeError:
+        raise
+    except RecursionError:
+        raise DataError(
+            f"{where}: JSON nested too deeply (more than about {sys.getrecursionlimit()} levels of lists or objects). "
+            "Fix: a data row is one flat object of strings, message lists and numbers; repair the file."
+        ) from None
+    except ValueError as exc:  # e.g. an integer of more digits than int() converts
+        raise DataError(f"{where}: JSON value cannot be read ({exc}). Fix: repair the value in the file.") from None
+    if _SURROGATE_ESCAPE.search(text):  # only a \\ud800-\\udfff escape can put a surrogate into a decoded string
+        field = _surrogate_field(value)
+        if field is not None:
+            raise DataError(
+                f"{where}: `{field}` holds a lone UTF-16 surrogate (a `\\ud800`-`\\udfff` escape without its pair), "
+                "which is no character: no UTF-8 text holds it and the tokenizer refuses it. Fix: repair the text "
+                "(write the character itself, or its full surrogate pair), or remove the row."
+            )
+    return value
+
+
 def iter_jsonl(path: str, text: Optional[str] = None, example: str = PAIR_EXAMPLE) -> Iterator[Tuple[str, Any]]:
-    """Rows of a JSON-lines text. Lines end at "\n" only (a trailing "\r" is whitespace to JSON): JSON strings
+    """Rows of a JSON-lines text. Lines end at "\\n" only (a trailing "\\r" is whitespace to JSON): JSON strings
     may hold U+2028, U+2029 or U+0085 raw, which ``str.splitlines`` would take for line ends."""
     text = read_text(path) if text is None else text
     for lineno, line in enumerate(text.split("\n"), start=1):
@@ -168,7 +250,7 @@ def iter_jsonl(path: str, text: Optional[str] = None, example: str = PAIR_EXAMPL
             continue
         source = f"{path}:{lineno}"
         try:
-            row = json.loads(line)
+            row = parse_json(line, source)
         except json.JSONDecodeError as e:
             raise DataError(
                 f"{source}: line is not valid JSON ({e.msg} at column {e.colno}). Fix: make every non-blank line "
@@ -177,10 +259,32 @@ def iter_jsonl(path: str, text: Optional[str] = None, example: str = PAIR_EXAMPL
         yield source, row
 
 
+def _locate_in_list(text: str, path: str) -> Optional[DataError]:
+    """For a .json file whose whole text :func:`parse_json` refused: the same refusal for the first item of its
+    top-level list that has the problem, naming ``path:line (row i)``; None when that cannot be found."""
+    ws = re.compile(r"[ \t\n\r]*")
+    try:
+        index = ws.match(text).end()
+        if text[index] != "[":
+            return None
+        index, row = ws.match(text, index + 1).end(), 0
+        while text[index] != "]":
+            _, end = json.JSONDecoder().raw_decode(text, index)
+            parse_json(text[index:end], f"{path}:{text.count(chr(10), 0, index) + 1} (row {row})")
+            index, row = ws.match(text, end).end(), row + 1
+            if text[index] == ",":
+                index = ws.match(text, index + 1).end()
+    except DataError as located:
+        return located
+    except (ValueError, IndexError, RecursionError):
+        return None
+    return None
+
+
 def iter_json(path: str, example: str = PAIR_EXAMPLE) -> Iterator[Tuple[str, Any]]:
     text = read_text(path)
     try:
-        data = json.loads(text)
+        data = parse_json(text, path)
     except json.JSONDecodeError as e:
         if e.msg == "Extra data":  # JSON lines saved with a .json extension
             yield from iter_jsonl(path, text, example=example)
@@ -191,6 +295,8 @@ def iter_json(path: str, example: str = PAIR_EXAMPLE) -> Iterator[Tuple[str, Any
             f"{path}:{e.lineno}: file is not valid JSON ({e.msg} at column {e.colno}). Fix: a .json data file must "
             f"hold one JSON list of objects (or use .jsonl with one object a line)."
         ) from None
+    except DataError as problem:
+        raise _locate_in_list(text, path) or problem from None
     if not isinstance(data, list):
         raise DataError(
             f"{path}: top-level JSON value is a {type(data).__name__}, not a list of rows. Fix: store the rows as "
@@ -354,15 +460,15 @@ def check_score(value: Any, field: str, source: str) -> float:
             f"{source}: `{field}` is a {type_name(value)} ({value!r}), expected a number. Fix: store every score "
             f"as a finite number (e.g. 1.0 / 0.0 for a correct / wrong answer)."
         )
-    score = float(value)
-    if not math.isfinite(score):
+    if isinstance(value, float) and not math.isfinite(value):
         raise DataError(
             f"{source}: `{field}` is {value!r}, not a finite number. Fix: replace NaN/inf scores with real reward "
             f"values or remove the row (rows are never dropped silently)."
         )
-    if abs(score) > FLOAT32_MAX:
+    if abs(value) > FLOAT32_MAX:  # compared exactly, also for integers beyond any float (float() would overflow)
+        shown = f"an integer of {len(str(abs(value)))} digits" if isinstance(value, int) else repr(value)
         raise DataError(
-            f"{source}: `{field}` is {value!r}, beyond float32's range (+-3.4e38), in which scores are batched: it "
+            f"{source}: `{field}` is {shown}, beyond float32's range (+-3.4e38), in which scores are batched: it "
             "would become inf and turn the group's advantages into NaN. Fix: rescale the scores (e.g. to [0, 1])."
         )
-    return score
+    return float(value)

@@ -4,12 +4,13 @@ token ids, the truncation rule (with a count of what it cut), and right-padding.
 from __future__ import annotations
 
 import contextlib
+import sys
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
-from hl_core.errors import RecipeError, did_you_mean
+from hl_core.errors import DataError, RecipeError, did_you_mean
 
 CHAT_TEMPLATE_MODES = ("auto", "none", "raw")
 
@@ -92,7 +93,39 @@ def prompt_text(messages: Messages, tokenizer, chat_template: str = "auto") -> s
     if template is None:
         return "\n\n".join(m["content"] for m in messages) + "\n\n"
     kwargs = {} if template == "tokenizer" else {"chat_template": template}
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    try:
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+    except Exception as exc:
+        refusal = chat_template_refusal(exc, "`data.chat_template`" if template != "tokenizer" else
+                                        f"the chat template of the tokenizer in `{tokenizer.name_or_path}`")
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
+class ChatTemplateError(DataError):
+    """A chat template raised on one conversation; :meth:`at` names the row (the renderer does not know it)."""
+
+    def at(self, source: str) -> DataError:
+        return DataError(f"{source}: {self}")
+
+
+def chat_template_refusal(exc: Exception, which: str) -> Optional[ChatTemplateError]:
+    """A :class:`ChatTemplateError` for an exception that the Jinja template ``which`` raised while rendering (its
+    ``raise_exception``, a syntax error, or its sandbox stopping an attribute access such as ``__class__``); None
+    for any other exception."""
+    jinja2 = sys.modules.get("jinja2")  # loaded by whoever rendered: an exception of its type means it is there
+    if jinja2 is None or not isinstance(exc, jinja2.TemplateError):
+        return None
+    if isinstance(exc, jinja2.exceptions.SecurityError):
+        return ChatTemplateError(
+            f"{which} tried an operation that its sandbox forbids ({exc}); it was stopped and nothing of it ran. "
+            "Fix: use a chat template you trust (the model's original one), or `data.chat_template=none`."
+        )
+    return ChatTemplateError(
+        f"{which} failed on this conversation ({type(exc).__name__}: {exc}). Fix: repair the template (or the "
+        "conversation, when the template refuses its roles or order), or set `data.chat_template`."
+    )
 
 
 def encode_prompt(text: str, tokenizer) -> List[int]:

@@ -12,6 +12,8 @@ from typing import Any, Dict, Optional
 import numpy as np
 import torch
 
+from ..errors import LaunchError
+
 # torch's global generators (dropout), Python's and NumPy's are seeded with train.seed + this + the rank: the offset
 # keeps their stream apart from the humanline sampling generators (train.seed + 1000 x the data-parallel rank)
 GLOBAL_SEED_OFFSET = 1_000_003
@@ -34,9 +36,59 @@ def lr_lambda(warmup_steps: int, max_steps: int, schedule: str):
     return fn
 
 
+LAUNCHER_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK")
+LAUNCHERS = "torchrun, deepspeed and the SLURM script set them all"
+
+
+def check_launch_environment(environ=os.environ) -> None:
+    """The process-group variables a launcher sets, checked before anything waits on them: ``RANK``,
+    ``WORLD_SIZE`` and ``LOCAL_RANK`` are whole numbers, given together (or none of them: one process) with
+    ``0 <= RANK < WORLD_SIZE``, ``MASTER_ADDR`` and ``MASTER_PORT``; ``MASTER_PORT``, when given, is a port number.
+    A ``LaunchError`` names the variable and the fix (unchecked, a missing ``LOCAL_RANK`` sends DeepSpeed looking
+    for MPI, and a rank that no peer will join waits for ever)."""
+    given = {name: environ[name] for name in LAUNCHER_VARIABLES if name in environ}
+    for name, raw in given.items():
+        if not raw.strip().isdigit():
+            raise LaunchError(
+                f"The environment variable `{name}={raw}` is not a whole number (the launcher's process numbering; "
+                f"{LAUNCHERS}). Fix: start the run with `torchrun --nproc_per_node N launchers/run.py ...`, or unset "
+                f"{', '.join(LAUNCHER_VARIABLES)} for one process."
+            )
+    one_process = {"WORLD_SIZE": "1", "LOCAL_RANK": "0"}
+    if given and "RANK" not in given and all(int(raw) == int(one_process[n]) for n, raw in given.items()):
+        given = {}  # leftovers that describe one process anyway
+    if given:
+        missing = [name for name in LAUNCHER_VARIABLES + ("MASTER_ADDR", "MASTER_PORT")
+                   if not environ.get(name, "").strip()]
+        if missing:
+            shown = ", ".join(f"{n}={given[n]}" for n in given)
+            raise LaunchError(
+                f"The environment sets {shown} but not {', '.join(missing)}: a distributed launch needs RANK, "
+                f"WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT ({LAUNCHERS}); without them DeepSpeed goes "
+                "looking for an MPI launch. Fix: start the run with `torchrun --nproc_per_node N launchers/run.py "
+                f"...`, or unset {', '.join(given)} for one process."
+            )
+        rank, world = int(given["RANK"]), int(given["WORLD_SIZE"])
+        if world < 1 or rank >= world:
+            raise LaunchError(
+                f"The environment sets RANK={rank} with WORLD_SIZE={world}: ranks run from 0 to WORLD_SIZE - 1, so "
+                "this process would wait for ever for peers that never come. Fix: start the run with `torchrun "
+                "--nproc_per_node N launchers/run.py ...`, or unset RANK, WORLD_SIZE and LOCAL_RANK for one process."
+            )
+    port = environ.get("MASTER_PORT")
+    if port is not None and not (port.strip().isdigit() and 0 < int(port) < 65536):
+        raise LaunchError(
+            f"The environment variable `MASTER_PORT={port}` is not a port number (1-65535) for the process group's "
+            "rendezvous. Fix: set a free port (e.g. `MASTER_PORT=29500`), or unset it: one process picks a free "
+            "port itself."
+        )
+
+
 def launch_environment(backend: Optional[str]) -> str:
     """The process-group backend (``backend``, else nccl on GPU and gloo on CPU). A plain
-    ``python launchers/run.py ...`` (no launcher) gets the environment of a one-process group."""
+    ``python launchers/run.py ...`` (no launcher) gets the environment of a one-process group. The launcher's
+    variables are checked first (:func:`check_launch_environment`)."""
+    check_launch_environment()
     if "RANK" not in os.environ:
         os.environ.setdefault("RANK", "0")
         os.environ.setdefault("LOCAL_RANK", "0")

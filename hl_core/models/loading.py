@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import json
+import os
 from pathlib import Path
 from typing import Optional, Tuple
 
@@ -45,13 +47,16 @@ def load_tokenizer(model_cfg):
         )
     try:
         tokenizer = AutoTokenizer.from_pretrained(name, trust_remote_code=model_cfg.trust_remote_code)
-    except (OSError, ValueError) as exc:
+    except Exception as exc:  # a damaged tokenizer.json fails with KeyError, TypeError, tokenizers' bare Exception...
         if "trust_remote_code" in str(exc):
             raise _remote_code_error("tokenizer", name) from None
-        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        first = str(exc).strip().splitlines()[0][:200] if str(exc).strip() else "no message"
+        files = [f for f in TOKENIZER_FILES if (local / f).is_file()] if local.is_dir() else []
+        where = f" (its files: {', '.join(files)})" if files else ""
         raise RecipeError(
-            f"Could not load the tokenizer from `{key}` = `{name}` ({first}). "
-            "Fix: point it at a local directory with tokenizer files, or a Hugging Face name reachable from this machine."
+            f"Could not load the tokenizer from `{key}` = `{name}`{where}: {type(exc).__name__}: {first}. "
+            "Fix: point it at a local directory with intact tokenizer files (e.g. the model's own tokenizer.json), or "
+            "a Hugging Face name reachable from this machine."
         ) from None
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -97,6 +102,134 @@ def check_model_config(model_cfg) -> None:
         ) from None
 
 
+SAFETENSORS_MAX_HEADER = 100_000_000  # the safetensors library refuses longer headers
+
+
+def safetensors_problem(path: Path) -> Optional[str]:
+    """What is wrong with the safetensors file ``path`` (None when nothing is): its 8-byte header length, the
+    JSON header, and every tensor's byte span inside the file (a cut file leaves spans past its end). Reads the
+    header only."""
+    size = path.stat().st_size
+    with open(path, "rb") as fh:
+        prefix = fh.read(8)
+        if len(prefix) < 8:
+            return f"it has {size} bytes, fewer than the 8 of a safetensors header length"
+        length = int.from_bytes(prefix, "little")
+        if length > min(SAFETENSORS_MAX_HEADER, size - 8):
+            return f"its header claims {length:,} bytes, more than the file ({size:,} bytes) or safetensors allow"
+        raw = fh.read(length)
+    try:
+        header = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return "its header is not JSON text (NUL or other bytes)"
+    if not isinstance(header, dict):
+        return "its header is not a JSON object"
+    data = size - 8 - length
+    end = 0
+    for name, entry in header.items():
+        if name == "__metadata__":
+            continue
+        offsets = entry.get("data_offsets") if isinstance(entry, dict) else None
+        if not (isinstance(offsets, list) and len(offsets) == 2 and all(isinstance(o, int) for o in offsets)
+                and 0 <= offsets[0] <= offsets[1]):
+            return f"its header entry `{name}` has no valid `data_offsets`"
+        if offsets[1] > data:
+            return f"tensor `{name}` ends at byte {offsets[1]:,} of a data section of {data:,} bytes: the file is cut " \
+                "short"
+        end = max(end, offsets[1])
+    if end != data:
+        return f"its tensors cover {end:,} of its {data:,} data bytes"
+    return None
+
+
+def weight_files_problem(directory) -> Optional[str]:
+    """What keeps the local model directory ``directory`` from loading, checked without reading weights: no
+    ``config.json``, a damaged ``*.safetensors`` file (:func:`safetensors_problem`), or a shard its index names
+    that is missing. None when nothing is found."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        return f"`{directory}` has no config.json, so it is not a Hugging Face model directory"
+    index = directory / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = sorted(set(json.loads(index.read_text())["weight_map"].values()))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return f"`{index}` is not a safetensors index (a JSON object with a `weight_map`)"
+        missing = [name for name in shards if not (directory / name).is_file()]
+        if missing:
+            return f"`{index}` names {len(missing)} shard(s) that are missing, e.g. `{missing[0]}`"
+    for path in sorted(directory.glob("*.safetensors")):
+        problem = safetensors_problem(path)
+        if problem is not None:
+            return f"`{path}` is damaged: {problem}"
+    return None
+
+
+def nonfinite_parameter(model) -> Optional[str]:
+    """The name of the first parameter (or buffer) of ``model`` holding NaN or inf, or None."""
+    for name, tensor in list(model.named_parameters()) + list(model.named_buffers()):
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            return name
+    return None
+
+
+def check_weights_load(model_cfg) -> None:
+    """A local ``model.name_or_path`` loaded from its weights (not ``model.random_init``) has intact files
+    (:func:`weight_files_problem`); raises ``RecipeError`` naming the file."""
+    local = Path(model_cfg.name_or_path).expanduser()
+    if model_cfg.random_init or not local.is_dir():
+        return
+    problem = weight_files_problem(local)
+    if problem is not None:
+        raise RecipeError(
+            f"`model.name_or_path: {model_cfg.name_or_path}` cannot be loaded: {problem}. Fix: copy the model "
+            "directory again (or re-save it with `save_pretrained`), or point `model.name_or_path` at an intact one."
+        )
+
+
+def available_bytes(device: Optional[torch.device]) -> Tuple[int, str]:
+    """Memory free for one process to build a model on ``device`` (a GPU, or None: the CPU) and how that was
+    found. On the CPU: the kernel's ``MemAvailable`` shared by the ranks on this node (``LOCAL_WORLD_SIZE``)."""
+    if device is not None and device.type == "cuda":
+        free, _ = torch.cuda.mem_get_info(device)
+        return free, f"free on {device}"
+    ranks = os.environ.get("LOCAL_WORLD_SIZE", "1").strip()
+    ranks = int(ranks) if ranks.isdigit() and int(ranks) > 0 else 1
+    try:
+        with open("/proc/meminfo") as fh:
+            kib = next(int(line.split()[1]) for line in fh if line.startswith("MemAvailable:"))
+        free = kib * 1024
+    except (OSError, StopIteration, ValueError, IndexError):
+        free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    shared = f", shared by the {ranks} ranks on this node" if ranks > 1 else ""
+    return free // ranks, f"available CPU memory{shared}"
+
+
+def check_random_init_fits(model_cfg, config, kwargs, device: Optional[torch.device]) -> None:
+    """Refuse, before a byte is allocated, a ``model.random_init`` model whose fp32 weights (it is initialised in
+    fp32) exceed the memory free where it is built. Its size comes from the config's dimensions
+    (:func:`resolve_spec`), or, for an architecture they do not describe, from the model built on the meta device."""
+    try:
+        params = resolve_spec(model_cfg).num_params()
+    except RecipeError:
+        from transformers import AutoModelForCausalLM  # imported here: as in build_causal_lm
+
+        with torch.device("meta"):
+            params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config, **kwargs).parameters())
+    need = 4 * params
+    free, where = available_bytes(device)
+    if need > free:
+        gib = 2**30
+        raise RecipeError(
+            f"`model.random_init: true` would build `{model_cfg.name_or_path}`"
+            + (" with `model.config_overrides`" if model_cfg.config_overrides else "")
+            + f" as a model of {params / 1e9:.2f}B parameters: {need / gib:.1f} GiB of fp32 weights, but only "
+            f"{free / gib:.1f} GiB are {where}. Nothing was allocated. Fix: shrink the model "
+            "(`model.config_overrides`: hidden_size, intermediate_size, num_hidden_layers), or run where more memory "
+            "is free."
+        )
+
+
 def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None):
     """Load (or, with ``model.random_init``, randomly initialise) a causal LM in ``precision``.
 
@@ -116,6 +249,7 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
             )
             # on a GPU, initialise there (seconds instead of minutes for billions of parameters on the CPU)
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+            check_random_init_fits(model_cfg, config, kwargs, device)
             with _fork_rng(seed, device), (device or contextlib.nullcontext()):
                 model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
             model = model.to(dtype)
@@ -125,6 +259,7 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
                 from transformers.integrations import HfDeepSpeedConfig
 
                 keep_alive = HfDeepSpeedConfig(zero3_init_config)  # noqa: F841 (must live during loading)
+            check_weights_load(model_cfg)
             if model_cfg.config_overrides:
                 kwargs["config"] = AutoConfig.from_pretrained(
                     model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **model_cfg.config_overrides

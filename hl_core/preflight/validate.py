@@ -3,7 +3,8 @@
 The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
 ``output_dir``, the checkpoint to resume), the checkpoint's run record against the recipe and another run's outputs
 in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the local model
-directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``), the local
+directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``) and weight
+files (their headers: a cut or damaged safetensors file, a missing shard), the local
 tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
 is local, the rows are also tokenized, reporting what ``data.max_length`` truncates and the identical pairs
 that training would drop.
@@ -19,7 +20,7 @@ from ..data.build import build_datasets, data_plan, describe_data, load_split_re
 from ..loop.lifecycle import check_other_run
 from ..loop.run_record import check_resume_record, run_record
 from ..loop.sources import epoch_steps
-from ..models.loading import check_model_config, load_tokenizer
+from ..models.loading import check_model_config, check_weights_load, load_tokenizer
 from ..models.specs import check_layout
 from ..storage.checkpoints import resume_target
 
@@ -30,6 +31,7 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_recipe(recipe, world)
     check_layout(recipe, world)
     check_model_config(recipe.model)
+    check_weights_load(recipe.model)  # a local model's config.json and safetensors headers (no weights read)
     target, _ = resume_target(recipe.checkpoint.resume, recipe.output_dir)
     check_other_run(recipe, target)  # another run's outputs in output_dir
     resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None

@@ -80,6 +80,17 @@ def update_parts(max_steps: int, per_part: int = UPDATES_PER_PART) -> List[Tuple
     return [(a, min(a + per_part, max_steps) - 1) for a in range(0, max_steps, per_part)]
 
 
+def well_formed(manifest) -> bool:
+    """``manifest`` has the shape this module writes: ``{"fingerprint": {...}, "parts": {name: {"file": str,
+    "sha256": str}}}`` (anything else, e.g. a hand-edited or foreign file, is unreadable: the cache is recomputed)."""
+    if not isinstance(manifest, dict) or not isinstance(manifest.get("fingerprint"), dict):
+        return False
+    parts = manifest.get("parts", {})
+    return isinstance(parts, dict) and all(
+        isinstance(entry, dict) and isinstance(entry.get("file"), str) and isinstance(entry.get("sha256"), str)
+        for entry in parts.values())
+
+
 def part_name(first: int, last: int) -> str:
     return f"updates-{first:06d}-{last:06d}"
 
@@ -129,7 +140,10 @@ class ReferenceCacheDir:
         if self.manifest_path.exists():
             try:
                 manifest = json.loads(self.manifest_path.read_text())
-            except (OSError, ValueError):
+            except (OSError, ValueError, RecursionError):
+                manifest = None
+            if not well_formed(manifest):
+                manifest = None
                 self.notices.append(f"{self.manifest_path} is unreadable: recomputing the reference cache")
         listed = _manifest_parts(manifest, self.manifest_path)
         if manifest is not None and not self.notices:

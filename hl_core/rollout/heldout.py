@@ -14,6 +14,7 @@ run compares against the same baseline.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
@@ -67,12 +68,34 @@ class HeldOutReward:
         """The first evaluation's scores: this one's at update 0 (written), else the file a resumed run kept."""
         if self.start_scores is None:
             if updates_done > 0 and self.start_file.exists():
-                self.start_scores = json.loads(self.start_file.read_text())["scores"]
+                self.start_scores = self._read_start(len(scores))
             else:
                 self.start_scores = list(scores)
                 self.start_file.parent.mkdir(parents=True, exist_ok=True)
                 self.start_file.write_text(json.dumps({"update": updates_done, "scores": self.start_scores}))
         return self.start_scores
+
+    def _read_start(self, n_prompts: int) -> List[float]:
+        """The first evaluation's scores kept by an earlier run, refused when torn or foreign (not
+        ``{"scores": [n_prompts finite numbers]}``)."""
+        try:
+            kept = json.loads(self.start_file.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError) as exc:
+            problem = f"it is not readable JSON ({type(exc).__name__})"
+        else:
+            scores = kept.get("scores") if isinstance(kept, dict) else None
+            numbers = isinstance(scores, list) and all(
+                isinstance(s, (int, float)) and not isinstance(s, bool) and math.isfinite(s) for s in scores)
+            if numbers and len(scores) == n_prompts:
+                return [float(s) for s in scores]
+            shape = (f"{len(scores)} scores" if isinstance(scores, list) else "no `scores` list")
+            problem = f"it holds {shape}, not {n_prompts} finite numbers, one per held-out prompt"
+        raise DataError(
+            f"`{self.start_file}` is damaged: {problem}. It keeps the first held-out evaluation's scores, which "
+            "`win_rate_vs_start` compares against after a resume. Fix: restore the file, or delete it to compare "
+            "against this evaluation instead (the win rate then restarts at 0.5), or resume with the held-out data "
+            "it was written for."
+        )
 
     @torch.no_grad()
     def evaluate(self, eval_prompts, updates_done: int) -> Tuple[Dict[str, float], float]:

@@ -7,6 +7,7 @@ Every reward maps ``(prompts, completions, references) -> list[float]`` (one sco
 from __future__ import annotations
 
 import importlib
+import math
 import re
 from decimal import Decimal
 from typing import Callable, Dict, List, Optional, Sequence
@@ -178,13 +179,35 @@ class CallableReward:
         self.fn = load_callable(cfg.function, "rollout.reward.function")
 
     def __call__(self, prompts, completions, references) -> List[float]:
-        scores = [float(s) for s in self.fn(prompts, completions, references)]
-        if len(scores) != len(completions):
+        returned = self.fn(prompts, completions, references)
+        try:
+            scores = list(returned)
+        except TypeError:
+            scores = None
+        if scores is None or len(scores) != len(completions):
+            got = f"{len(scores)} scores" if scores is not None else f"a {type(returned).__name__}"
             raise RecipeError(
-                f"`rollout.reward.function` returned {len(scores)} scores for {len(completions)} completions. "
-                "Fix: return one float per completion."
+                f"`rollout.reward.function` returned {got} for {len(completions)} completions. "
+                "Fix: return a list of one float per completion."
             )
-        return scores
+        return [self._checked(score, i) for i, score in enumerate(scores)]
+
+    @staticmethod
+    def _checked(score, index: int) -> float:
+        """A finite real number (ints, floats, numpy/torch scalars; not text, not a bool)."""
+        value = None
+        if not isinstance(score, (str, bytes, bool)):
+            try:
+                value = float(score)
+            except (TypeError, ValueError, OverflowError):
+                pass
+        if value is None or not math.isfinite(value):
+            raise RecipeError(
+                f"`rollout.reward.function` returned {score!r} ({type(score).__name__}) as the score of completion "
+                f"{index}: a score must be a finite number, or the advantages and the loss turn into NaN. Fix: return "
+                "one finite float per completion (e.g. 0.0 for an output the function cannot score)."
+            )
+        return value
 
 
 def load_callable(spec: Optional[str], key: str) -> Callable:

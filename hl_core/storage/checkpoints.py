@@ -205,9 +205,9 @@ def safe_load(path, map_location="cpu", allowed=()):
             f"Nothing from it was run. {' '.join(unsafe)} Fix: resume only from checkpoints this pack wrote, point "
             "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`."
         ) from None
-    except (EOFError, OSError, RuntimeError) as exc:
-        if isinstance(exc, RuntimeError) and "PytorchStreamReader" not in str(exc):
-            raise
+    except (EOFError, OSError, RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
+        # torch.load only reads this file here: a truncated archive, a storage shorter than its tensors claim
+        # ("record size ... does not match"), a tensor beyond its storage ("out of bounds"), a malformed pickle
         raise _damaged(path, exc) from None
 
 

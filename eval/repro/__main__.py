@@ -2,8 +2,8 @@
 
     python -m eval.repro                           # GRPO study: 3 warm-ups (cached) x 9 arms x 2 seeds
     python -m eval.repro --study preference        # DPO / KTO / GRPO, offline vs online vs offline humanline
-    python -m eval.repro --study preference_fair   # DPO / KTO with the paper's allowance: tuned lr and max grad
-                                                   # norm, sync period, data source, clamp (docs/repro/preference_fair.*)
+    python -m eval.repro --study preference_fair   # DPO / KTO with the paper's allowance: tuned lr and max
+                                                   # grad norm, sync period, data source, clamp (< 60 min)
     python -m eval.repro --study preference_fair --plan  # its planned run count and ETA; runs nothing
     python -m eval.repro [--study S] --quick       # a shortened grid with the sanity checks (< 3 min)
     python -m eval.repro [--study S] --sweep       # the regime sweep (chosen by the online arm(s) alone)

@@ -32,7 +32,7 @@ from typing import Dict, List, Sequence, Tuple
 
 from .fair_report import write_fair_report
 from .runs import REPO, Run, WorkerPool, accepted_warmups, environment, policy_warmup, run_all, warmup_dir
-from .sources import QUICK_SOURCES, SOURCES, file_digest, source_data
+from .sources import QUICK_SOURCES, SOURCES, file_digest, source_data, train_writers
 from .stats import curve_auc
 from .studies import Arm, Study, grid_runs, same_seed_checks
 
@@ -242,20 +242,23 @@ def plan_text(fg: FairGrid, grid, n_warmups: int, seeds: Sequence[int], jobs: in
                 for o in fg.objectives}
     tuning_s = sum(fg.tuning_warmups * len(fg.tuning_seeds) * sum(per_kind[o].values()) * (tuning_points(fg) // 3)
                    for o in fg.objectives)
-    mean_reported = statistics.fmean(v for o in per_kind for v in per_kind[o].values())
+    # every reported role at its kind's time (a role whose values equal another's runs once: "at most")
+    placeholder = {(o, kind): Setting(o, kind, BASE_LR) for o in fg.objectives for kind in RECIPE}
+    reported_s = sum(per_kind[o][setting.kind] for o in fg.objectives
+                     for setting in roles(fg, o, placeholder).values()) * n_warmups * len(seeds)
     sources = QUICK_SOURCES if grid.shortened else SOURCES
     writers = {(w.name, w.seed, w.overrides) for s in fg.sources for w in sources[s].writers}
     untrained = [w for w in writers if not (warmup_dir(cache, [*grid.warmup_overrides, *w[2]], w[1], w[0])
                                             / "final" / "config.json").exists()]
-    steps = [int(o.split("=")[1]) for w in untrained for o in w[2] if o.startswith("train.max_steps=")]
-    # the policy warm-ups (seeds 0..n-1; a rejected seed draws another, not counted here)
+    writer_steps = [int(o.split("=")[1]) for w in untrained for o in w[2] if o.startswith("train.max_steps=")]
+    # the policy warm-ups (seeds 0..n-1; a rejected seed draws another, not counted here), then the writers side by
+    # side: each stage lasts its longest warm-up or its total over the jobs, whichever is longer
     policy_overrides, policy_steps = policy_warmup(grid)
     policies = [s for s in range(n_warmups)
                 if not (warmup_dir(cache, policy_overrides, s) / "final" / "config.json").exists()]
-    steps += [policy_steps] * len(policies)
-    warmup_s = sum(steps) * WARMUP_S_PER_STEP[grid.shortened]
-    warmup_eta = warmup_s / min(jobs, max(len(steps), 1))
-    eta = (tuning_s + reported * mean_reported) / jobs + warmup_eta
+    stages = [[policy_steps] * len(policies), writer_steps]
+    warmup_eta = sum(max(max(st, default=0), sum(st) / jobs) for st in stages) * WARMUP_S_PER_STEP[grid.shortened]
+    eta = (tuning_s + reported_s) / jobs + warmup_eta
     plan = {"tuning_runs": tuning_runs, "reported_runs_at_most": reported, "writers_to_train": len(untrained),
             "policy_warmups_to_train": len(policies), "eta_s": eta, "warmup_eta_s": warmup_eta}
     text = (f"plan: {tuning_runs + reported} runs at most ({tuning_runs} tuning on {fg.tuning_warmups} warm-up(s) x "
@@ -298,6 +301,7 @@ def run_fair(args, grid, out: Path, cache: Path, pool: WorkerPool) -> int:
         return 0
     models, warmup_table = accepted_warmups(cache, grid, n_warmups, pool)
     sources = QUICK_SOURCES if grid.shortened else SOURCES
+    train_writers([sources[name] for name in fg.sources], cache, grid.warmup_overrides, pool)
     data: Dict[str, Path] = {}
     metas: Dict[str, dict] = {}
     for name in fg.sources:

@@ -15,7 +15,7 @@ import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._common import read_jsonl
 
@@ -193,6 +193,15 @@ def warmup_dir(out: Path, overrides: Sequence[str], seed: int, name: str = "warm
     return out / f"{name}-{key}"
 
 
+def warmup_run(out: Path, overrides: Sequence[str], seed: int, name: str = "warmup") -> Optional[Run]:
+    """The run that trains the warm-up (``overrides``, ``seed``) into ``warmup_dir``; None when it is cached."""
+    directory = warmup_dir(out, overrides, seed, name)
+    if (directory / "final" / "config.json").exists():
+        return None
+    return Run(name, seed, WARMUP_RECIPE, [*overrides, f"train.seed={seed}", "checkpoint.save_final=true"], directory,
+               warmup=seed)
+
+
 def warmups(out: Path, overrides: Sequence[str], seeds: Sequence[int], pool: WorkerPool,
             name: str = "warmup") -> Dict[int, Path]:
     """Supervised warm-ups (``recipes/repro/warmup.yaml`` + ``overrides``, ``train.seed`` = each of ``seeds``:
@@ -201,14 +210,12 @@ def warmups(out: Path, overrides: Sequence[str], seeds: Sequence[int], pool: Wor
     models: Dict[int, Path] = {}
     todo: List[Run] = []
     for seed in seeds:
-        run_overrides = [*overrides, f"train.seed={seed}"]
-        directory = warmup_dir(out, overrides, seed, name)
-        models[seed] = directory / "final"
-        if (models[seed] / "config.json").exists():
+        models[seed] = warmup_dir(out, overrides, seed, name) / "final"
+        run = warmup_run(out, overrides, seed, name)
+        if run is None:
             print(f"{name} {seed}: cached at {models[seed]}")
         else:
-            todo.append(Run(name, seed, WARMUP_RECIPE, [*run_overrides, "checkpoint.save_final=true"], directory,
-                            warmup=seed))
+            todo.append(run)
     if todo:
         print(f"{name}: supervised training of {len(todo)} model(s) -> {out}")
         run_all(todo, pool, name)

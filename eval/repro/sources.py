@@ -24,7 +24,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._common import read_jsonl
 from .preference import ANSWER_DIGITS, DATA_SEED, PROMPTS, SAMPLES, WEAK_SEED, WEAK_WARMUP_OVERRIDES, digit_credit
-from .runs import RunFailed, WorkerPool, warmups
+from .runs import RunFailed, WorkerPool, run_all, warmup_run, warmups
 
 
 @dataclass(frozen=True)
@@ -171,6 +171,20 @@ def build_source_data(model_dirs: Sequence[str], samples: Sequence[int], out: st
           f"{meta['sample_reward_mean']:.3f}, chosen {meta['chosen_reward_mean']:.3f}, rejected "
           f"{meta['rejected_reward_mean']:.3f} -> {directory}")
     return {k: str(v) for k, v in paths.items()}
+
+
+def train_writers(sources: Sequence[Source], cache: Path, warmup_overrides: Sequence[str], pool: WorkerPool) -> None:
+    """Every writer of ``sources`` not yet cached, trained at once in ``pool`` (longest first), so that the writers
+    of several sources run side by side instead of one source after another."""
+    todo = {}
+    for writer in (w for source in sources for w in source.writers):
+        run = warmup_run(cache, [*warmup_overrides, *writer.overrides], writer.seed, writer.name)
+        if run is not None:
+            run.estimate_s = float(sum(int(o.split("=")[1]) for o in writer.overrides if o.startswith("train.max_steps=")))
+            todo[run.output_dir] = run
+    if todo:
+        print(f"data writers: supervised training of {len(todo)} model(s) -> {cache}")
+        run_all(list(todo.values()), pool, "data writers")
 
 
 def source_data(source: Source, cache: Path, warmup_overrides: Sequence[str], pool: WorkerPool,

@@ -178,7 +178,7 @@ def test_full_plan_fits_the_hour(tmp_path, capsys):
     assert "plan: " in text and "ETA" in text
     _, plan = fair.plan_text(fair.FULL_FAIR, FULL, FULL.warmups, list(range(FULL.seeds)), 2, tmp_path / "cache")
     assert plan["writers_to_train"] == 4  # weak, strong and the mixture's two others
-    assert plan["tuning_runs"] == 2 * 3 * (5 + 1) * 2  # DPO and KTO, 3 arms x 6 settings, 2 warm-ups x 1 seed
+    assert plan["tuning_runs"] == 2 * 3 * (5 + 1) * 1  # DPO and KTO, 3 arms x 6 settings, 1 warm-up x 1 seed
     assert plan["eta_s"] < 60 * 60
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
     _, quick_plan = fair.plan_text(fair.QUICK_FAIR, QUICK, QUICK.warmups, [0], 2, tmp_path / "cache")

@@ -17,7 +17,7 @@ PIN = REPO / "tests" / "fixtures" / "repro_quick_pin.json"
 def quick(tmp_path_factory, repro_cache):
     out = tmp_path_factory.mktemp("repro") / "quick"
     proc = subprocess.run([sys.executable, "-m", "eval.repro", "--quick", "--out", str(out), "--cache", str(repro_cache)], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+                          capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
 
@@ -117,12 +117,13 @@ def test_warmups_below_the_minimum_are_replaced_by_the_next_seed(tmp_path, monke
     """Seeds are tried in order; one whose held-out accuracy at the end of the warm-up is under the grid's minimum
     is recorded as rejected and the next seed is drawn until enough pass."""
     from eval.repro import __main__ as repro
+    from eval.repro import runs
     from eval.repro.studies import FULL
 
     accuracy = {0: 0.29, 1: 0.03, 2: 0.27, 3: 0.31}
     asked = []
 
-    def fake_warmups(cache, overrides, seeds, jobs, name="warmup"):
+    def fake_warmups(cache, overrides, seeds, pool, name="warmup"):
         asked.append(list(seeds))
         assert "eval.held_out=reward" in overrides and "eval.every=600" in overrides
         out = {}
@@ -133,7 +134,7 @@ def test_warmups_below_the_minimum_are_replaced_by_the_next_seed(tmp_path, monke
             out[s] = final
         return out
 
-    monkeypatch.setattr(repro, "warmups", fake_warmups)
-    models, table = repro.accepted_warmups(tmp_path, FULL, 3, jobs=2)
+    monkeypatch.setattr(runs, "warmups", fake_warmups)
+    models, table = repro.accepted_warmups(tmp_path, FULL, 3, pool=None)
     assert sorted(models) == [0, 2, 3] and asked == [[0, 1, 2], [3]]
     assert [w["accepted"] for w in table] == [True, False, True, True]

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[1]
 def quick(tmp_path_factory, repro_cache):
     out = tmp_path_factory.mktemp("repro-preference") / "quick"
     proc = subprocess.run([sys.executable, "-m", "eval.repro", "--study", "preference", "--quick", "--out", str(out),
-                           "--cache", str(repro_cache)], cwd=REPO, capture_output=True, text=True, timeout=900)
+                           "--cache", str(repro_cache)], cwd=REPO, capture_output=True, text=True, timeout=2400)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
 

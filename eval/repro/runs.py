@@ -7,13 +7,15 @@ import hashlib
 import json
 import os
 import platform
+import queue
 import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, List, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from .._common import read_jsonl
 
@@ -39,6 +41,7 @@ class Run:
     win_rate: List[float] = field(default_factory=list)  # against the start policy, per eval (when reported)
     metrics: List[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
+    estimate_s: float = 0.0  # expected wall-clock (scheduling: longest first); 0 when unknown
 
 
 # The same CPU kernels on every x86-64 CPU with AVX2: ATen's own, MKL's (its conditional numerical
@@ -55,20 +58,96 @@ def child_env() -> Dict[str, str]:
     return env
 
 
-def run_one(run: Run) -> Run:
-    """Train one (arm, warm-up, seed) through ``launchers/run.py``; reads its curve and metrics back."""
+class Worker:
+    """One ``python -m eval.repro.worker`` process (``child_env()``): runs tasks one after another."""
+
+    def __init__(self, log: Path):
+        log.parent.mkdir(parents=True, exist_ok=True)
+        self.log = log
+        with log.open("a") as err:
+            self.proc = subprocess.Popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO, env=child_env(),
+                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+
+    def ask(self, task: dict) -> dict:
+        """The task's answer; a worker that died is code -1 (its last words are in ``self.log``)."""
+        try:
+            self.proc.stdin.write(json.dumps(task) + "\n")
+            self.proc.stdin.flush()
+            line = self.proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self.proc.wait()
+            return {"code": -1, "result": None, "died": f"worker exited {self.proc.returncode}; see {self.log}"}
+        return json.loads(line)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.stdin.close()
+            self.proc.wait()
+
+
+class WorkerPool:
+    """Up to ``jobs`` workers, started on demand and reused by every run of a study (one import of torch,
+    DeepSpeed and transformers per worker, not per run). A worker that died is replaced by a fresh one.
+    ``HL_REPRO_SUBPROCESS=1`` runs every training run in its own ``launchers/run.py`` process instead."""
+
+    def __init__(self, jobs: int, log_dir: Path):
+        self.jobs, self.log_dir = jobs, log_dir
+        self.idle: "queue.Queue[Worker]" = queue.Queue()
+        self.started = 0
+        self.lock = threading.Lock()
+        self.subprocess = os.environ.get("HL_REPRO_SUBPROCESS", "") == "1"
+
+    def ask(self, task: dict) -> dict:
+        with self.lock:
+            if self.idle.empty() and self.started < self.jobs:
+                self.started += 1
+                self.idle.put(Worker(self.log_dir / f"worker{self.started}.log"))
+        worker = self.idle.get()
+        try:
+            answer = worker.ask(task)
+        finally:
+            if worker.proc.poll() is None:
+                self.idle.put(worker)
+            else:
+                with self.lock:
+                    self.started -= 1
+        return answer
+
+    def close(self) -> None:
+        while not self.idle.empty():
+            self.idle.get().close()
+
+    def __enter__(self) -> "WorkerPool":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def run_one(run: Run, pool: WorkerPool) -> Run:
+    """Train one (arm, warm-up, seed) through ``launchers/run.py``'s ``main()`` in a pool worker (the command
+    line's code path); reads its curve and metrics back."""
     run.output_dir.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, str(REPO / "launchers" / "run.py"), str(run.recipe), *run.overrides,
-           f"output_dir={run.output_dir}", "logging.progress_bar=false", "checkpoint.resume=never",
-           "checkpoint.overwrite=true"]  # a rerun of the study trains each arm afresh in its directory
+    argv = [str(run.recipe), *run.overrides, f"output_dir={run.output_dir}", "logging.progress_bar=false",
+            "checkpoint.resume=never",
+            "checkpoint.overwrite=true"]  # a rerun of the study trains each arm afresh in its directory
+    cmd = [sys.executable, str(REPO / "launchers" / "run.py"), *argv]
+    log = run.output_dir / "driver.log"
     start = time.perf_counter()
-    proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+    if pool.subprocess:
+        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+        log.write_text(proc.stdout + proc.stderr)
+        answer = {"code": proc.returncode}
+    else:
+        answer = pool.ask({"argv": argv, "log": str(log)})
     run.wall_s = time.perf_counter() - start
-    (run.output_dir / "driver.log").write_text(proc.stdout + proc.stderr)
-    if proc.returncode != 0:
-        tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-25:])
-        raise RunFailed(f"run {run.arm} warm-up {run.warmup} seed {run.seed} failed (exit {proc.returncode}); full "
-                        f"log: {run.output_dir / 'driver.log'}\ncommand: {' '.join(cmd)}\n{tail}")
+    if answer["code"] != 0:
+        text = log.read_text() if log.exists() else ""
+        tail = "\n".join((text.strip().splitlines() + [answer.get("died", "")])[-25:])
+        raise RunFailed(f"run {run.arm} warm-up {run.warmup} seed {run.seed} failed (exit {answer['code']}); full "
+                        f"log: {log}\ncommand: {' '.join(cmd)}\n{tail}")
     evals = read_jsonl(run.output_dir / "eval.jsonl")
     run.curve = ([int(r["step"]) for r in evals], [float(r["reward"]) for r in evals])
     run.win_rate = [float(r["win_rate_vs_start"]) for r in evals if "win_rate_vs_start" in r]
@@ -78,45 +157,108 @@ def run_one(run: Run) -> Run:
     return run
 
 
-def run_all(runs: Sequence[Run], jobs: int, title: str) -> List[Run]:
-    """Run ``runs`` ``jobs`` at a time, printing one line per finished run (tqdm shows the ETA)."""
-    from tqdm import tqdm
+def run_all(runs: Sequence[Run], pool: WorkerPool, title: str, bar=None) -> List[Run]:
+    """Run ``runs`` ``pool.jobs`` at a time in ``pool``'s workers, printing one line per finished run; ``bar`` is
+    a progress bar shared by several calls (else one of its own: tqdm shows the ETA). Runs start longest first
+    when they carry an estimate (``Run.estimate_s``), so a stage does not end on one long run while the other
+    workers idle."""
+    from tqdm import tqdm  # the progress bar; not needed by the importers of this module's other parts
 
+    own_bar = bar is None
+    bar = bar or tqdm(total=len(runs), desc=title, unit="run")
     done: List[Run] = []
-    with ThreadPoolExecutor(max_workers=jobs) as pool, tqdm(total=len(runs), desc=title, unit="run") as bar:
-        futures = {pool.submit(run_one, r): r for r in runs}
-        for future in as_completed(futures):
-            run = future.result()
-            done.append(run)
-            if run.curve[1]:
-                bar.write(f"  {run.arm:<22} warm-up {run.warmup} seed {run.seed}: {run.wall_s:5.1f}s, held-out "
-                          f"{run.curve[1][0]:.3f} -> {run.curve[1][-1]:.3f}")
-            bar.update(1)
+    try:
+        with ThreadPoolExecutor(max_workers=pool.jobs) as executor:
+            ordered = sorted(runs, key=lambda r: -r.estimate_s)
+            futures = {executor.submit(run_one, r, pool): r for r in ordered}
+            for future in as_completed(futures):
+                run = future.result()
+                done.append(run)
+                if run.curve[1]:
+                    bar.write(f"  {run.arm:<30} warm-up {run.warmup} seed {run.seed}: {run.wall_s:5.1f}s, held-out "
+                              f"{run.curve[1][0]:.3f} -> {run.curve[1][-1]:.3f}")
+                bar.update(1)
+    finally:
+        if own_bar:
+            bar.close()
     order = {(r.arm, r.warmup, r.seed): i for i, r in enumerate(runs)}
     return sorted(done, key=lambda r: order[(r.arm, r.warmup, r.seed)])
 
 
-def warmups(out: Path, overrides: Sequence[str], seeds: Sequence[int], jobs: int, name: str = "warmup") -> Dict[int, Path]:
+def warmup_dir(out: Path, overrides: Sequence[str], seed: int, name: str = "warmup") -> Path:
+    """Where the warm-up (``overrides``, ``seed``) is cached: keyed by the recipe, its data, the overrides and
+    the seed; its model is ``<dir>/final`` once trained."""
+    run_overrides = [*overrides, f"train.seed={seed}"]
+    key = hashlib.sha256(WARMUP_RECIPE.read_bytes() + WARMUP_DATA.read_bytes()
+                         + repr(run_overrides).encode()).hexdigest()[:16]
+    return out / f"{name}-{key}"
+
+
+def warmup_run(out: Path, overrides: Sequence[str], seed: int, name: str = "warmup") -> Optional[Run]:
+    """The run that trains the warm-up (``overrides``, ``seed``) into ``warmup_dir``; None when it is cached."""
+    directory = warmup_dir(out, overrides, seed, name)
+    if (directory / "final" / "config.json").exists():
+        return None
+    return Run(name, seed, WARMUP_RECIPE, [*overrides, f"train.seed={seed}", "checkpoint.save_final=true"], directory,
+               warmup=seed)
+
+
+def warmups(out: Path, overrides: Sequence[str], seeds: Sequence[int], pool: WorkerPool,
+            name: str = "warmup") -> Dict[int, Path]:
     """Supervised warm-ups (``recipes/repro/warmup.yaml`` + ``overrides``, ``train.seed`` = each of ``seeds``:
     initialisation and data order), each cached while the recipe, its data, the overrides and the seed are
     unchanged; the missing ones run in parallel. Returns ``{seed: final model directory}``."""
     models: Dict[int, Path] = {}
     todo: List[Run] = []
     for seed in seeds:
-        run_overrides = [*overrides, f"train.seed={seed}"]
-        key = hashlib.sha256(WARMUP_RECIPE.read_bytes() + WARMUP_DATA.read_bytes()
-                             + repr(run_overrides).encode()).hexdigest()[:16]
-        directory = out / f"{name}-{key}"
-        models[seed] = directory / "final"
-        if (models[seed] / "config.json").exists():
+        models[seed] = warmup_dir(out, overrides, seed, name) / "final"
+        run = warmup_run(out, overrides, seed, name)
+        if run is None:
             print(f"{name} {seed}: cached at {models[seed]}")
         else:
-            todo.append(Run(name, seed, WARMUP_RECIPE, [*run_overrides, "checkpoint.save_final=true"], directory,
-                            warmup=seed))
+            todo.append(run)
     if todo:
         print(f"{name}: supervised training of {len(todo)} model(s) -> {out}")
-        run_all(todo, jobs, name)
+        run_all(todo, pool, name)
     return models
+
+
+WARMUP_EVAL = ("data.eval.path=tests/fixtures/toy_add/prompts_eval.jsonl", "data.eval.limit=256", "eval.at_start=false",
+               "eval.held_out=reward", "rollout.reward.kind=math", "rollout.temperature=1.0", "rollout.max_new_tokens=4")
+
+
+def policy_warmup(grid) -> Tuple[List[str], int]:
+    """The policy warm-ups' overrides (``grid``'s, held-out accuracy at the end) and their number of updates."""
+    from hl_core.config import load_recipe  # the recipe schema: only the warm-up's length is needed here
+
+    steps = load_recipe(WARMUP_RECIPE, list(grid.warmup_overrides)).train.max_steps
+    return [*grid.warmup_overrides, *WARMUP_EVAL, f"eval.every={steps}"], steps
+
+
+def accepted_warmups(cache: Path, grid, count: int, pool: WorkerPool) -> Tuple[Dict[int, Path], List[dict]]:
+    """The first ``count`` warm-up seeds (0, 1, 2, ...) whose held-out accuracy at the end of the warm-up (one
+    sampled answer per held-out problem, the arms' measure) reaches ``grid.warmup_min_accuracy``: a warm-up that
+    did not learn the task is not a start. Returns the accepted models and every tried seed's accuracy."""
+    overrides, _ = policy_warmup(grid)
+    models: Dict[int, Path] = {}
+    table: List[dict] = []
+    seed = 0
+    while len(models) < count:
+        if seed >= 2 * count + 2:
+            raise RunFailed(f"only {len(models)} of {seed} warm-up seeds reached held-out accuracy "
+                            f"{grid.warmup_min_accuracy} (tried: {table}); check recipes/repro/warmup.yaml")
+        batch = list(range(seed, seed + count - len(models)))
+        built = warmups(cache, overrides, batch, pool)
+        for s in batch:
+            accuracy = float(read_jsonl(built[s].parent / "eval.jsonl")[-1]["reward"])
+            table.append({"seed": s, "accuracy": accuracy, "accepted": accuracy >= grid.warmup_min_accuracy})
+            if table[-1]["accepted"]:
+                models[s] = built[s]
+            else:
+                print(f"warm-up {s}: held-out accuracy {accuracy:.3f} < {grid.warmup_min_accuracy}: not a start, "
+                      "drawing the next seed")
+        seed += len(batch)
+    return models, table
 
 
 def environment(jobs: int) -> dict:

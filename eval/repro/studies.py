@@ -7,7 +7,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from .runs import Run
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPES = REPO / "recipes" / "repro"
@@ -61,6 +63,23 @@ QUICK = Grid(shortened=True, steps=8, sparse_every=4, prompts_per_update=4, eval
              warmup_overrides=("train.micro_batch_size=64",), warmups=2, seeds=1, warmup_min_accuracy=0.05)
 
 
+def grid_runs(arms: Sequence[Arm], grid: Grid, models: Dict[int, Path], out: Path, seeds: Sequence[int],
+              extra: Sequence[str] = (), tag: str = "", data: Optional[Dict[str, Path]] = None,
+              folder: str = "runs") -> List[Run]:
+    """Every arm x warm-up model x RL seed (the same RL seeds under each warm-up: a crossed design), each under
+    ``out/folder/<arm><tag>/warmup<w>-seed<s>``."""
+    runs = []
+    for arm in arms:
+        data_override = [f"data.train.path={(data or {})[arm.data]}"] if arm.data else []
+        for w, model in models.items():
+            for seed in seeds:
+                runs.append(Run(arm.name + tag, seed, RECIPES / arm.recipe,
+                                grid.overrides(arm) + data_override + [f"model.name_or_path={model}",
+                                                                       f"train.seed={seed}", *extra],
+                                out / folder / (arm.name + tag) / f"warmup{w}-seed{seed}", warmup=w))
+    return runs
+
+
 @dataclass(frozen=True)
 class Study:
     name: str
@@ -74,6 +93,8 @@ class Study:
     regimes: Dict[str, Tuple[Tuple[str, ...], Tuple[str, ...]]] = field(default_factory=dict)
     choose_by: Tuple[str, ...] = ("online",)
     checks: Optional[Callable] = None  # (runs, repeat) -> dict of sanity checks
+    # a study with stages of its own: (args, grid, out, cache, pool) -> exit code (instead of the arms x seeds grid)
+    runner: Optional[Callable] = None
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms + self.quick_extra if a.name == name)

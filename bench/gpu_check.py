@@ -1,4 +1,4 @@
-"""The GPU check: what our engines do on one CUDA GPU, in one command (about 6 minutes on an H100).
+"""The GPU check: what our engines do on one CUDA GPU (sections 1-4 in about 6 minutes on an H100).
 
     python bench/gpu_check.py                      # on a machine with a CUDA GPU
     python bench/gpu_check.py --dry-run            # every section on the CPU at tiny size, one update each
@@ -12,8 +12,22 @@ Sections (a Llama-3.2-1B-shaped random-init model at full depth, bf16, sequences
 3. The megatron engine on the GPU path (megatron-core DDP + distributed optimizer, tp = 1): humanline
    DPO against DeepSpeed on the same weights and batches, bf16 at full depth and fp32 at 2 layers
    (TF32 off), per-update losses compared.
-4. Online GRPO: the batched sampler's throughput (new tokens/s) at 16 prompts x 8 samples, and the
-   share of an online update spent in the rollout.
+4. Online GRPO: the batched sampler's throughput (new tokens/s) at 16 prompts x 8 samples, with the growing
+   KV cache and the static one (CUDA graphs; `rollout.kv_cache`), and the share of an online update spent in
+   the rollout.
+5. The speed switches on humanline DPO, each alone and together: log-probs from the hidden states
+   (`train.fused_logprobs`), compiled decoder layers (`train.compile`), Liger kernels (`model.kernels=liger`,
+   when liger-kernel is installed); tokens/s and peak memory against section 1's run without them.
+6. Packed against padded micro-batches on bench/packing.py's long-tailed mix (sequences up to 2048 tokens):
+   `data.packing` with `model.attn_implementation=auto` (flash-attention's variable-length path, or
+   FlexAttention's document mask) against padded sdpa; real tokens/s and peak memory.
+7. TRL's DPOTrainer (its defaults, and `use_liger_kernel=True`) against our plain DPO with the speed switches
+   (and section 1's plain DPO), same model, rows, micro-batch and accumulation: tokens/s and peak memory of
+   each, and our fastest over TRL's fastest (``bench/gpu_check_trl.py``).
+
+Sections 1-4 fit one 10-minute call and 5-7 another (`--sections 5 6 7`); the ratios of sections 5 and 7
+against section 1's runs are printed only when those ran in the same call. A dry run leaves out the runs that
+need a GPU-only package or minutes of CPU compilation (``"skipped"`` with the reason).
 
 Every run is its own process (a failure or an out-of-memory stays in its section; peak memory is its
 own). One JSON line per result is printed and written to ``--out``; ``--markdown`` writes the table
@@ -28,7 +42,8 @@ FLOPs per second over the GPU's dense bf16 peak; FLOPs from ``bench.shapes.forwa
 checkpointing's recomputation is not counted), ``peak_gib`` (``torch.cuda.max_memory_allocated`` over
 the measured updates), ``steady_gib`` (allocated after the first update: weights, optimizer states,
 reference) beside the ``--plan`` estimate for the same recipe, and ``sync_frac`` (reference sync time
-over update time, CUDA-synchronised).
+over update time, CUDA-synchronised). Speed-ups measured in the same call are ``"kind": "ratio"`` lines
+(tokens/s and peak memory of a run over another; no tolerance).
 """
 
 from __future__ import annotations
@@ -54,6 +69,7 @@ from bench import gpu_check_runs as runs_mod  # noqa: E402
 PEAK_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("A100", 312.0),
                     ("L40S", 362.1), ("A10G", 70.0), ("L4", 121.0))
 TIME_BUDGET_S = 540  # the whole check, start-ups included: runs that would start after it are skipped
+SECTIONS = (1, 2, 3, 4, 5, 6, 7)  # all of them take about 13 minutes on an H100: two calls, `1 2 3 4` and `5 6 7`
 
 
 def peak_tflops(gpu_name: str):
@@ -125,7 +141,7 @@ def missing_package(run: dict):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, one update per run")
-    parser.add_argument("--sections", type=int, nargs="*", default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
+    parser.add_argument("--sections", type=int, nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
     parser.add_argument("--out", default="runs/gpu_check/results.jsonl", help="JSON lines written here")
     parser.add_argument("--markdown", default=None, help="also write the results as a Markdown table here")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU")
@@ -154,7 +170,7 @@ def main(argv=None) -> int:
         plan = runs_mod.plan_runs(workdir, dry_run=args.dry_run, sections=args.sections, profile_dir=args.profile)
         by_id = {}
         for run in plan:
-            why = missing_package(run)
+            why = missing_package(run) or (runs_mod.NO_DRY_RUN[run["no_dry_run"]] if args.dry_run and run.get("no_dry_run") else None)
             left = TIME_BUDGET_S - (time.perf_counter() - started)
             if why is None and not args.dry_run and left < 30:
                 why = f"the check's {TIME_BUDGET_S}s time budget is spent"
@@ -166,7 +182,7 @@ def main(argv=None) -> int:
             by_id[run["id"]] = result
             results.append(result)
             print(json.dumps(result), flush=True)
-        for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run):
+        for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run) + runs_mod.ratios(by_id):
             results.append(comparison)
             print(json.dumps(comparison), flush=True)
         logs = {p.name: p.read_text() for p in workdir.glob("*.log")}

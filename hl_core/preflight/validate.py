@@ -1,8 +1,8 @@
 """``run.py --validate``: everything that can be checked without the weights or a GPU.
 
 The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
-``output_dir``, the checkpoint to resume), the parallel layout for the world size, the local model
-directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``), the local
+``output_dir``, the checkpoint to resume), the parallel layout for the world size, the speed switches against
+the model family and the machine (``model.kernels: liger`` needs a CUDA GPU), the local model directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``), the local
 tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
 is local, the rows are also tokenized, reporting what ``data.max_length`` truncates and the identical pairs
 that training would drop.
@@ -17,6 +17,7 @@ from ..config import check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
 from ..models.loading import check_model_config, load_tokenizer
 from ..models.specs import check_layout
+from ..models.speed import check_speed_options
 
 
 def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
@@ -25,6 +26,7 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_recipe(recipe, world)
     check_layout(recipe, world)
     check_model_config(recipe.model)
+    check_speed_options(recipe)  # model.kernels and train.fused_logprobs against the model family and this machine
     tokenizer = None
     if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
         tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary

@@ -104,26 +104,43 @@ def environment(args) -> dict:
     }
 
 
-def run_worker(run: dict, workdir: Path, timeout: float) -> dict:
-    """One run in its own process; its output goes to ``workdir/<id>.log``."""
-    log = workdir / f"{run['id']}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(run)]
+def run_workers(runs: list, workdir: Path, timeout: float) -> list:
+    """``runs`` one after another in one process of their own (one run, except in a dry run: see ``batchable``); the
+    process's output goes to ``workdir/<id>.log`` of each. One result per run, an ``"error"`` for a run that printed
+    none."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(runs)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(runs), env=env)
         output, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        output, code = output + f"\n[timed out after {timeout:.0f}s]", None
-    log.write_text(output)
-    base = {"section": run["section"], "id": run["id"], "title": run["title"], "wall_s": round(time.perf_counter() - start, 1)}
+        output, code = output + f"\n[timed out after {timeout * len(runs):.0f}s]", None
+    printed = {}
     for line in output.splitlines():
         if line.startswith(runs_mod.RESULT_PREFIX):
-            return {**base, **json.loads(line[len(runs_mod.RESULT_PREFIX):])}
+            row = json.loads(line[len(runs_mod.RESULT_PREFIX):])
+            printed[row["id"]] = row
+    wall = round((time.perf_counter() - start) / len(runs), 1)  # a batch's runs share its wall time
     tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
     why = "timed out" if code is None else f"exit code {code}"
-    return {**base, "error": f"{why}: {' | '.join(tail)[-600:]}", "log": str(log)}
+    results = []
+    for run in runs:
+        log = workdir / f"{run['id']}.log"
+        log.write_text(output)
+        base = {"section": run["section"], "id": run["id"], "title": run["title"], "wall_s": wall}
+        results.append({**base, **printed[run["id"]]} if run["id"] in printed else
+                       {**base, "error": f"{why}: {' | '.join(tail)[-600:]}", "log": str(log)})
+    return results
+
+
+def batchable(run: dict) -> bool:
+    """A dry run starts one process for all consecutive DeepSpeed runs (each its own trainer; the process start-up
+    and imports are most of a toy run's time): megatron (its parallel state), TRL (its own launcher state) and
+    runs that switch TF32 off keep a process each."""
+    return (run["kind"] in ("train", "online") and "engine.name=megatron" not in run["overrides"]
+            and not run.get("tf32_off"))
 
 
 def missing_package(run: dict):
@@ -151,7 +168,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return runs_mod.worker(json.loads(args.worker))
+        return runs_mod.worker(json.loads(args.worker))  # a list of runs
 
     import torch
 
@@ -168,20 +185,33 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         workdir = Path(tmp)
         plan = runs_mod.plan_runs(workdir, dry_run=args.dry_run, sections=args.sections, profile_dir=args.profile)
-        by_id = {}
+        by_id, batch = {}, []
+
+        def record(result):
+            by_id[result["id"]] = result
+            results.append(result)
+            print(json.dumps(result), flush=True)
+
+        def flush():
+            for result in run_workers(batch, workdir, args.run_timeout) if batch else []:
+                record(runs_mod.add_derived(result, env["peak_bf16_tflops"]))
+            batch.clear()
+
         for run in plan:
             why = missing_package(run) or (runs_mod.NO_DRY_RUN[run["no_dry_run"]] if args.dry_run and run.get("no_dry_run") else None)
             left = TIME_BUDGET_S - (time.perf_counter() - started)
             if why is None and not args.dry_run and left < 30:
                 why = f"the check's {TIME_BUDGET_S}s time budget is spent"
+            if why is None and args.dry_run and batchable(run):
+                batch.append(run)
+                continue
+            flush()
             if why is not None:
-                result = {"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why}
+                record({"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why})
             else:
-                result = run_worker(run, workdir, args.run_timeout)
-                result = runs_mod.add_derived(result, env["peak_bf16_tflops"])
-            by_id[run["id"]] = result
-            results.append(result)
-            print(json.dumps(result), flush=True)
+                batch.append(run)
+                flush()
+        flush()
         for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run) + runs_mod.ratios(by_id):
             results.append(comparison)
             print(json.dumps(comparison), flush=True)

@@ -146,12 +146,24 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
 
 
 # ------------------------------------------------------------------------------------------ one run
-def worker(run: dict) -> int:
-    """Build the run's trainer, time its updates, print one result line (``RESULT_PREFIX`` + JSON)."""
+def worker(runs: List[dict]) -> int:
+    """Each run in turn: build its trainer, time its updates, print one result line (``RESULT_PREFIX`` + JSON with
+    its id); the process group stays up between runs and goes with the process."""
     os.chdir(REPO)
-    if run["kind"] == "trl":
-        print(RESULT_PREFIX + json.dumps(trl_dpo(run)), flush=True)
-        return 0
+    for run in runs:
+        if run["kind"] == "trl":
+            result = trl_dpo(run)
+        else:
+            result = _train_run(run)
+        print(RESULT_PREFIX + json.dumps({"id": run["id"], **result}), flush=True)
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def _train_run(run: dict) -> dict:
     import torch
 
     if run.get("tf32_off"):
@@ -164,11 +176,9 @@ def worker(run: dict) -> int:
     trainer = Trainer(recipe)
     try:
         trainer.setup()
-        result = _measure(trainer, recipe, run)
+        return _measure(trainer, recipe, run)
     finally:
-        trainer.close()
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-    return 0
+        trainer.close(destroy_process_group=False)
 
 
 def _allocated_gib(engine):

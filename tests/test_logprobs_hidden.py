@@ -155,3 +155,63 @@ def test_the_forward_is_restored_after_an_error():
         with logps_from_hidden(model, torch.zeros(1, 2, dtype=torch.long)):
             raise RuntimeError("boom")
     assert "forward" not in model.__dict__ and "forward" not in model.lm_head.__dict__
+
+
+def _liger_stand_in(_input, weight, target, ce_weight=None, bias=None, ignore_index=-100, lse_square_scale=0.0,
+                    label_smoothing=0.0, reduction="mean", softcap=None, return_z_loss=False, accum_dtype=None,
+                    use_token_scaling=False, return_token_accuracy=False, return_predicted_tokens=False, ce_impl=None,
+                    ce_mode=None, token_grad_output=None, compute_gradients=None, weight_requires_grad=None,
+                    chunk_mem_const=1):
+    """Liger-Kernel 0.8.5's `fused_linear_cross_entropy_forward` contract (its keywords; returns loss, z_loss,
+    accuracy, predicted tokens, grad_input, grad_weight, grad_bias; with `reduction="none"` the per-token
+    cross-entropy, and with `token_grad_output` the gradients of `sum(token_grad_output * loss)`), computed in
+    float64 from the full logits. Liger itself needs a GPU: this checks our side of the call on the CPU."""
+    assert reduction == "none" and ignore_index == -100 and (target >= 0).all()
+    with torch.enable_grad():  # called inside an autograd function's forward and backward
+        leaves = [t.detach().double().requires_grad_(True) for t in (_input, weight)]
+        b = bias.detach().double().requires_grad_(True) if bias is not None else None
+        z = F.linear(leaves[0], leaves[1], b)
+        if softcap is not None:
+            z = torch.tanh(z / softcap) * softcap
+        loss = -z.log_softmax(-1).gather(-1, target[:, None])[:, 0]
+        weighted = (loss * token_grad_output.double()).sum() if compute_gradients else None
+    grads = (None, None, None)
+    if compute_gradients:
+        wanted = [leaves[0]] + ([leaves[1]] if weight_requires_grad else []) + ([b] if b is not None else [])
+        got = list(torch.autograd.grad(weighted, wanted))
+        grads = (got.pop(0).to(_input.dtype), got.pop(0).to(weight.dtype) if weight_requires_grad else None,
+                 got.pop(0).to(bias.dtype) if b is not None else None)
+    return (loss.detach().float(), None, None, None, *grads)
+
+
+@pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, None), (1.0, 3.0), (0.7, 3.0)])
+def test_the_liger_path_gives_the_same_values_and_gradients(monkeypatch, temperature, softcap):
+    """Our wrapper around Liger's function (sign of the loss and of the upstream gradient, the temperature folded
+    into the hidden states, the PyTorch blocks where Liger has no temperature: with a soft-cap) against the plain
+    path; the stand-in has Liger's keywords, so a changed call would fail here."""
+    import hl_core.logprobs.hidden as hidden_module
+
+    monkeypatch.setattr(hidden_module, "_LIGER_FN", [_liger_stand_in])
+    calls = []
+    monkeypatch.setattr(hidden_module._LigerLogps, "apply", staticmethod(
+        lambda *a, _apply=hidden_module._LigerLogps.apply: calls.append(1) or _apply(*a)))
+    gen = torch.Generator().manual_seed(4)
+    hidden, weight, bias, labels = _leaves(torch.float64, gen)
+    upstream = torch.randn(labels.shape, generator=gen, dtype=torch.float64)
+    results = {}
+    for backend in ("torch", "liger"):
+        out = hidden_token_logps(hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap,
+                                 backend=backend)
+        results[backend] = (out.detach(), *torch.autograd.grad((out.double() * upstream).sum(), [hidden, weight, bias]))
+    assert len(calls) == (1 if softcap is None or temperature == 1.0 else 0)
+    for got, want in zip(results["liger"], results["torch"]):
+        assert torch.allclose(got.double(), want.double(), atol=1e-5)
+
+
+def test_an_adapter_on_the_output_layer_is_refused_naming_the_key():
+    from hl_core.errors import RecipeError
+
+    model = _llama(False)
+    model.lm_head = torch.nn.Sequential(model.lm_head)  # not a plain linear layer
+    with pytest.raises(RecipeError, match="`train.fused_logprobs: true`.*`Sequential`"):
+        fused_sequence_token_logps(model, *_batch())

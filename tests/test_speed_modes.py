@@ -70,9 +70,10 @@ def _assert_compiled_same(results, tol, backend):
 
 
 def test_compiled_layers_equal_eager_layers(tmp_path):
-    """DPO, KTO and GRPO on rollouts through the captured graphs (`aot_eager`: dynamo's capture, guards, dynamic
-    shapes and AOT autograd's forward and backward graphs, run by PyTorch's own operators): 1e-5."""
-    specs = ["recipes/tiny/humanline_dpo.yaml", "recipes/tiny/humanline_kto.yaml", ROLLOUT_GRPO]
+    """DPO (packed: bins of varying number and width), KTO and GRPO on rollouts through the captured graphs
+    (`aot_eager`: dynamo's capture, guards, dynamic shapes and AOT autograd's forward and backward graphs, run by
+    PyTorch's own operators): 1e-5."""
+    specs = ["recipes/tiny/humanline_dpo.yaml|data.packing=true", "recipes/tiny/humanline_kto.yaml", ROLLOUT_GRPO]
     modes = ["mode:eager=train.compile=false", "mode:compiled=train.compile=true,train.compile_backend=aot_eager"]
     _assert_compiled_same(_run(modes, specs, tmp_path), 1e-5, "aot_eager")
 
@@ -91,6 +92,7 @@ def test_inductor_compiled_layers_equal_eager_layers(tmp_path):
     (["engine.name=megatron", "engine.zero_stage=0", "train.fused_logprobs=true", "train.compile=true"],
      ["`train.fused_logprobs`, `train.compile` are not available with `engine.name: megatron`"]),
     (["model.kernels=liger"], ["`model.kernels: liger`", "no CUDA GPU"]),
+    (["engine.zero_stage=3", "train.compile=true"], ["`train.compile: true`", "`engine.zero_stage: 3`", "recompile"]),
 ])
 def test_refusals_name_the_key(capsys, overrides, words):
     assert main([str(REPO / "recipes" / "tiny" / "humanline_dpo.yaml"), "--validate", *overrides]) == 2
@@ -110,3 +112,17 @@ def test_refusals_by_model_family():
     check_speed_options(recipe, model_type="gemma2", cuda=False)  # the soft-cap is applied from the config
     with pytest.raises(RecipeError, match="`train.fused_logprobs: true`.*`cohere`"):
         check_speed_options(recipe, model_type="cohere", cuda=False)
+
+
+def test_the_run_summary_reports_compilation(tmp_path, capsys):
+    """The engine's compile facts reach summary.json and the printed summary (a run without `train.compile` has none)."""
+    from hl_core.loop.report import RunReport, StepTimes
+
+    fields = {"compiled_layers": 4, "compile_backend": "inductor", "compile_s": 12.5, "compiled_graphs": 2, "recompiles": 1}
+    report = RunReport(True, tmp_path, None, "run")
+    times = StepTimes([1.0], [0.1], [0.0])
+    summary = report.summary(1, 2.0, times, [], 0, 0, dict(fields), "reference sync", False)
+    assert json.loads((tmp_path / "summary.json").read_text())["recompiles"] == 1 and summary["compile_s"] == 12.5
+    assert "compiled 4 decoder layers (inductor): 2 graphs (1 recompiles) in 12.5s of compile time" in capsys.readouterr().out
+    report.summary(1, 2.0, times, [], 0, 0, {}, "reference sync", False)
+    assert "compiled" not in capsys.readouterr().out

@@ -128,8 +128,14 @@ def check_lora(recipe: Recipe) -> None:
 
 def check_speed_keys(recipe: Recipe) -> None:
     """``train.fused_logprobs``, ``train.compile`` and ``model.kernels`` work on the DeepSpeed engine's transformers
-    model; megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
+    model (``train.compile`` at ZeRO 0-2); megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
     The model family and the machine are checked by ``hl_core.models.speed.check_speed_options``."""
+    if recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3 and recipe.train.compile:
+        raise RecipeError(
+            "`train.compile: true` does not pay under `engine.zero_stage: 3`: ZeRO-3 gathers and releases each layer's "
+            "parameters in Python hooks inside the layer, which break a compiled layer's graph and recompile it (the "
+            "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: `engine.zero_stage=2` "
+            "(or 0-1), or `train.compile=false`.")
     if recipe.engine.name != "megatron":
         return
     keys = [k for k, on in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),

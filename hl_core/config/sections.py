@@ -396,7 +396,7 @@ class TrainConfig(_Section):
     compile: bool = Field(
         False, description="Regional compilation: `torch.compile` on each decoder layer (not the whole model), with "
         "dynamic shapes so varying lengths reuse one graph; generation runs the layers eagerly. The run summary "
-        "reports compile time, graphs and recompiles. DeepSpeed engine.",
+        "reports compile time, graphs and recompiles. DeepSpeed engine, ZeRO 0-2 (ZeRO-3's parameter hooks recompile it).",
     )
     compile_backend: Literal["inductor", "aot_eager"] = Field(
         "inductor", description="The `torch.compile` backend of `train.compile`: `inductor` (generated kernels: the "

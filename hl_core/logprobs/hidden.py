@@ -11,7 +11,7 @@ Two implementations of one function:
 
 * ``_BlockwiseLogps`` (plain PyTorch): every device; the reference the tests hold the rest to.
 * Liger-Kernel's fused linear cross-entropy (``reduction="none"``, its soft-cap; the temperature folded into the
-  hidden states, which is exact only without a soft-cap) on a CUDA device when ``liger-kernel`` is installed; its
+  hidden states and the bias, which is exact only without a soft-cap) on a CUDA device when ``liger-kernel`` is installed; its
   per-token loss is ``-logp``. Its backward is its own, fed the per-token upstream gradient.
 
 :func:`logps_from_hidden` makes a Hugging Face causal LM (or a PEFT wrapper of one) return these log-probs from
@@ -30,6 +30,7 @@ from typing import Optional
 import torch
 import torch.nn.functional as F
 
+from ..errors import RecipeError
 from .logits import next_token_labels, to_prefix_layout
 
 # Imports inside functions: liger-kernel is optional (GPU only); it is looked up once, on the first CUDA call.
@@ -41,18 +42,20 @@ def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
                        temperature: float = 1.0, softcap: Optional[float] = None, block_tokens: int = 256,
                        backend: str = "auto") -> torch.Tensor:
     """``hidden [..., H]``, ``weight [V, H]``, ``labels [...]`` -> float32 log-probs ``[...]``; a label outside
-    ``[0, V)`` gives 0 and no gradient. ``backend``: ``auto`` (Liger on CUDA when it applies, else ``torch``) or
-    ``torch``. Equal to ``log_softmax(z).gather(labels)`` over the full logits ``z`` to float32 rounding."""
+    ``[0, V)`` gives 0 and no gradient. Equal to ``log_softmax(z).gather(labels)`` over the full logits ``z`` to
+    float32 rounding. ``backend``: ``auto`` (Liger on CUDA when it applies, else ``torch``), ``torch``, or
+    ``liger`` (Liger on any device, when installed and it applies; for tests)."""
     vocab, width = weight.shape
     flat_labels = labels.reshape(-1)
     valid = (flat_labels >= 0) & (flat_labels < vocab)
     index = valid.nonzero().squeeze(-1)
     picked = hidden.reshape(-1, width).index_select(0, index)  # [N, H]: the backward scatters into hidden's grad
     targets = flat_labels.index_select(0, index)
-    liger = _liger_function() if backend == "auto" and picked.is_cuda else None
+    liger = _liger_function() if backend == "liger" or (backend == "auto" and picked.is_cuda) else None
     if liger is not None and (softcap is None or temperature == 1.0):
-        values = _LigerLogps.apply(picked / temperature if temperature != 1.0 else picked, weight, bias, targets,
-                                   softcap, liger)
+        if temperature != 1.0:  # (h W^T + b) / t = (h / t) W^T + b / t: exact without a soft-cap between them
+            picked, bias = picked / temperature, (bias / temperature if bias is not None else None)
+        values = _LigerLogps.apply(picked, weight, bias, targets, softcap, liger)
     else:
         values = _BlockwiseLogps.apply(picked, weight, bias, targets, int(block_tokens), float(temperature),
                                        None if softcap is None else float(softcap))
@@ -174,10 +177,14 @@ def causal_lm(model: torch.nn.Module) -> torch.nn.Module:
 
 
 def output_layer(model: torch.nn.Module) -> torch.nn.Linear:
-    """The causal LM's output layer; ``TypeError`` unless it is a plain ``nn.Linear`` (e.g. a LoRA-wrapped head)."""
+    """The causal LM's output layer; a ``RecipeError`` unless it is a plain ``nn.Linear`` (e.g. a LoRA-wrapped head)."""
     head = causal_lm(model).get_output_embeddings()
     if type(head) is not torch.nn.Linear:
-        raise TypeError(f"the output layer is a {type(head).__name__}, not a plain torch.nn.Linear")
+        raise RecipeError(
+            f"`train.fused_logprobs: true` multiplies the last hidden states by the output layer's weight itself, but "
+            f"this model's output layer is a `{type(head).__name__}`, not a plain linear layer (an adapter on it, e.g. "
+            "`lm_head` in `model.lora.target_modules`?). Fix: keep adapters off the output layer, or "
+            "`train.fused_logprobs=false`.")
     return head
 
 

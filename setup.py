@@ -37,6 +37,9 @@ setup(
         "lora": ["peft>=0.21"],  # `model.lora` (LoRA adapters through PEFT)
         "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
+        # `model.kernels: liger` and Liger's fused linear cross-entropy under `train.fused_logprobs` (GPU only: Triton)
+        "gpu": ["liger-kernel>=0.8"],
+        "bench": ["trl>=1.16"],  # bench/gpu_check.py section 7: TRL's DPOTrainer side by side
     },
     package_data={"eval.math500": ["tasks/*.yaml"]},
     entry_points={"console_scripts": ["hl-run=launchers.run:main", "hl-slurm=launchers.slurm:main"]},

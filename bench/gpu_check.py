@@ -1,4 +1,4 @@
-"""The GPU check: what our engines do on one CUDA GPU, in one command (about 6 minutes on an H100).
+"""The GPU check: what our engines do on one CUDA GPU (sections 1-4 in about 6 minutes on an H100).
 
     python bench/gpu_check.py                      # on a machine with a CUDA GPU
     python bench/gpu_check.py --dry-run            # every section on the CPU at tiny size, one update each
@@ -12,8 +12,22 @@ Sections (a Llama-3.2-1B-shaped random-init model at full depth, bf16, sequences
 3. The megatron engine on the GPU path (megatron-core DDP + distributed optimizer, tp = 1): humanline
    DPO against DeepSpeed on the same weights and batches, bf16 at full depth and fp32 at 2 layers
    (TF32 off), per-update losses compared.
-4. Online GRPO: the batched sampler's throughput (new tokens/s) at 16 prompts x 8 samples, and the
-   share of an online update spent in the rollout.
+4. Online GRPO: the batched sampler's throughput (new tokens/s) at 16 prompts x 8 samples, with the growing
+   KV cache and the static one (CUDA graphs; `rollout.kv_cache`), and the share of an online update spent in
+   the rollout.
+5. The speed switches on humanline DPO, each alone and together: log-probs from the hidden states
+   (`train.fused_logprobs`), compiled decoder layers (`train.compile`), Liger kernels (`model.kernels=liger`,
+   when liger-kernel is installed); tokens/s and peak memory against section 1's run without them.
+6. Packed against padded micro-batches on bench/packing.py's long-tailed mix (sequences up to 2048 tokens):
+   `data.packing` with `model.attn_implementation=auto` (flash-attention's variable-length path, or
+   FlexAttention's document mask) against padded sdpa; real tokens/s and peak memory.
+7. TRL's DPOTrainer (its defaults, and `use_liger_kernel=True`) against our plain DPO with the speed switches
+   (and section 1's plain DPO), same model, rows, micro-batch and accumulation: tokens/s and peak memory of
+   each, and our fastest over TRL's fastest (``bench/gpu_check_trl.py``).
+
+Sections 1-4 fit one 10-minute call and 5-7 another (`--sections 5 6 7`); the ratios of sections 5 and 7
+against section 1's runs are printed only when those ran in the same call. A dry run leaves out the runs that
+need a GPU-only package or minutes of CPU compilation (``"skipped"`` with the reason).
 
 Every run is its own process (a failure or an out-of-memory stays in its section; peak memory is its
 own). One JSON line per result is printed and written to ``--out``; ``--markdown`` writes the table
@@ -28,7 +42,8 @@ FLOPs per second over the GPU's dense bf16 peak; FLOPs from ``bench.shapes.forwa
 checkpointing's recomputation is not counted), ``peak_gib`` (``torch.cuda.max_memory_allocated`` over
 the measured updates), ``steady_gib`` (allocated after the first update: weights, optimizer states,
 reference) beside the ``--plan`` estimate for the same recipe, and ``sync_frac`` (reference sync time
-over update time, CUDA-synchronised).
+over update time, CUDA-synchronised). Speed-ups measured in the same call are ``"kind": "ratio"`` lines
+(tokens/s and peak memory of a run over another; no tolerance).
 """
 
 from __future__ import annotations
@@ -54,6 +69,7 @@ from bench import gpu_check_runs as runs_mod  # noqa: E402
 PEAK_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("A100", 312.0),
                     ("L40S", 362.1), ("A10G", 70.0), ("L4", 121.0))
 TIME_BUDGET_S = 540  # the whole check, start-ups included: runs that would start after it are skipped
+SECTIONS = (1, 2, 3, 4, 5, 6, 7)  # all of them take about 13 minutes on an H100: two calls, `1 2 3 4` and `5 6 7`
 
 
 def peak_tflops(gpu_name: str):
@@ -88,26 +104,43 @@ def environment(args) -> dict:
     }
 
 
-def run_worker(run: dict, workdir: Path, timeout: float) -> dict:
-    """One run in its own process; its output goes to ``workdir/<id>.log``."""
-    log = workdir / f"{run['id']}.log"
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(run)]
+def run_workers(runs: list, workdir: Path, timeout: float) -> list:
+    """``runs`` one after another in one process of their own (one run, except in a dry run: see ``batchable``); the
+    process's output goes to ``workdir/<id>.log`` of each. One result per run, an ``"error"`` for a run that printed
+    none."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", json.dumps(runs)]
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(runs), env=env)
         output, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")
-        output, code = output + f"\n[timed out after {timeout:.0f}s]", None
-    log.write_text(output)
-    base = {"section": run["section"], "id": run["id"], "title": run["title"], "wall_s": round(time.perf_counter() - start, 1)}
+        output, code = output + f"\n[timed out after {timeout * len(runs):.0f}s]", None
+    printed = {}
     for line in output.splitlines():
         if line.startswith(runs_mod.RESULT_PREFIX):
-            return {**base, **json.loads(line[len(runs_mod.RESULT_PREFIX):])}
+            row = json.loads(line[len(runs_mod.RESULT_PREFIX):])
+            printed[row["id"]] = row
+    wall = round((time.perf_counter() - start) / len(runs), 1)  # a batch's runs share its wall time
     tail = [line for line in output.strip().splitlines() if line.strip()][-3:]
     why = "timed out" if code is None else f"exit code {code}"
-    return {**base, "error": f"{why}: {' | '.join(tail)[-600:]}", "log": str(log)}
+    results = []
+    for run in runs:
+        log = workdir / f"{run['id']}.log"
+        log.write_text(output)
+        base = {"section": run["section"], "id": run["id"], "title": run["title"], "wall_s": wall}
+        results.append({**base, **printed[run["id"]]} if run["id"] in printed else
+                       {**base, "error": f"{why}: {' | '.join(tail)[-600:]}", "log": str(log)})
+    return results
+
+
+def batchable(run: dict) -> bool:
+    """A dry run starts one process for all consecutive DeepSpeed runs (each its own trainer; the process start-up
+    and imports are most of a toy run's time): megatron (its parallel state), TRL (its own launcher state) and
+    runs that switch TF32 off keep a process each."""
+    return (run["kind"] in ("train", "online") and "engine.name=megatron" not in run["overrides"]
+            and not run.get("tf32_off"))
 
 
 def missing_package(run: dict):
@@ -125,7 +158,7 @@ def missing_package(run: dict):
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--dry-run", action="store_true", help="CPU, tiny model, one update per run")
-    parser.add_argument("--sections", type=int, nargs="*", default=[1, 2, 3, 4], choices=[1, 2, 3, 4])
+    parser.add_argument("--sections", type=int, nargs="*", default=list(SECTIONS), choices=list(SECTIONS))
     parser.add_argument("--out", default="runs/gpu_check/results.jsonl", help="JSON lines written here")
     parser.add_argument("--markdown", default=None, help="also write the results as a Markdown table here")
     parser.add_argument("--peak-tflops", type=float, default=None, help="the GPU's dense bf16 peak, for MFU")
@@ -135,7 +168,7 @@ def main(argv=None) -> int:
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
-        return runs_mod.worker(json.loads(args.worker))
+        return runs_mod.worker(json.loads(args.worker))  # a list of runs
 
     import torch
 
@@ -152,21 +185,34 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         workdir = Path(tmp)
         plan = runs_mod.plan_runs(workdir, dry_run=args.dry_run, sections=args.sections, profile_dir=args.profile)
-        by_id = {}
+        by_id, batch = {}, []
+
+        def record(result):
+            by_id[result["id"]] = result
+            results.append(result)
+            print(json.dumps(result), flush=True)
+
+        def flush():
+            for result in run_workers(batch, workdir, args.run_timeout) if batch else []:
+                record(runs_mod.add_derived(result, env["peak_bf16_tflops"]))
+            batch.clear()
+
         for run in plan:
-            why = missing_package(run)
+            why = missing_package(run) or (runs_mod.NO_DRY_RUN[run["no_dry_run"]] if args.dry_run and run.get("no_dry_run") else None)
             left = TIME_BUDGET_S - (time.perf_counter() - started)
             if why is None and not args.dry_run and left < 30:
                 why = f"the check's {TIME_BUDGET_S}s time budget is spent"
+            if why is None and args.dry_run and batchable(run):
+                batch.append(run)
+                continue
+            flush()
             if why is not None:
-                result = {"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why}
+                record({"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why})
             else:
-                result = run_worker(run, workdir, args.run_timeout)
-                result = runs_mod.add_derived(result, env["peak_bf16_tflops"])
-            by_id[run["id"]] = result
-            results.append(result)
-            print(json.dumps(result), flush=True)
-        for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run):
+                batch.append(run)
+                flush()
+        flush()
+        for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run) + runs_mod.ratios(by_id):
             results.append(comparison)
             print(json.dumps(comparison), flush=True)
         logs = {p.name: p.read_text() for p in workdir.glob("*.log")}

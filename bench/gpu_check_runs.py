@@ -9,7 +9,9 @@ import time
 from pathlib import Path
 from typing import Dict, List
 
+from bench.gpu_check_trl import trl_dpo
 from bench.memprobe import CudaProbe, phase_memory
+from bench.packing import long_tailed_pairs
 from bench.shapes import REPO, forward_flops_per_token, spec_of, write_model_dir, write_prompts, write_rows
 
 RESULT_PREFIX = "GPU_CHECK_RESULT "
@@ -18,13 +20,22 @@ GIB = 1024 ** 3
 # full size: a Llama-3.2-1B-shaped model at full depth; dry run: the same family at toy size on the CPU
 SIZES = {
     False: dict(seq=1024, prompt_tokens=24, pair_micro=4, global_pairs=8, warmup=2, steps=5, rows=64,
-                gen_prompts=16, gen_samples=8, gen_tokens=256, gen_updates=2, cmp_layers=2, cmp_steps=8),
+                gen_prompts=16, gen_samples=8, gen_tokens=256, gen_updates=2, cmp_layers=2, cmp_steps=8,
+                mix_seq=2048, mix_rows=64),
     True: dict(seq=64, prompt_tokens=8, pair_micro=2, global_pairs=4, warmup=0, steps=1, rows=16,
-               gen_prompts=2, gen_samples=2, gen_tokens=4, gen_updates=1, cmp_layers=2, cmp_steps=3),
+               gen_prompts=2, gen_samples=2, gen_tokens=4, gen_updates=1, cmp_layers=2, cmp_steps=3,
+               mix_seq=128, mix_rows=8),
 }
 DRY_DIMS = dict(hidden_size=64, intermediate_size=128, num_heads=4, num_kv_heads=2, head_dim=16, vocab_size=512)
 MEGATRON = [("megatron.core", "megatron-core")]
 FLASH = [("flash_attn", "flash-attn")]
+LIGER = [("liger_kernel", "liger-kernel")]
+TRL = [("trl", "trl")]
+# runs a --dry-run leaves out, and why (the rest of each section runs on the CPU at toy size)
+NO_DRY_RUN = {"liger": "Liger-Kernel's Triton kernels run on a GPU only",
+              "compile": "inductor compiles for minutes on a CPU; `train.compile` against eager layers is tested on "
+                         "the CPU by tests/test_speed_modes.py"}
+FUSED, COMPILED, KERNELS = "train.fused_logprobs=true", "train.compile=true", "model.kernels=liger"
 # Per-update loss agreement on the same weights and batches: (run, against, precision, updates compared).
 # fp32 (TF32 off): the engines compute the same function and differ only in summation order: 1e-4.
 # bf16: DeepSpeed differs from itself by more than one expects (ZeRO-3 vs ZeRO-2, and the same ZeRO-2 run
@@ -45,7 +56,8 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
     """Write the model directories and data the runs need under ``workdir``; return the runs in order."""
     size = SIZES[dry_run]
     dims = DRY_DIMS if dry_run else {}
-    full = write_model_dir(spec_of("llama3.2-1b", **dims), workdir / "model")
+    # the dry run: two layers (each run's forwards and backward are a fraction of its start-up either way)
+    full = write_model_dir(spec_of("llama3.2-1b", **dims, **({"num_layers": 2} if dry_run else {})), workdir / "model")
     shallow = write_model_dir(spec_of("llama3.2-1b", num_layers=size["cmp_layers"], **dims), workdir / "model_shallow")
     completion = size["seq"] - size["prompt_tokens"] - 16  # room for the chat template's tokens
     pairs, sft, prompts = workdir / "pairs.jsonl", workdir / "sft.jsonl", workdir / "prompts.jsonl"
@@ -72,6 +84,17 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
     compare = [f"model.name_or_path={shallow}", f"train.max_steps={size['cmp_steps'] + EXTRA_UPDATES}",
                "engine.precision=fp32"]
     megatron = ["engine.name=megatron", "engine.zero_stage=0", "parallel.tp=1", "parallel.pp=1"]
+    mix_data = workdir / "mix.jsonl"  # section 6: the long-tailed mix of bench/packing.py
+    long_tailed_pairs(mix_data, size["mix_rows"], max_length=size["mix_seq"])
+    mix = [f"data.train.path={mix_data}", f"data.max_length={size['mix_seq']}", "data.max_prompt_length=64"]
+    trl = dict(model_dir=str(full), data=str(pairs), micro=size["pair_micro"], seq=size["seq"], lr=1e-5,
+               accumulation=size["global_pairs"] // size["pair_micro"], warmup=size["warmup"], steps=size["steps"],
+               bf16=not dry_run)
+
+    def trl_run(run_id, title, liger):
+        return dict(section=7, id=run_id, title=title, kind="trl", needs=TRL + (LIGER if liger else []),
+                    trl=dict(trl, liger=liger, output_dir=str(workdir / run_id)), **({"no_dry_run": "liger"} if liger else {}))
+
     plan = [
         run(1, "ds_z2_dpo", "DeepSpeed ZeRO-2 bf16, plain DPO", dpo),
         run(1, "ds_z2_hl_dpo", "DeepSpeed ZeRO-2 bf16, humanline DPO (k=1, clip)", hl_dpo),
@@ -98,6 +121,23 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
                         f"train.max_steps={1 + size['gen_updates'] + EXTRA_UPDATES}",
                         "model.gradient_checkpointing=true"],
              warmup=1, steps=size["gen_updates"], gen_prompts=size["gen_prompts"], gen_samples=size["gen_samples"]),
+        run(5, "ds_z2_hl_dpo_fused", "DeepSpeed ZeRO-2 bf16, humanline DPO, log-probs from the hidden states (`train.fused_logprobs`)", hl_dpo,
+            [FUSED]),
+        run(5, "ds_z2_hl_dpo_compile", "DeepSpeed ZeRO-2 bf16, humanline DPO, compiled decoder layers (`train.compile`)", hl_dpo, [COMPILED],
+            no_dry_run="compile"),
+        run(5, "ds_z2_hl_dpo_liger", "DeepSpeed ZeRO-2 bf16, humanline DPO, Liger kernels (`model.kernels=liger`)", hl_dpo, [KERNELS],
+            needs=LIGER, no_dry_run="liger"),
+        run(5, "ds_z2_hl_dpo_fast", "DeepSpeed ZeRO-2 bf16, humanline DPO, fused log-probs + compiled layers + Liger kernels", hl_dpo,
+            [FUSED, COMPILED, KERNELS], needs=LIGER, no_dry_run="liger"),
+        run(6, "ds_z2_hl_dpo_mix_padded", "DeepSpeed ZeRO-2 bf16, humanline DPO, long-tailed mix, padded (sdpa)", hl_dpo, mix),
+        run(6, "ds_z2_hl_dpo_mix_packed", "DeepSpeed ZeRO-2 bf16, humanline DPO, long-tailed mix, packed (`attn_implementation=auto`)", hl_dpo,
+            [*mix, "data.packing=true", "model.attn_implementation=auto"]),
+        trl_run("trl_dpo", "TRL DPOTrainer (defaults), plain DPO", liger=False),
+        trl_run("trl_dpo_liger", "TRL DPOTrainer, `use_liger_kernel=True`, plain DPO", liger=True),
+        run(7, "ds_z2_dpo_fast", "ours: DeepSpeed ZeRO-2 bf16, plain DPO, fused log-probs + compiled layers", dpo, [FUSED, COMPILED],
+            no_dry_run="compile"),
+        run(7, "ds_z2_dpo_fast_liger", "ours: DeepSpeed ZeRO-2 bf16, plain DPO, fused log-probs + compiled layers + Liger kernels", dpo,
+            [FUSED, COMPILED, KERNELS], needs=LIGER, no_dry_run="liger"),
     ]
     for r in plan:
         if profile_dir and r["id"] in PROFILED:
@@ -106,9 +146,24 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
 
 
 # ------------------------------------------------------------------------------------------ one run
-def worker(run: dict) -> int:
-    """Build the run's trainer, time its updates, print one result line (``RESULT_PREFIX`` + JSON)."""
+def worker(runs: List[dict]) -> int:
+    """Each run in turn: build its trainer, time its updates, print one result line (``RESULT_PREFIX`` + JSON with
+    its id); the process group stays up between runs and goes with the process."""
     os.chdir(REPO)
+    for run in runs:
+        if run["kind"] == "trl":
+            result = trl_dpo(run)
+        else:
+            result = _train_run(run)
+        print(RESULT_PREFIX + json.dumps({"id": run["id"], **result}), flush=True)
+    import torch
+
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    return 0
+
+
+def _train_run(run: dict) -> dict:
     import torch
 
     if run.get("tf32_off"):
@@ -121,11 +176,9 @@ def worker(run: dict) -> int:
     trainer = Trainer(recipe)
     try:
         trainer.setup()
-        result = _measure(trainer, recipe, run)
+        return _measure(trainer, recipe, run)
     finally:
-        trainer.close()
-    print(RESULT_PREFIX + json.dumps(result), flush=True)
-    return 0
+        trainer.close(destroy_process_group=False)
 
 
 def _allocated_gib(engine):
@@ -204,19 +257,30 @@ def _profile(trainer, path: Path, cuda: bool) -> None:
 
 
 def _sampler_throughput(trainer, run: dict) -> dict:
-    """The batched sampler alone: ``gen_prompts`` prompts x ``gen_samples`` samples in one decode loop
-    (the second of two calls: the first warms the kernels up)."""
-    engine = trainer.engine
+    """The batched sampler alone: ``gen_prompts`` prompts x ``gen_samples`` samples in one decode loop, with the
+    growing (dynamic) KV cache and the static one (a CUDA graph per decode step on a GPU); each timed on the second
+    of two calls (the first warms up kernels and graphs). ``gen_tokens_per_s``: what ``rollout.kv_cache: auto``
+    picks here."""
+    engine, sampler = trainer.engine, trainer.source.sampler
     prompts = [trainer.train_data[i]["prompt_ids"] for i in range(run["gen_prompts"])]
-    for _ in range(2):
-        engine.synchronize()
-        start = time.perf_counter()
-        groups = trainer.source.sampler.sample_groups(prompts, run["gen_samples"], list(range(len(prompts))))
-        engine.synchronize()
-        seconds = time.perf_counter() - start
-    new = sum(len(c) for group in groups for c in group)
-    return {"gen_rows": len(prompts) * run["gen_samples"], "gen_new_tokens": new, "gen_seconds": seconds,
-            "gen_tokens_per_s": new / seconds}
+    out, samples = {}, {}
+    for kind in ("dynamic", "static"):
+        sampler.cfg.kv_cache = kind
+        for _ in range(2):
+            engine.synchronize()
+            start = time.perf_counter()
+            groups = sampler.sample_groups(prompts, run["gen_samples"], list(range(len(prompts))))
+            engine.synchronize()
+            seconds = time.perf_counter() - start
+        new = sum(len(c) for group in groups for c in group)
+        out[f"gen_tokens_per_s_{kind}"], samples[kind] = new / seconds, groups
+    sampler.cfg.kv_cache = "auto"
+    auto = sampler.kv_cache(engine.device, lockstep=False)
+    new = sum(len(c) for group in samples[auto] for c in group)
+    return {"gen_rows": len(prompts) * run["gen_samples"], "gen_new_tokens": new, "gen_kv_cache": auto,
+            "gen_tokens_per_s": out[f"gen_tokens_per_s_{auto}"], **out,
+            "gen_static_vs_dynamic": out["gen_tokens_per_s_static"] / out["gen_tokens_per_s_dynamic"],
+            "gen_static_same_samples": samples["static"] == samples["dynamic"]}
 
 
 # ------------------------------------------------------------------------------------------ derived
@@ -263,6 +327,40 @@ def comparisons(by_id: Dict[str, dict], dry_run: bool) -> List[dict]:
     return out
 
 
+SPEEDUPS = (("ds_z2_hl_dpo_fused", "ds_z2_hl_dpo"), ("ds_z2_hl_dpo_compile", "ds_z2_hl_dpo"),
+            ("ds_z2_hl_dpo_liger", "ds_z2_hl_dpo"), ("ds_z2_hl_dpo_fast", "ds_z2_hl_dpo"),
+            ("ds_z2_hl_dpo_mix_packed", "ds_z2_hl_dpo_mix_padded"))
+OURS_DPO, TRL_DPO = ("ds_z2_dpo", "ds_z2_dpo_fast", "ds_z2_dpo_fast_liger"), ("trl_dpo", "trl_dpo_liger")
+
+
+def ratios(by_id: Dict[str, dict]) -> List[dict]:
+    """Speed-ups measured in the same check (``kind: "ratio"``, no tolerance): each speed switch against the run
+    without it (and, for log-probs from the hidden states, the largest per-update loss difference: bf16, so not
+    zero), packed against padded on the long-tailed mix, and our fastest plain DPO run against TRL's fastest."""
+    out = []
+    for mine, theirs in SPEEDUPS:
+        a, b = by_id.get(mine, {}), by_id.get(theirs, {})
+        if a.get("tokens_per_s") and b.get("tokens_per_s"):
+            row = _ratio_row(a, b, f"{mine}_vs_{theirs}")
+            n = min(len(a["losses"]), len(b["losses"]))
+            row["max_abs_loss_diff"] = max(abs(x - y) for x, y in zip(a["losses"][:n], b["losses"][:n]))
+            out.append(row)
+    ours = [by_id[i] for i in OURS_DPO if by_id.get(i, {}).get("tokens_per_s")]
+    trl = [by_id[i] for i in TRL_DPO if by_id.get(i, {}).get("tokens_per_s")]
+    if ours and trl:
+        best, best_trl = (max(runs, key=lambda r: r["tokens_per_s"]) for runs in (ours, trl))
+        out.append(_ratio_row(best, best_trl, "ours_best_dpo_vs_trl_best_dpo"))
+    return out
+
+
+def _ratio_row(a: dict, b: dict, row_id: str) -> dict:
+    peaks = (a.get("peak_gib"), b.get("peak_gib"))
+    return {"section": a["section"], "kind": "ratio", "id": row_id, "run": a["id"], "against": b["id"],
+            "tokens_per_s": a["tokens_per_s"], "tokens_per_s_against": b["tokens_per_s"],
+            "tokens_per_s_ratio": a["tokens_per_s"] / b["tokens_per_s"], "peak_gib": peaks[0], "peak_gib_against": peaks[1],
+            "peak_ratio": peaks[0] / peaks[1] if all(peaks) else None}
+
+
 def _fmt(value, pattern="{:.2f}"):
     return "-" if value is None else pattern.format(value)
 
@@ -274,17 +372,24 @@ def markdown(results: List[dict]) -> str:
              "| § | run | tokens/s | MFU | peak GiB (plan) | after 1st update GiB (plan) | sync % of step | note |",
              "|---|---|---:|---:|---:|---:|---:|---|"]
     for r in results[1:]:
-        if r.get("kind") == "comparison":
+        if r.get("kind") in ("comparison", "ratio"):
             continue
         note = r.get("skipped") and f"skipped: {r['skipped']}" or r.get("error") and "failed (see the JSON)" or ""
         if r.get("gen_tokens_per_s"):
-            note = (f"sampler {r['gen_tokens_per_s']:,.0f} new tokens/s ({r['gen_rows']} rows); rollout "
-                    f"{100 * r['rollout_share']:.0f}% of an update")
+            note = (f"sampler {r['gen_tokens_per_s']:,.0f} new tokens/s ({r['gen_rows']} rows, {r['gen_kv_cache']} KV "
+                    f"cache; static / dynamic {r['gen_static_vs_dynamic']:.2f}x); rollout {100 * r['rollout_share']:.0f}% "
+                    "of an update")
         plan = r.get("plan_gib") or {}
         lines.append(
             f"| {r['section']} | {r['title']} | {_fmt(r.get('tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mfu'), '{:.1%}')} "
             f"| {_fmt(r.get('peak_gib'))} ({_fmt(plan.get('total'))}) | {_fmt(r.get('steady_gib'))} ({_fmt(plan.get('steady'))}) "
             f"| {_fmt(r.get('sync_frac') and 100 * r['sync_frac'], '{:.2f}')} | {note} |")
+    for r in results[1:]:
+        if r.get("kind") == "ratio":
+            lines.append("")
+            lines.append(f"{r['run']} / {r['against']}: tokens/s {r['tokens_per_s']:,.0f} / {r['tokens_per_s_against']:,.0f} = "
+                         f"{r['tokens_per_s_ratio']:.2f}x; peak GiB {_fmt(r['peak_gib'])} / {_fmt(r['peak_gib_against'])}"
+                         + (f"; max |loss difference| {r['max_abs_loss_diff']:.1e}" if "max_abs_loss_diff" in r else ""))
     for r in results[1:]:
         if r.get("kind") == "comparison" and "max_abs_loss_diff" in r:
             lines.append("")

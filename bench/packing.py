@@ -39,15 +39,16 @@ MEDIAN, P95 = 150, 900
 SIGMA = math.log(P95 / MEDIAN) / 1.6449  # the 95th percentile of a standard normal
 
 
-def long_tailed_pairs(path: Path, rows: int, seed: int = 0) -> list:
-    """``rows`` pairs with log-normal completion lengths (tokens); returns the lengths written."""
+def long_tailed_pairs(path: Path, rows: int, seed: int = 0, max_length: int = MAX_LENGTH) -> list:
+    """``rows`` pairs with log-normal completion lengths (tokens), capped to fit ``max_length``; returns the
+    lengths written."""
     from transformers import AutoTokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(TOKENIZER_DIR)
     counts = {(w, first): len(tokenizer(w if first else " " + w, add_special_tokens=False)["input_ids"])
               for w in _WORDS for first in (True, False)}
     rng = random.Random(seed)
-    cap = MAX_LENGTH - PROMPT_TOKENS - 8  # room for the chat template's tokens and the EOS
+    cap = max_length - PROMPT_TOKENS - 8  # room for the chat template's tokens and the EOS
     lengths = []
     with open(path, "w") as handle:
         for _ in range(rows):

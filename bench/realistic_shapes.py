@@ -3,12 +3,16 @@ intermediate size, 128k / 152k / 256k vocabularies, tied or untied embeddings), 
 through our own trainer and engines; measured memory beside what ``--plan`` predicts.
 
     python bench/realistic_shapes.py                         # everything (about 17 minutes on 2 cores)
-    python bench/realistic_shapes.py --sections logprobs     # one section: logprobs, train, forward
+    python bench/realistic_shapes.py --sections hidden       # one section: logprobs, hidden, train, forward
 
 Sections:
 - ``logprobs``: token log-probs over bf16 logits at each vocabulary: peak memory of ours against a plain
   float32 ``log_softmax`` over ``[B, T, V]`` (forward + backward, beyond the logits), max |difference| of
   values and gradients.
+- ``hidden``: ``train.fused_logprobs`` at each vocabulary: log-probs from bf16 hidden states and the output
+  weight (both trained) without the logits, at two block sizes (``train.logps_chunk_tokens``), against the
+  logits then a plain float32 ``log_softmax``: peak memory beyond the hidden states, the weight and their
+  gradients (goal: 0.05x or less), max |difference| of values and hidden-state gradients.
 - ``train``: Llama-3.2-1B and Qwen2.5-1.5B shapes at 2 layers, humanline DPO (and humanline GRPO) through
   DeepSpeed ZeRO-0 fp32 / bf16, ZeRO-3 bf16 on 2 processes, megatron tp=2 and pp=2 (fp32): per component
   (at rest, gradients, activations, logits, peak) the measured GiB per process, the plan's, and the ratio.
@@ -44,6 +48,9 @@ from bench.shapes import spec_of, write_model_dir, write_rows  # noqa: E402
 VOCABS = {"llama3 (128k)": 128256, "qwen2.5 (152k)": 151936, "gemma2 (256k)": 256000}
 LOGPROB_BATCH = dict(rows=2, steps=1024, chunk=128)  # two sequences of the GPU check's length; 2 x 128 positions
 # = the default `train.logps_chunk_tokens` (256) per float32 block
+HIDDEN_BATCH = dict(rows=1, steps=1024, width=2048)  # one sequence of the GPU check's length at Llama-3.2-1B's width
+# (a plain log_softmax over two would pass 6 GiB at 256k); blocks: the default `train.logps_chunk_tokens`, and 64
+HIDDEN_BLOCKS = (256, 64)
 TRAIN_SHAPES = ("llama3.2-1b", "qwen2.5-1.5b")
 FORWARD_SHAPES = (("llama3-8b", "sdpa"), ("gemma2-27b", "eager"))
 SEQ, PROMPT = 160, 16
@@ -97,6 +104,29 @@ def section_logprobs(work: Path) -> list:
         del row["ours"], row["naive"]
         results.append(row)
         print(json.dumps(row), flush=True)
+    return results
+
+
+def section_hidden(work: Path) -> list:
+    import torch
+
+    results = []
+    for label, vocab in VOCABS.items():
+        runs = {}
+        for impl, block in [("plain", 0)] + [("fused", b) for b in HIDDEN_BLOCKS]:
+            out = work / f"hid_{vocab}_{impl}{block}"
+            runs[(impl, block)] = launch("hidden_logprobs", dict(vocab=vocab, impl=impl, block=block, **HIDDEN_BATCH), out)[0]
+            runs[(impl, block)]["saved"] = torch.load(out.with_suffix(f".{impl}{block}.pt"), weights_only=True)
+        plain = runs[("plain", 0)]
+        for block in HIDDEN_BLOCKS:
+            fused = runs[("fused", block)]
+            row = {"section": "hidden", "vocab": label, "block_tokens": block, "tokens": HIDDEN_BATCH["rows"] * HIDDEN_BATCH["steps"],
+                   "width": HIDDEN_BATCH["width"], "fused_gib": fused["peak_bytes"] / GIB, "plain_gib": plain["peak_bytes"] / GIB,
+                   "ratio": fused["peak_bytes"] / plain["peak_bytes"],
+                   "max_abs_diff": (fused["saved"]["values"] - plain["saved"]["values"]).abs().max().item(),
+                   "max_abs_grad_diff": (fused["saved"]["grad"] - plain["saved"]["grad"]).abs().max().item()}
+            results.append(row)
+            print(json.dumps(row), flush=True)
     return results
 
 
@@ -188,6 +218,13 @@ def markdown(results: list) -> str:
         lines.append(f"| {r['vocab']} | {r['logits']:,} | {r['ours_gib']:.2f} ({r['ours_bytes_per_logit']:.2f}) | "
                      f"{r['naive_gib']:.2f} ({r['naive_bytes_per_logit']:.2f}) | {r['ratio']:.3f} | "
                      f"{r['max_abs_diff']:.1e}, {r['max_abs_grad_diff']:.1e} |")
+    hidden = [x for x in results if x["section"] == "hidden"]
+    if hidden:
+        lines += ["", "| vocabulary | `train.fused_logprobs` block (tokens) | fused GiB | logits + plain log_softmax GiB | ratio "
+                  "(goal <= 0.05) | max abs diff (values, grads) |", "|---|---:|---:|---:|---:|---:|"]
+        for r in hidden:
+            lines.append(f"| {r['vocab']} | {r['block_tokens']} | {r['fused_gib']:.3f} | {r['plain_gib']:.2f} | {r['ratio']:.3f} | "
+                         f"{r['max_abs_diff']:.1e}, {r['max_abs_grad_diff']:.1e} |")
     keys = ("at rest", "gradients", "activations", "logits", "peak")
     lines += ["", "| shape | layout / objective | " + " | ".join(f"{k}: measured / plan GiB (ratio)" for k in keys) + " |",
               "|---|---|" + "---:|" * len(keys)]
@@ -202,7 +239,8 @@ def markdown(results: list) -> str:
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sections", nargs="*", default=["logprobs", "train", "forward"], choices=["logprobs", "train", "forward"])
+    parser.add_argument("--sections", nargs="*", default=["logprobs", "hidden", "train", "forward"],
+                        choices=["logprobs", "hidden", "train", "forward"])
     parser.add_argument("--out", default="runs/realistic_shapes/results.jsonl")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -216,6 +254,8 @@ def main(argv=None) -> int:
         work = Path(tmp)
         if "logprobs" in args.sections:
             results += section_logprobs(work)
+        if "hidden" in args.sections:
+            results += section_hidden(work)
         if "train" in args.sections:
             results += section_train(work)
         if "forward" in args.sections:

@@ -43,6 +43,34 @@ def logprobs(vocab: int, rows: int, steps: int, chunk: int, impl: str, out: Path
     _write(out, 0, {"impl": impl, "vocab": vocab, "logits": rows * steps * vocab, "peak_bytes": peak})
 
 
+def hidden_logprobs(vocab: int, width: int, rows: int, steps: int, block: int, impl: str, out: Path) -> None:
+    """Forward + backward of token log-probs from bf16 hidden states ``[rows, steps, width]`` and a bf16 output
+    weight ``[vocab, width]`` (both trained): peak bytes held beyond the hidden states, the weight and the two
+    gradients every method returns (hidden states' and weight's). ``impl``: ``fused`` (``train.fused_logprobs``,
+    ``block`` tokens per block) or ``plain`` (the logits, then one float32 log_softmax over ``[B, T, V]``)."""
+    import torch
+
+    from hl_core.logprobs.hidden import hidden_token_logps
+
+    torch.manual_seed(0)
+    probe = RssProbe()
+    hidden = torch.randn(rows, steps, width).to(torch.bfloat16).requires_grad_(True)
+    weight = (torch.randn(vocab, width) / width ** 0.5).to(torch.bfloat16).requires_grad_(True)
+    labels = torch.randint(0, vocab, (rows, steps))
+    weights = torch.randn(rows, steps)
+    base = probe.current()
+    probe.reset_peak()
+    if impl == "fused":
+        values = hidden_token_logps(hidden, weight, labels, block_tokens=block)
+    else:
+        values = (hidden @ weight.t()).float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]
+    (values * weights).sum().backward()
+    returned = (hidden.numel() + weight.numel()) * 2  # the two bf16 gradients
+    peak = probe.peak() - base - returned
+    torch.save({"values": values.detach(), "grad": hidden.grad.float()[:, :8]}, out.with_suffix(f".{impl}{block}.pt"))
+    _write(out, 0, {"impl": impl, "vocab": vocab, "block": block, "logits": rows * steps * vocab, "peak_bytes": peak})
+
+
 # --------------------------------------------------------------------------------------- training
 def train(recipe_path: str, overrides: list, out: Path) -> None:
     """One update of the recipe through our trainer and engine (it allocates the optimizer states), then one

@@ -214,7 +214,8 @@ class Trainer(TrainerSafety):
         sync_label = "look-ahead reference forwards" if self.reference.mode == "lookahead" else "reference sync"
         summary = self.report.summary(
             self.updates_done, time.perf_counter() - run_start, times, self.eval_history, self.skips.total, exit_code,
-            data_summary_fields(self.train_data, self.eval_data), sync_label, recipe.rollout.every is not None,
+            {**data_summary_fields(self.train_data, self.eval_data), **self.engine.summary_fields()}, sync_label,
+            recipe.rollout.every is not None,
         )
         self.report.close()
         return summary

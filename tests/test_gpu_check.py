@@ -1,5 +1,6 @@
 """bench/gpu_check.py on a machine without a GPU: a clear refusal without --dry-run, every section through
-the real engines at toy size with --dry-run, and the FLOP count behind its MFU against torch's own counter."""
+the real engines at toy size with --dry-run (TRL's DPOTrainer too, when trl is installed; the Liger and compiled runs
+skip with their reasons), and the FLOP count behind its MFU against torch's own counter."""
 
 import json
 import subprocess
@@ -11,8 +12,8 @@ import torch
 from helpers import REPO
 
 sys.path.insert(0, str(REPO))
-from bench.gpu_check import missing_package  # noqa: E402
-from bench.gpu_check_runs import COMPARED, plan_runs  # noqa: E402
+from bench.gpu_check import SECTIONS, missing_package  # noqa: E402
+from bench.gpu_check_runs import COMPARED, NO_DRY_RUN, plan_runs  # noqa: E402
 from bench.shapes import forward_flops_per_token, spec_of, write_model_dir  # noqa: E402
 
 CHECK = [sys.executable, str(REPO / "bench" / "gpu_check.py")]
@@ -35,27 +36,39 @@ def test_dry_run_exercises_every_section(tmp_path):
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     env, results = rows[0], rows[1:]
     assert env["kind"] == "environment" and env["dry_run"] and len(env["source_sha256"]) == 16
-    runs = {r["id"]: r for r in results if r.get("kind") != "comparison"}
-    planned = plan_runs(tmp_path / "plan", dry_run=True, sections=[1, 2, 3, 4])
-    assert set(runs) == {r["id"] for r in planned}
-    assert {r["section"] for r in runs.values()} == {1, 2, 3, 4}
+    runs = {r["id"]: r for r in results if r.get("kind") not in ("comparison", "ratio")}
+    planned = {r["id"]: r for r in plan_runs(tmp_path / "plan", dry_run=True, sections=list(SECTIONS))}
+    assert set(runs) == set(planned)
+    assert {r["section"] for r in runs.values()} == set(SECTIONS)
     for run_id, r in runs.items():
         assert "error" not in r, r
-        if "skipped" in r:  # only for an optional package that is not installed here
-            assert r["skipped"].endswith("is not installed") and run_id == "ds_z2_hl_dpo_flash", r
+        if "skipped" in r:  # an optional package that is not installed here, or a run a dry run leaves out
+            plan = planned[run_id]
+            assert r["skipped"] == (missing_package(plan) or NO_DRY_RUN[plan["no_dry_run"]]), r
             continue
         assert r["tokens_per_s"] > 0 and r["step_time_s"] > 0 and r["losses"], r
+        if r["engine"] == "trl":
+            continue
         assert r["plan_gib"]["total"] > r["plan_gib"]["steady"] > 0
         humanline = "hl_" in run_id
         assert (r["sync_frac"] > 0) == humanline, r  # syncing runs sync, the others never
+    assert {i for i, r in runs.items() if "skipped" in r} >= {"ds_z2_hl_dpo_compile", "ds_z2_dpo_fast"}  # compile: minutes
     assert runs["mg_hl_dpo_bf16"]["engine"] == "megatron" and runs["ds_z3_hl_dpo_gc"]["gradient_checkpointing"]
     online = runs["ds_online_grpo"]
     assert online["gen_rows"] == 4 and online["gen_new_tokens"] > 0 and 0 < online["rollout_share"] < 1
+    assert online["gen_kv_cache"] == "dynamic" and online["gen_static_same_samples"]  # the static cache: same samples
+    assert online["gen_tokens_per_s_static"] > 0 and online["gen_tokens_per_s_dynamic"] > 0
     comparisons = {r["id"]: r for r in results if r.get("kind") == "comparison"}
     assert set(comparisons) == {f"{a}_vs_{b}" for a, b, _, _ in COMPARED}
     fp32 = comparisons["mg_hl_dpo_fp32_vs_ds_z0_hl_dpo_fp32"]
     assert fp32["updates"] == 3 and fp32["within_tolerance"] and fp32["max_abs_loss_diff"] < 1e-4
     assert len(set(fp32["losses"])) == 3  # the weights moved: the comparison is not of three equal numbers
+    ratios = {r["id"]: r for r in results if r.get("kind") == "ratio"}
+    assert ratios["ds_z2_hl_dpo_fused_vs_ds_z2_hl_dpo"]["max_abs_loss_diff"] < 1e-2  # bf16: the same losses, nearly
+    assert ratios["ds_z2_hl_dpo_mix_packed_vs_ds_z2_hl_dpo_mix_padded"]["tokens_per_s_ratio"] > 0
+    if "skipped" not in runs["trl_dpo"]:
+        best = ratios["ours_best_dpo_vs_trl_best_dpo"]
+        assert best["against"] == "trl_dpo" and best["run"] == "ds_z2_dpo" and best["tokens_per_s_ratio"] > 0
     text = table.read_text()
     assert all(r["title"] in text for r in runs.values()) and "noise floor" in text
 

@@ -1,7 +1,7 @@
 """`data.packing: true` against padded micro-batches through the real trainer and DeepSpeed engine: the same
 per-update losses, gradient norms and every other metric within 1e-5 (fp32, CPU) for DPO, KTO, GRPO on offline
 groups and on rollouts, and SFT, with humanline clipping and syncing on; one process and two ZeRO-3 processes
-(`tests/distributed/packing_parity.py` runs both modes from the same start in one process per rank). The
+(`tests/distributed/mode_parity.py` runs both modes from the same start in one process per rank). The
 megatron engine refuses packing with the reason."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import json
 from helpers import REPO, assert_same_rows, run_worker
 from launchers.run import main
 
-WORKER = REPO / "tests" / "distributed" / "packing_parity.py"
+WORKER = REPO / "tests" / "distributed" / "mode_parity.py"
 SINGLE = [
     "recipes/tiny/humanline_dpo.yaml",
     "recipes/tiny/humanline_kto.yaml",

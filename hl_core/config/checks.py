@@ -47,6 +47,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     check_reference_free(recipe)
     check_token_budget(recipe)
+    check_speed_keys(recipe)
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "
@@ -175,6 +176,28 @@ def check_lora(recipe: Recipe) -> None:
             f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only the "
             "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or `eval.after_training=false`."
         )
+
+
+def check_speed_keys(recipe: Recipe) -> None:
+    """``train.fused_logprobs``, ``train.compile`` and ``model.kernels`` work on the DeepSpeed engine's transformers
+    model (``train.compile`` at ZeRO 0-2); megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
+    The model family and the machine are checked by ``hl_core.models.speed.check_speed_options``."""
+    if recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3 and recipe.train.compile:
+        raise RecipeError(
+            "`train.compile: true` does not pay under `engine.zero_stage: 3`: ZeRO-3 gathers and releases each layer's "
+            "parameters in Python hooks inside the layer, which break a compiled layer's graph and recompile it (the "
+            "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: `engine.zero_stage=2` "
+            "(or 0-1), or `train.compile=false`.")
+    if recipe.engine.name != "megatron":
+        return
+    keys = [k for k, on in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),
+                            ("model.kernels", recipe.model.kernels != "none")) if on]
+    if keys:
+        raise RecipeError(
+            f"`{'`, `'.join(keys)}` {'is' if len(keys) == 1 else 'are'} not available with `engine.name: megatron`: they act "
+            "on the transformers model of the DeepSpeed engine, while megatron-core runs its own layers and computes "
+            "log-probs over its vocab-parallel output layer in chunks already. Fix: `train.fused_logprobs=false "
+            "train.compile=false model.kernels=none`, or `engine.name=deepspeed`.")
 
 
 def token_budget_floor(recipe: Recipe) -> Tuple[int, str]:

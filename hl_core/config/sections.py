@@ -17,7 +17,7 @@ from ..objectives.dpo_losses import LOSS_TYPES
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
 MAX_SEED = 2**32 - 1
-ATTN_IMPLEMENTATIONS = ("eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
 # config.json sizes that `model.config_overrides` may set: each must be a positive whole number
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
              "intermediate_size", "head_dim", "max_position_embeddings")
@@ -86,7 +86,14 @@ class ModelConfig(_Section):
         False, description="Allow custom modelling code from the model repository. Off unless you trust it."
     )
     attn_implementation: Optional[str] = Field(
-        "sdpa", description="transformers attention backend: `eager`, `sdpa` or `flash_attention_2`."
+        "auto", description="transformers attention backend: `eager`, `sdpa`, `flash_attention_2`, `flex_attention`, "
+        "or `auto`: on a GPU with `data.packing`, one that attends within packed sequences without a dense mask "
+        "(`flash_attention_2` when flash-attn is installed, else `flex_attention`), otherwise `sdpa`.",
+    )
+    kernels: Literal["none", "liger"] = Field(
+        "none", description="`liger`: Liger-Kernel's own patches (RMSNorm, RoPE, SwiGLU/GeGLU) for Llama, Qwen 2.5 and "
+        "Gemma 2 (`pip install -e .[gpu]`; GPU only: refused on a machine without CUDA or for another family). "
+        "`none`: the transformers modules.",
     )
     gradient_checkpointing: bool = Field(False, description="Recompute activations in backward to save memory.")
     config_overrides: Dict[str, Any] = Field(
@@ -391,6 +398,23 @@ class TrainConfig(_Section):
         256, ge=1,
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "
         "the log-probs' working memory is 4 x this x vocabulary bytes.",
+    )
+    fused_logprobs: bool = Field(
+        False, description="Token log-probs from the last hidden states and the output layer's weight, "
+        "`train.logps_chunk_tokens` tokens at a time, never holding the `[B, T, V]` logits; the backward recomputes "
+        "each block (Liger-Kernel's fused linear cross-entropy on a GPU when installed, plain PyTorch otherwise). "
+        "With the sampling temperature and Gemma 2's final soft-cap; same log-probs as the logits path. DeepSpeed "
+        "engine (ZeRO 0-3, packing, LoRA, tied embeddings); Llama, Mistral, Qwen 2/2.5/3, Gemma 1/2.",
+    )
+    compile: bool = Field(
+        False, description="Regional compilation: `torch.compile` on each decoder layer (not the whole model), with "
+        "dynamic shapes so varying lengths reuse one graph; generation runs the layers eagerly. The run summary "
+        "reports compile time, graphs and recompiles. DeepSpeed engine, ZeRO 0-2 (ZeRO-3's parameter hooks recompile it).",
+    )
+    compile_backend: Literal["inductor", "aot_eager"] = Field(
+        "inductor", description="The `torch.compile` backend of `train.compile`: `inductor` (generated kernels: the "
+        "speed-up) or `aot_eager` (the same captured forward and backward graphs run by PyTorch's own operators: "
+        "compiles in seconds, for checking that a model compiles without recompiling).",
     )
 
     @field_validator("adam_betas")

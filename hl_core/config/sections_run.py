@@ -163,6 +163,11 @@ class RolloutConfig(_Section):
     backend: Literal["auto", "hf", "vllm"] = Field(
         "auto", description="`hf` (transformers generate), `vllm` (GPU, when installed), `auto` (vllm when usable, else hf)."
     )
+    kv_cache: Literal["auto", "dynamic", "static"] = Field(
+        "auto", description="The `hf` sampler's KV cache: `dynamic` (grows each step), `static` (preallocated for the "
+        "whole decode; on a GPU the decode step is compiled and replayed as a CUDA graph), `auto` (`static` on a GPU "
+        "unless ZeRO-3 ranks decode in lockstep, else `dynamic`). Same samples for the same seeds either way.",
+    )
     num_generations: int = Field(8, ge=2, description="Completions per prompt (a GRPO group / the best-vs-worst pool).")
     temperature: float = Field(1.0, gt=0, description="Sampling temperature (GRPO log-probs use it too).")
     top_p: float = Field(1.0, gt=0, le=1, description="Nucleus sampling.")

@@ -244,6 +244,10 @@ class Engine:
             values = values.cpu()
         return values
 
+    def summary_fields(self) -> Dict[str, Any]:
+        """Engine facts for the run summary (e.g. ``train.compile``'s compile time and recompiles); none by default."""
+        return {}
+
     def synchronize(self) -> None:
         """Wait for this rank's queued GPU work (so wall-clock timings measure work done, not launched)."""
         if self.device.type == "cuda":

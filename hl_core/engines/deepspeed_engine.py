@@ -29,8 +29,10 @@ from ..config import batch_layout
 from ..errors import RecipeError
 from ..humanline import mix_into
 from ..logprobs import chunk_positions, sequence_token_logps
+from ..logprobs.hidden import fused_sequence_token_logps
 from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
+from ..models.speed import RegionalCompile, check_speed_options
 from ..objectives import reference_model_needed
 from ..storage.checkpoints import safe_load, wrote_lookahead
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
@@ -130,14 +132,20 @@ class DeepSpeedEngine(Engine):
 
         self._lora_reference = reference_model_needed(recipe)  # LoRA: a reference adapter (copy mode only)
         self.lora, self.last_sync_bytes = None, 0  # bytes the last sync copied on this rank
+        check_speed_options(recipe)  # model.kernels, train.fused_logprobs: before any weights are built
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled,
+            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled, packing=recipe.data.packing,
         )
+        check_speed_options(recipe, model_type=policy.config.model_type)
         if recipe.model.lora_enabled:
             synced = self._lora_reference and recipe.humanline.sync_every is not None
             self.lora = wrap_lora(policy, recipe.model.lora, synced, train.seed, recipe.model.gradient_checkpointing)
             policy = self.lora.model
+        self.compiled = RegionalCompile(train.compile_backend) if train.compile else None  # each decoder layer
+        for model in (policy, reference) if self.compiled else ():
+            if model is not None:
+                self.compiled.compile(model)
         decay, no_decay = [], []
         for name, param in policy.named_parameters():
             if not param.requires_grad:  # LoRA's frozen base weights and reference adapter
@@ -187,9 +195,14 @@ class DeepSpeedEngine(Engine):
         engine = self.policy if model == "policy" else (self.require_reference() or self.policy)  # LoRA: one module
         input_ids = batch["input_ids"].to(self.device)
         attention_mask = batch["attention_mask"].to(self.device)
+        fused = self.recipe.train.fused_logprobs  # from the hidden states, without the [B, T, V] logits
         if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
             forward = functools.partial(packed_sequence_token_logps, capacity=self.recipe.data.max_length,
-                                        pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=self.recipe.train.logps_chunk_tokens)
+                                        pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=self.recipe.train.logps_chunk_tokens,
+                                        fused=fused, module=engine.module)
+        elif fused:
+            forward = functools.partial(fused_sequence_token_logps, block_tokens=self.recipe.train.logps_chunk_tokens,
+                                        module=engine.module)
         else:
             forward = functools.partial(sequence_token_logps,
                                         chunk_size=chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens))
@@ -210,9 +223,14 @@ class DeepSpeedEngine(Engine):
         was_training = module.training
         module.eval()
         try:
-            yield module, self.device, self.zero_stage == 3 and self.world_size > 1
+            with self.compiled.eager() if self.compiled else contextlib.nullcontext():  # decode steps run uncompiled
+                yield module, self.device, self.zero_stage == 3 and self.world_size > 1
         finally:
             module.train(was_training)
+
+    def summary_fields(self) -> Dict[str, Any]:
+        """``train.compile``: compile time, graphs compiled and recompiles (for the run summary)."""
+        return self.compiled.summary() if self.compiled else {}
 
     def full_state_dict(self):
         """The policy's full weights (gathered under ZeRO-3; rank 0 gets them, others None)."""

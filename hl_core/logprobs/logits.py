@@ -143,9 +143,20 @@ def prefix_token_logps(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size
     # score position t's logits against token t + 1 over the whole (unsliced) logits tensor, the last
     # position against an invalid label: slicing the logits would make autograd allocate a second
     # logits-sized gradient for the slice
-    labels = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.shape[0], 1), -1)], dim=1)
-    shifted = token_logps(logits, labels, chunk_size=chunk_size, temperature=temperature)
-    return torch.cat([shifted.new_zeros(shifted.shape[0], 1), shifted[:, :-1]], dim=1)
+    labels = next_token_labels(input_ids, torch.ones_like(input_ids, dtype=torch.bool))
+    return to_prefix_layout(token_logps(logits, labels, chunk_size=chunk_size, temperature=temperature))
+
+
+def next_token_labels(input_ids: torch.Tensor, has_next: torch.Tensor) -> torch.Tensor:
+    """``labels[b, t] = input_ids[b, t + 1]`` where ``has_next[b, t]`` (the next position continues the same
+    sequence), else -1 (not computed)."""
+    following = torch.cat([input_ids[:, 1:], input_ids.new_full((input_ids.shape[0], 1), -1)], dim=1)
+    return torch.where(has_next, following, torch.full_like(following, -1))
+
+
+def to_prefix_layout(next_logps: torch.Tensor) -> torch.Tensor:
+    """``next_logps[b, t] = log p(token t + 1 | ...)`` to ``out[b, t] = log p(token t | tokens before t)``, 0 at 0."""
+    return torch.cat([next_logps.new_zeros(next_logps.shape[0], 1), next_logps[:, :-1]], dim=1)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:

@@ -16,6 +16,7 @@ from typing import List, Sequence, Tuple
 
 import torch
 
+from .hidden import logps_from_hidden, next_token_labels, to_prefix_layout
 from .logits import chunk_positions, prefix_token_logps
 
 
@@ -106,10 +107,21 @@ def padding_fraction(attention_mask: torch.Tensor, packed: Packed) -> Tuple[floa
 
 def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                 capacity: int, pad_token_id: int, chunk_tokens: int = 256,
-                                temperature: float = 1.0) -> torch.Tensor:
+                                temperature: float = 1.0, fused: bool = False, module=None) -> torch.Tensor:
     """:func:`.logits.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
-    ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``)."""
+    ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``). ``fused``: from the
+    hidden states (:mod:`.hidden`; ``module`` is the causal LM inside ``model``), only for tokens that have a next
+    token in their own sequence."""
     packed = pack_rows(input_ids, attention_mask, capacity, pad_token_id)
+    if fused:
+        has_next = torch.zeros(packed.input_ids.shape, dtype=torch.bool, device=input_ids.device)
+        for b, offset, n in packed.places:
+            has_next[b, offset:offset + n - 1] = True
+        labels = next_token_labels(packed.input_ids, has_next)
+        with logps_from_hidden(module if module is not None else model, labels, temperature, chunk_tokens):
+            next_logps = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
+                               use_cache=False)
+        return unpack_token_logps(to_prefix_layout(next_logps), packed)
     logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
                    use_cache=False).logits
     chunk_size = chunk_positions(packed.input_ids.shape[0], chunk_tokens)

@@ -144,7 +144,7 @@ class RunReport:
             self.sinks = None
 
     def summary(self, updates: int, wall: float, times: StepTimes, eval_history: List[Dict], skipped: int,
-                exit_code: int, data_fields: Dict, sync_label: str, rollouts: bool) -> Dict[str, float]:
+                exit_code: int, extra_fields: Dict, sync_label: str, rollouts: bool) -> Dict[str, float]:
         """The run's summary: returned, and on rank 0 printed and written to ``summary.json``. ``sync_label``
         names what the sync share measures; ``rollouts``: the run generates (the wall-clock split is shown)."""
         summary = {"updates": updates, "wall_s": wall, "torch_threads": torch.get_num_threads(),
@@ -160,7 +160,7 @@ class RunReport:
                 if key in first and key in last:
                     summary[f"eval_start/{key}"] = first[key]
                     summary[f"eval_end/{key}"] = last[key]
-        summary.update(data_fields)
+        summary.update(extra_fields)  # the data (row counts, truncation) and the engine (compile) facts
         if self.is_main:
             print("\n".join(self._summary_lines(summary, times, eval_history, sync_label, rollouts)), flush=True)
             (self.output_dir / "summary.json").write_text(json.dumps(summary, indent=2))
@@ -177,6 +177,10 @@ class RunReport:
                     f"wall-clock split: generation + scoring {summary['rollout_s']:.1f}s "
                     f"({100 * summary['rollout_frac']:.1f}%), training {sum(times.step) - summary['rollout_s']:.1f}s"
                 )
+        if "compile_s" in summary:
+            lines.append(f"compiled {summary['compiled_layers']} decoder layers ({summary['compile_backend']}): "
+                         f"{summary['compiled_graphs']} graphs "
+                         f"({summary['recompiles']} recompiles) in {summary['compile_s']:.1f}s of compile time")
         if eval_history:
             lines.append(f"held-out, start (update {eval_history[0]['step']}) -> end (update {eval_history[-1]['step']}):")
         for key, label in SUMMARY_EVAL_KEYS.items():

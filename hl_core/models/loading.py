@@ -13,6 +13,7 @@ import torch
 
 from ..errors import RecipeError
 from ..models.specs import resolve_spec
+from .speed import apply_kernels, resolve_attention
 
 # Imports inside functions: transformers (seconds to import) loads when a model or tokenizer is built, so --plan and
 # --print-config, which import this package's neighbours, do not pay for it.
@@ -230,18 +231,20 @@ def check_random_init_fits(model_cfg, config, kwargs, device: Optional[torch.dev
         )
 
 
-def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None):
+def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None, packing: bool = False):
     """Load (or, with ``model.random_init``, randomly initialise) a causal LM in ``precision``.
 
     ``zero3_init_config``: a DeepSpeed config dict; when given and ``random_init`` is off, weights are
     loaded straight into ZeRO-3 partitions (``HfDeepSpeedConfig``) so no rank holds a full copy.
+    ``packing``: the run packs sequences (``model.attn_implementation: auto`` picks a mask-free attention on a GPU).
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
     dtype = DTYPES[precision]
     kwargs = dict(trust_remote_code=model_cfg.trust_remote_code)
-    if model_cfg.attn_implementation:
-        kwargs["attn_implementation"] = model_cfg.attn_implementation
+    attention = resolve_attention(model_cfg.attn_implementation, packing)
+    if attention:
+        kwargs["attn_implementation"] = attention
     try:
         if model_cfg.random_init:
             config = AutoConfig.from_pretrained(
@@ -275,6 +278,7 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
             f"Could not load the model from `model.name_or_path` = `{model_cfg.name_or_path}` ({exc}). "
             "Fix: point it at a local model directory, or set `model.random_init=true` for a config-only directory."
         )
+    apply_kernels(model, model_cfg.kernels)
     if model_cfg.gradient_checkpointing:
         model.gradient_checkpointing_enable()
     model.config.use_cache = False
@@ -282,17 +286,18 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
 
 
 def build_policy_and_reference(
-    model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None, with_reference: bool = True
+    model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None, with_reference: bool = True,
+    packing: bool = False,
 ) -> Tuple:
     """Two models with identical weights: the policy (trainable) and the reference (frozen; ``None`` when
     ``with_reference`` is false, for runs that never read it)."""
-    policy = build_causal_lm(model_cfg, precision, seed, zero3_init_config)
+    policy = build_causal_lm(model_cfg, precision, seed, zero3_init_config, packing)
     if not with_reference:
         return policy, None
     if model_cfg.random_init or zero3_init_config is None:
         reference = copy.deepcopy(policy)
     else:
-        reference = build_causal_lm(model_cfg, precision, seed, zero3_init_config)
+        reference = build_causal_lm(model_cfg, precision, seed, zero3_init_config, packing)
     if model_cfg.gradient_checkpointing:
         reference.gradient_checkpointing_disable()
     for param in reference.parameters():

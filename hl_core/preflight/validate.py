@@ -2,9 +2,10 @@
 
 The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
 ``output_dir``, the checkpoint to resume), the checkpoint's run record against the recipe and another run's outputs
-in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the local model
-directory's config (``model.config_overrides``, custom code without ``model.trust_remote_code``) and weight
-files (their headers: a cut or damaged safetensors file, a missing shard), the local
+in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the speed switches against the model
+family and the machine (``model.kernels: liger`` needs a CUDA GPU), the local model directory's config
+(``model.config_overrides``, custom code without ``model.trust_remote_code``) and weight files (their headers: a cut
+or damaged safetensors file, a missing shard), the local
 tokenizer (its files, its size against the model's vocabulary), and the local data rows; when the tokenizer
 is local, the rows are also tokenized, reporting what ``data.max_length`` truncates and the identical pairs
 that training would drop.
@@ -22,6 +23,7 @@ from ..loop.run_record import check_resume_record, run_record
 from ..loop.sources import epoch_steps
 from ..models.loading import check_model_config, check_weights_load, load_tokenizer
 from ..models.specs import check_layout
+from ..models.speed import check_speed_options
 from ..storage.checkpoints import resume_target
 
 
@@ -35,6 +37,7 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     target, _ = resume_target(recipe.checkpoint.resume, recipe.output_dir)
     check_other_run(recipe, target)  # another run's outputs in output_dir
     resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None
+    check_speed_options(recipe)  # model.kernels and train.fused_logprobs against the model family and this machine
     tokenizer = None
     if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
         tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary

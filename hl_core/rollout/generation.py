@@ -17,7 +17,8 @@ import torch
 
 from ..errors import RecipeError
 
-# Imports inside functions: vLLM is optional (GPU only), loaded only for `rollout.backend: vllm`.
+# Imports inside functions: vLLM is optional (GPU only), loaded only for `rollout.backend: vllm`; transformers only on
+# the static-cache path.
 
 SEED_STRIDE = 1_000_003  # seed(prompt position p) = base * SEED_STRIDE + p
 
@@ -41,7 +42,8 @@ def _nucleus(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_new_tokens: int, eos_token_id: int,
                   pad_token_id: int, temperature: float = 1.0, top_p: float = 1.0, greedy: bool = False,
                   stop: Sequence[str] = (), tokenizer=None, lockstep: bool = False,
-                  device: Optional[torch.device] = None) -> List[List[List[int]]]:
+                  device: Optional[torch.device] = None, kv_cache: str = "dynamic", step=None,
+                  pool: Optional[dict] = None) -> List[List[List[int]]]:
     """Ancestral sampling for many prompts in one left-padded batch with a KV cache.
 
     ``groups`` holds ``(prompt_ids, num, seed)``: ``num`` completions of the prompt, drawn from the
@@ -50,6 +52,14 @@ def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_ne
     one draw per row (argmax when ``greedy``). A row ends at EOS (kept) or once its text contains a
     ``stop`` string. ``lockstep`` runs all ``max_new_tokens`` forwards even when every row has ended
     (ZeRO-3 ranks must call forward equally often). Returns completions per group, EOS included.
+
+    ``kv_cache``: ``dynamic`` (the cache and the attention mask grow each step) or ``static`` (one cache of
+    :func:`static_cache_length` positions allocated up front, the mask covering it, each step writing at its
+    ``cache_position``: fixed shapes, so a GPU can replay the decode step as a CUDA graph). ``step``: what runs the
+    one-token decode steps of the static path (default ``model``; a compiled copy of its forward on a GPU).
+    ``pool``: a dict in which the static cache is kept between calls (reset, not reallocated, when the next call
+    has the same rows and length: a CUDA graph replays only over the same buffers). The draws are the same in both:
+    only the positions a row may attend differ in how they are stored.
     """
     n_groups = len(groups)
     if lockstep and not any(num for _, num, _ in groups):  # still take part in every collective forward
@@ -71,10 +81,15 @@ def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_ne
     lengths = torch.full((len(rows),), max_new_tokens, dtype=torch.long, device=device)
     tokens = torch.full((len(rows), max_new_tokens), pad_token_id, dtype=torch.long, device=device)
     cache, step_ids = None, ids
+    if kv_cache == "static":
+        cache, mask = _static_cache(model, mask, width + max_new_tokens, pool)
     for t in range(max_new_tokens):
-        out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
-                    use_cache=True, logits_to_keep=1)
-        cache = out.past_key_values
+        if kv_cache == "static":
+            out = _static_step(model if t == 0 else (step or model), step_ids, mask, step_pos, cache, width + max(t - 1, 0), t)
+        else:
+            out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
+                        use_cache=True, logits_to_keep=1)
+            cache = out.past_key_values
         last = out.logits[:, -1, :].float()
         if greedy:
             chosen = last.argmax(-1)
@@ -96,10 +111,68 @@ def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_ne
         if not lockstep and bool(done.all()):
             break
         step_ids = chosen.unsqueeze(-1)
-        mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
+        if kv_cache != "static":
+            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=-1)
         step_pos = step_pos[:, -1:] + 1
     tokens, lengths = tokens.cpu().tolist(), lengths.cpu().tolist()
     return [[tokens[r][: lengths[r]] for r in range(lo, hi)] for lo, hi in spans][:n_groups]
+
+
+STATIC_BUCKET = 64  # static cache lengths are rounded up to this: fewer distinct shapes (CUDA graphs) per run
+
+
+def static_cache_length(positions: int) -> int:
+    return -(-positions // STATIC_BUCKET) * STATIC_BUCKET
+
+
+def _static_cache(model, mask: torch.Tensor, positions: int, pool: Optional[dict] = None):
+    """A transformers ``StaticCache`` for ``positions`` (rounded up; from ``pool`` and reset when it holds one of
+    this size, else a new one that replaces it there) and the prompt mask widened to cover it."""
+    from transformers import StaticCache  # transformers (seconds to import): only the static path needs it here
+
+    length = static_cache_length(positions)
+    key = (mask.shape[0], length)
+    cache = (pool or {}).get(key)
+    if cache is None:
+        cache = StaticCache(config=model.config, max_cache_len=length)
+        if pool is not None:
+            pool.clear()  # one cache at a time: its memory is held between rollouts
+            pool[key] = cache
+    else:
+        cache.reset()
+    full = mask.new_zeros(mask.shape[0], length)
+    full[:, :mask.shape[1]] = mask
+    return cache, full
+
+
+def _static_step(forward, step_ids, mask, step_pos, cache, position: int, t: int):
+    """Step ``t`` of the static path: the prompt (``t == 0``, positions ``0 .. width - 1``), else one token written
+    at ``position``, which the mask now admits."""
+    if t == 0:
+        cache_position = torch.arange(step_ids.shape[1], device=step_ids.device)
+    else:
+        mask[:, position] = 1
+        cache_position = torch.full((1,), position, dtype=torch.long, device=step_ids.device)
+        if torch.cuda.is_available() and step_ids.is_cuda:
+            torch.compiler.cudagraph_mark_step_begin()  # the previous replay's outputs were read
+    return forward(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
+                   cache_position=cache_position, use_cache=True, logits_to_keep=1)
+
+
+def decode_step(module, device: torch.device):
+    """What runs the static path's one-token steps: on a GPU, the module's forward compiled with CUDA graphs
+    (``mode="reduce-overhead"``: fixed shapes, replayed without a kernel launch per operation); on the CPU, the
+    module itself."""
+    if device.type != "cuda":
+        return module
+
+    compiled = torch.compile(module.forward, mode="reduce-overhead", fullgraph=True, dynamic=False)
+
+    def step(**kwargs):
+        with torch.compiler.set_stance("default"):  # `train.compile` runs generation eagerly; this step is compiled
+            return compiled(**kwargs)
+
+    return step
 
 
 class HFSampler:
@@ -109,17 +182,30 @@ class HFSampler:
 
     def __init__(self, engine, tokenizer, rollout_cfg):
         self.engine, self.tokenizer, self.cfg = engine, tokenizer, rollout_cfg
+        self._step = (None, None)  # (module, its decode step): compiled once per module on a GPU
+        self._pool = {}  # the static KV cache, kept between rollouts
+
+    def kv_cache(self, device: torch.device, lockstep: bool) -> str:
+        """``rollout.kv_cache``; ``auto`` is ``static`` on a GPU unless ZeRO-3 ranks decode in lockstep (their
+        forwards gather parameters in Python hooks, which a CUDA graph cannot replay)."""
+        if self.cfg.kv_cache != "auto":
+            return self.cfg.kv_cache
+        return "static" if device.type == "cuda" and not lockstep else "dynamic"
 
     def sample_groups(self, prompts: List[List[int]], num: int, seeds: List[int],
                       greedy: bool = False) -> List[List[List[int]]]:
         """``num`` completions of each prompt (token ids, EOS included when generated), prompt ``i``
         drawn under ``seeds[i]``."""
         with self.engine.generation_module() as (module, device, lockstep):
+            kv_cache = self.kv_cache(device, lockstep)
+            if kv_cache == "static" and self._step[0] is not module:
+                self._step = (module, decode_step(module, device))
             return sample_groups(
                 module, [(list(p), num, s) for p, s in zip(prompts, seeds)],
                 max_new_tokens=self.cfg.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
                 pad_token_id=self.tokenizer.pad_token_id, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
                 greedy=greedy, stop=self.cfg.stop, tokenizer=self.tokenizer, lockstep=lockstep, device=device,
+                kv_cache=kv_cache, step=self._step[1] if kv_cache == "static" else None, pool=self._pool,
             )
 
     def push_weights(self) -> None:

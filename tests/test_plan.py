@@ -197,10 +197,15 @@ def test_megatron_shards_weights_and_distributes_the_optimizer():
     tp2pp2 = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8)
     spec = MODEL_SPECS[name]
     assert (tp2pp2["dp"], tp2pp2["tp"], tp2pp2["pp"]) == (2, 2, 2)
-    # worst stage: 16 layers (matrices / 2, norms whole) + one of embedding / lm_head (each V*h / 2)
+    # each stage: 16 layers (matrices / 2, norms whole) + one of embedding / lm_head (each V*h / 2); the last stage
+    # also the final norm. The plan shows the stage whose total is largest: stage 0 (1F1B keeps the most in flight)
     layer_matrices = spec.layer_params() - 2 * spec.hidden_size
-    expected = 16 * layer_matrices // 2 + 16 * 2 * spec.hidden_size + spec.vocab_size * spec.hidden_size // 2 + spec.hidden_size
-    assert tp2pp2["params_per_rank"] == expected
+    first = 16 * layer_matrices // 2 + 16 * 2 * spec.hidden_size + spec.vocab_size * spec.hidden_size // 2
+    assert tp2pp2["stage"] == 0 and tp2pp2["params_per_rank"] == first
+    last = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8, stage=1)
+    assert last["stage"] == 1 and last["params_per_rank"] == first + spec.hidden_size
+    assert set(tp2pp2["stage_totals"]) == {0, 1} and tp2pp2["stage_totals"][0] >= tp2pp2["stage_totals"][1]
+    expected = first
     assert tp2pp2["bytes"]["weights"] == 2 * expected and tp2pp2["bytes"]["reference"] == 2 * expected
     assert tp2pp2["bytes"]["optimizer"] == pytest.approx(12 * expected / 2)
     assert flat["bytes"]["optimizer"] == pytest.approx(12 * spec.num_params() / 8)

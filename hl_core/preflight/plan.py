@@ -58,7 +58,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import Recipe, batch_layout
+from ..config import Recipe, batch_layout, pipeline_microbatches
 from ..config.checks import check_lora
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
@@ -99,26 +99,25 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
 
 
-def _megatron_shard_params(spec: ModelSpec, tp: int, pp: int) -> int:
-    """Parameters on the most loaded (tensor, pipeline) rank: matrices split by tp, norms replicated."""
+def _megatron_stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> int:
+    """Parameters on one tensor-parallel rank of pipeline stage ``stage``: matrices split by tp, norms replicated."""
     h = spec.hidden_size
     norms = spec.norms_per_layer * h
-    layer_matrices = spec.layer_params() - norms
     per_stage_layers = spec.num_layers // pp
-    worst = 0
-    for stage in range(pp):
-        matrices = per_stage_layers * layer_matrices
-        replicated = per_stage_layers * norms
-        if stage == 0:
-            matrices += spec.embedding_params()
-        if stage == pp - 1:
-            replicated += h  # final norm
-            if not spec.tie_word_embeddings:
-                matrices += spec.vocab_size * h
-            elif pp > 1:
-                matrices += spec.vocab_size * h  # tied weights: the last stage keeps its own copy
-        worst = max(worst, -(-matrices // tp) + replicated)
-    return worst
+    matrices = per_stage_layers * (spec.layer_params() - norms)
+    replicated = per_stage_layers * norms
+    if stage == 0:
+        matrices += spec.embedding_params()
+    if stage == pp - 1:
+        replicated += h  # final norm
+        if not spec.tie_word_embeddings or pp > 1:  # tied weights and pp > 1: the last stage keeps its own copy
+            matrices += spec.vocab_size * h
+    return -(-matrices // tp) + replicated
+
+
+def _megatron_shard_params(spec: ModelSpec, tp: int, pp: int) -> int:
+    """Parameters on the most loaded (tensor, pipeline) rank."""
+    return max(_megatron_stage_params(spec, tp, pp, stage) for stage in range(pp))
 
 
 def memory_plan(
@@ -129,13 +128,27 @@ def memory_plan(
     group_size: Optional[int] = None,
     distributed_optimizer: bool = True,
     megatron_gpu: bool = True,
+    stage: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes.
     ``distributed_optimizer`` / ``megatron_gpu`` false: the megatron engine's CPU path (a torch optimizer
-    replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer)."""
+    replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer).
+    Megatron with pp > 1: the ranks of pipeline stage ``stage``, or (None) of the stage whose total is largest
+    (``stage_totals`` holds each stage's)."""
     world = world_size if world_size is not None else world_size_of(recipe)
     check_layout(recipe, world)
     spec = spec or resolve_spec(recipe.model)
+    pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
+    stages = [stage] if stage is not None and pp > 1 else list(range(pp))
+    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s) for s in stages]
+    worst = max(plans, key=lambda p: p["bytes"]["total"])
+    worst["stage_totals"] = {p["stage"]: p["gib"]["total"] for p in plans}
+    return worst
+
+
+def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optional[int], distributed_optimizer: bool,
+                megatron_gpu: bool, pipe_stage: int) -> Dict[str, Any]:
+    """:func:`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
     dp, accum = batch_layout(recipe, world)
     tp, pp = recipe.parallel.tp, recipe.parallel.pp
     engine, stage = recipe.engine.name, recipe.engine.zero_stage
@@ -160,7 +173,7 @@ def memory_plan(
     T = A if lora else P  # trainable parameters
 
     if engine == "megatron":
-        shard = _megatron_shard_params(spec, tp, pp)
+        shard = _megatron_stage_params(spec, tp, pp, pipe_stage)
         weights = pb * shard
         grads = 4 * shard  # fp32 main-grad buffer (whole on each rank, also with the distributed optimizer)
         opt_bytes = (12 if bf16 else 8) * shard
@@ -225,20 +238,26 @@ def memory_plan(
     # tokens per micro-batch: b rows of <= s tokens, or the token budget (`train.max_tokens_per_micro_batch`)
     budget = recipe.train.max_tokens_per_micro_batch
     tokens = budget if budget is not None else s * b
-    per_layer = tokens * layer_activation_bytes(spec, pb, t, s, eager)
+    # megatron pp > 1: each micro-batch runs as m pipeline micro-batches of tokens / m; 1F1B keeps min(pp - stage, m)
+    # of them in flight on stage `stage` (the first stage the most); the final norm and the logits on the last stage
+    pipeline = pipeline_microbatches(recipe, b) if engine == "megatron" else 1
+    tokens_in_flight = tokens / pipeline
+    in_flight = min(pp - pipe_stage, pipeline) if engine == "megatron" else 1
+    last_stage = engine != "megatron" or pipe_stage == pp - 1
+    per_layer = tokens_in_flight * layer_activation_bytes(spec, pb, t, s, eager)
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
-    in_flight = min(pp, accum) if engine == "megatron" else 1
-    final_norm = tokens * norm_bytes(spec, pb) * in_flight  # the final RMSNorm, once per token
+    final_norm = tokens_in_flight * norm_bytes(spec, pb) if last_stage else 0.0  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
-    activations_ckpt = (pb * tokens * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
+    activations_ckpt = (pb * tokens_in_flight * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
     if lora:  # what the adapters keep (A's outputs, dropout copies): all layers, or one layer being recomputed
         activations_full += tokens * lora["activation_bytes_per_token"]
         activations_ckpt += tokens * lora["activation_bytes_per_token"] / spec.num_layers
     gemma2 = spec.model_type.startswith("gemma2")
     # megatron's Gemma 2 path: megatron-core's cross entropy (a float32 softmax kept); HF's Gemma 2: the tanh
     # of its final logit soft-capping kept beside the logits
-    logits = logits_bytes(1, tokens, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax=engine == "megatron" and gemma2,
-                          softcap_copy=engine != "megatron" and gemma2)
+    logits = logits_bytes(1, tokens_in_flight, V, pb, t, recipe.train.logps_chunk_tokens,
+                          keeps_softmax=engine == "megatron" and gemma2, softcap_copy=engine != "megatron" and gemma2)
+    logits = logits if last_stage else 0.0
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
     model_states = weights + grads + optimizer
@@ -251,7 +270,9 @@ def memory_plan(
     total_other = resident + backward_grads + max(other + logits, step_grads)
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
-        notes.append("pipeline: embedding, logits and pp in-flight micro-batches summed for the worst stage")
+        notes.append(f"pipeline stage {pipe_stage} of {pp}: {pipeline} pipeline micro-batch(es) per micro-batch, "
+                     f"{in_flight} in flight here" + ("; the embedding" if pipe_stage == 0 else "")
+                     + ("; the output layer and the logits" if last_stage else ""))
     if recipe.objective.name == "grpo" and group_size is None:
         size, origin = grpo_group_size(recipe)
         notes.append(f"GRPO: {size} completions per prompt group ({origin})")
@@ -272,7 +293,7 @@ def memory_plan(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
         trainable_params=T, lora_adapter_params=A,
         engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
-        world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
+        world_size=world, dp=dp, tp=tp, pp=pp, stage=pipe_stage, micro_batch_size=recipe.train.micro_batch_size,
         gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
         sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
         tokens_per_micro_batch=tokens, token_budget=budget,

@@ -306,3 +306,20 @@ def test_copy_free_reference_holds_no_weights():
         assert plan["bytes"]["reference"] == 0
         assert any(f"no reference model ({mode}" in note and "MiB per rank" in note for note in plan["notes"])
         assert plan["bytes"]["total"] == pytest.approx(copy["bytes"]["total"] - copy["bytes"]["reference"])
+
+
+def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gathers_up_to_the_reuse_distance():
+    """What --rehearse measured of DeepSpeed's ZeRO-3 (docs/perf/rehearse_cpu_*.md): at rest the 16-bit partition,
+    not a gathered layer, plus the 5e8-element reduce bucket; within an update every parameter reused within 1e9
+    elements stays gathered. One rank (dp = 1) is not changed (not rehearsed: nothing is partitioned)."""
+    name = "meta-llama/Meta-Llama-3-8B-Instruct"
+    plan = memory_plan(_recipe(name, "engine.zero_stage=3"), 8)
+    by, P, L = plan["bytes"], plan["params"], plan["largest_layer_params"]
+    assert by["weights_at_rest"] == pytest.approx(2 * P / 8) and by["weights"] == pytest.approx(2 * P / 8 + 2 * L)
+    assert by["zero3_buckets"] == 2 * 5e8
+    assert by["gathered_weights"] == 2 * min(P, 1e9 + L) == 2 * (1e9 + L)  # an 8B model: the reuse distance binds
+    assert by["resident"] == pytest.approx(2 * P / 8 + 12 * P / 8 + 2 * P / 8 + 2 * 5e8 + by["reference"])
+    small = memory_plan(_recipe(name, "engine.zero_stage=3", "model.config_overrides={num_hidden_layers: 2}"), 8)
+    assert small["bytes"]["gathered_weights"] == 2 * small["params"]  # the whole (small) model stays gathered
+    one = memory_plan(_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
+    assert one["zero3_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]

@@ -49,7 +49,11 @@ tokens instead of ``b*s`` (the eager score term still uses s, the longest row).
 Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
 pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
 the first row of a local .jsonl; else 2, as preference pairs become groups of two).
-Not counted: CUDA context and NCCL buffers, DeepSpeed communication buckets, allocator fragmentation.
+ZeRO-3 over more than one rank, from ``--rehearse`` (hl_core/rehearsal: the tensors DeepSpeed allocated): at rest
+the partition only (``weights_at_rest``) plus DeepSpeed's reduce bucket (5e8 16-bit elements, ``zero3_buckets``);
+within an update the gathered parameters (``gathered_weights``): every parameter reused within
+``stage3_max_reuse_distance`` (1e9 elements) stays gathered, so up to ``min(P, 1e9 + L)`` 16-bit elements.
+Not counted: CUDA context and NCCL buffers, allocator fragmentation, ZeRO-0/1/2's communication buckets.
 """
 
 from __future__ import annotations
@@ -97,6 +101,11 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
     if recipe.objective.name == "sft":
         return micro  # one demonstration per example
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
+
+
+# DeepSpeed's ZeRO-3 defaults that the engine leaves as they are (hl_core/engines/deepspeed_engine.py)
+ZERO3_REDUCE_BUCKET = 5e8  # reduce_bucket_size (elements)
+ZERO3_MAX_REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance (elements)
 
 
 def _megatron_stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> int:
@@ -261,13 +270,22 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
     model_states = weights + grads + optimizer
-    resident = weights + optimizer + reference + resident_grads
+    # ZeRO-3 over dp > 1 (measured by --rehearse, hl_core/rehearsal): between updates only the partition is held,
+    # plus the reduce bucket DeepSpeed allocates at start-up (reduce_bucket_size, 5e8 elements of the 16-bit
+    # dtype: the engine leaves DeepSpeed's default); within an update the gathered parameters are not one layer
+    # but every parameter reused within stage3_max_reuse_distance (1e9 elements, the default) of its last use,
+    # as the backward and the recomputation reuse them: up to 1e9 + the largest layer
+    zero3 = engine == "deepspeed" and stage == 3 and dp > 1
+    weights_at_rest = weights - pb * L if zero3 else weights
+    buckets = pb * ZERO3_REDUCE_BUCKET if zero3 else 0.0
+    gathered = pb * min(P, ZERO3_MAX_REUSE_DISTANCE + L) if zero3 else 0.0
+    resident = weights_at_rest + optimizer + reference + resident_grads + buckets
     activations = activations_ckpt if checkpointing else activations_full
     other = activations_full if checkpointing else activations_ckpt
-    # the peak: in the backward (activations, logits and the gradients of earlier micro-batches held at
-    # once) or at the optimizer step (the float32 gradients of a bf16 optimizer), whichever is larger
-    total = resident + backward_grads + max(activations + logits, step_grads)
-    total_other = resident + backward_grads + max(other + logits, step_grads)
+    # the peak: in the backward (gathered parameters, activations, logits and the gradients of earlier
+    # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
+    total = resident + backward_grads + max(gathered + activations + logits, step_grads)
+    total_other = resident + backward_grads + max(gathered + other + logits, step_grads)
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
         notes.append(f"pipeline stage {pipe_stage} of {pp}: {pipeline} pipeline micro-batch(es) per micro-batch, "
@@ -285,6 +303,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
 
     bytes_ = dict(
         weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
+        weights_at_rest=weights_at_rest, zero3_buckets=buckets, gathered_weights=gathered,
         resident=resident, backward_gradients=backward_grads, step_gradients=step_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
@@ -332,11 +351,12 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         + f", {plan['attention']} attention)",
         f"per-GPU memory estimate ({unit}):",
         "  at rest (between updates)",
-        f"    weights (policy)            {v['weights']:9.2f}",
+        f"    weights (policy)            {v['weights_at_rest']:9.2f}",
         f"    optimizer states (AdamW)    {v['optimizer']:9.2f}",
         f"    reference model             {v['reference']:9.2f}",
-        f"    gradient buffers kept       {v['resident'] - v['weights'] - v['optimizer'] - v['reference']:9.2f}",
+        f"    gradient buffers kept       {v['resident'] - v['weights_at_rest'] - v['optimizer'] - v['reference']:9.2f}",
         "  within an update",
+    ] + ([f"    gathered weights (ZeRO-3)   {v['gathered_weights']:9.2f}"] if v["gathered_weights"] else []) + [
         f"    gradients during backward   {v['backward_gradients']:9.2f}",
         f"    float32 gradients at step   {v['step_gradients']:9.2f}",
         f"    activations                 {v['activations_full']:9.2f} without gradient checkpointing"
@@ -344,14 +364,15 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         f"                                {v['activations_checkpointed']:9.2f} with gradient checkpointing"
         + ("  <- recipe" if ckpt else ""),
         f"    logits and log-probs        {v['logits']:9.2f}",
-        "  peak = at rest + gradients during backward + max(activations + logits, float32 gradients at step)",
+        "  peak = at rest + gradients during backward + max(" + ("gathered weights + " if v["gathered_weights"] else "")
+        + "activations + logits, float32 gradients at step)",
         f"  total                         {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
         f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",
         f"  GPU memory                    {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",
         "checked against measurement (README, Performance): on an H100 (bench/gpu_check.py: DeepSpeed ZeRO-2/3 "
         "and megatron tp=1, one GPU, a Llama-3.2-1B shape) and on the CPU at the recipes' exact widths "
         "(bench/realistic_shapes.py: ZeRO-0/3 over 2 processes, megatron tp=2 and pp=2; Llama-3-8B and "
-        "Gemma-2-27B layers forward and backward); not yet: NCCL and DeepSpeed communication buffers, "
+        "Gemma-2-27B layers forward and backward); by --rehearse (docs/perf/rehearse_cpu_*.md); not yet: NCCL buffers, "
         "Transformer Engine layers, megatron's Gemma 2 layers, pipeline parallel on GPUs.",
     ]
     lines += [f"note: {n}" for n in plan["notes"]]

@@ -54,9 +54,23 @@ def _pp(recipe: str) -> int:
     return loaded.parallel.pp if loaded.engine.name == "megatron" else 1
 
 
+def replan(result: dict) -> dict:
+    """The plan for the rehearsed rank from today's ``--plan`` (a result keeps the plan of the code that ran it)."""
+    # the recipe's own loader and planner: the bench imports anything
+    from hl_core.config import load_recipe
+    from hl_core.preflight.plan import memory_plan
+
+    layers = f"model.config_overrides={{num_hidden_layers: {result['layers']}}}"
+    recipe = load_recipe(REPO / RECIPES[result["recipe"]], [layers])
+    cpu_megatron = result["engine"] == "megatron" and result["device"] == "CPU"
+    plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"],
+                       distributed_optimizer=not cpu_megatron, megatron_gpu=not cpu_megatron)
+    return dict(result, plan=plan)
+
+
 def table(results: list) -> str:
     lines = []
-    for result in results:
+    for result in map(replan, results):
         c = result["coords"]
         engine = f"ZeRO-{result['zero_stage']}" if result["engine"] == "deepspeed" else \
             f"megatron tp {result['plan']['tp']} x pp {result['plan']['pp']}"

@@ -323,3 +323,16 @@ def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gat
     assert small["bytes"]["gathered_weights"] == 2 * small["params"]  # the whole (small) model stays gathered
     one = memory_plan(_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
     assert one["zero3_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]
+
+
+def test_megatron_cpu_path_steps_the_compute_dtype_shards_without_a_master_copy():
+    """The megatron engine's CPU path (torch AdamW on the local shards, measured by --rehearse): two moments in the
+    compute dtype per parameter, no float32 master copy; the GPU path keeps 12 bytes (bf16) per parameter."""
+    name = "meta-llama/Meta-Llama-3-8B-Instruct"
+    for precision, per_param in (("bf16", 4), ("fp32", 8)):
+        recipe = _recipe(name, "engine.name=megatron", "engine.zero_stage=0", "parallel.tp=2", "parallel.pp=2",
+                         f"engine.precision={precision}")
+        cpu = memory_plan(recipe, 8, distributed_optimizer=False, megatron_gpu=False)
+        assert cpu["bytes"]["optimizer"] == per_param * cpu["params_per_rank"]
+    gpu = memory_plan(recipe, 8, distributed_optimizer=False)
+    assert gpu["bytes"]["optimizer"] == 8 * gpu["params_per_rank"]  # fp32 GPU: master weights are the params

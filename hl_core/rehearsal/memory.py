@@ -206,15 +206,15 @@ def optimizer_tensors(optimizer) -> list:
     return tensors
 
 
-def largest_stepped_bytes(engine) -> int:
-    """Bytes of the largest tensor the optimizer steps (a master copy or a parameter): the size of the CPU
-    AdamW's per-tensor temporaries (a shape, read off the optimizer; no memory is inferred from it)."""
+def largest_stepped_numel(engine) -> int:
+    """Elements of the largest tensor the optimizer steps (a master copy or a parameter): the size of the CPU
+    step's per-tensor float32 temporaries (a shape, read off the optimizer; no memory is inferred from it)."""
     optimizer = getattr(engine, "optimizer", None)
     wrappers = list(getattr(optimizer, "chained_optimizers", [])) or [optimizer]
     stepped = [t for w in wrappers for name in MASTER_COPIES for t in getattr(w, name, None) or [] if torch.is_tensor(t)]
     inner = [inner_optimizer(w) for w in wrappers]
     stepped += [p for o in inner if o is not None for group in o.param_groups for p in group["params"]]
-    return max((t.numel() * t.element_size() for t in stepped), default=0)
+    return max((t.numel() for t in stepped), default=0)
 
 
 def at_rest(engine, device: torch.device) -> Dict[str, int]:

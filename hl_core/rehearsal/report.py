@@ -17,10 +17,11 @@ def memory_rows(result: Dict) -> List[Tuple[str, int, float, str]]:
     m, plan = result["memory"], result["plan"]["bytes"]
     weights = plan.get("weights_at_rest", plan["weights"])
     kept = plan["resident"] - weights - plan["optimizer"] - plan["reference"]
-    # the CPU's torch AdamW steps one tensor at a time with two float32 temporaries of its size, which the fused
-    # GPU kernel does not make (bench/realistic_shapes.py measured the same): added to the plan's step and peak
-    cpu_step = 2 * m.get("largest_stepped_bytes", 0) if result["device"] == "CPU" else 0
-    step_note = " (plan + 2 float32 temporaries of the largest stepped tensor: CPU AdamW)" if cpu_step else ""
+    # the CPU step makes two float32 temporaries the size of the largest tensor it steps, which the fused GPU
+    # kernels do not: torch AdamW's per-tensor temporaries (DeepSpeed's flat float32 partition; bench/
+    # realistic_shapes.py measured the same), the megatron CPU path's float32 gradient norm (``grad.float().pow(2)``)
+    cpu_step = 2 * 4 * m.get("largest_stepped_numel", 0) if result["device"] == "CPU" else 0
+    step_note = " (plan + 2 float32 temporaries of the largest stepped tensor: the CPU step)" if cpu_step else ""
     peak_plan = max(plan["total"], plan["resident"] + plan["backward_gradients"] + plan["step_gradients"] + cpu_step)
     activations = plan["activations_checkpointed"] if result["plan"]["gradient_checkpointing"] else plan["activations_full"]
     process = "allocator max_memory_allocated" if result["device"] != "CPU" else "process VmHWM above the start"

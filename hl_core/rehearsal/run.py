@@ -27,7 +27,7 @@ from ..preflight.plan import memory_plan, world_size_of
 from ..trainer import Trainer
 from .inputs import MEASURED_UPDATE, SyntheticSampler, rehearsal_overrides
 from .kernels import ShapeOnlyKernels
-from .memory import ProcessMemory, TensorLedger, at_rest, largest_stepped_bytes
+from .memory import ProcessMemory, TensorLedger, at_rest, largest_stepped_numel
 from .world import CollectiveTraffic, join_fake_world, skip_cross_rank_checks
 
 PER_MICRO_BATCH = ("forward", "reference", "backward")  # phases that run once per micro-batch
@@ -201,7 +201,7 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             kept_other=rest["other"], backward_gradients=phases.backward_live, step_gradients=ledger.peak.get("step", 0),
             activations=ledger.peak.get("activation", 0), logits=ledger.peak.get("logits", 0),
             peak_tensors=rest["total"] + ledger.peak_total, peak_process=process_peak, at_rest_process=rest_process,
-            at_peak=ledger.at_peak, gathered=ledger.peak.get("gathered", 0), largest_stepped_bytes=largest_stepped_bytes(engine),
+            at_peak=ledger.at_peak, gathered=ledger.peak.get("gathered", 0), largest_stepped_numel=largest_stepped_numel(engine),
         )
         megatron_cpu = recipe.engine.name == "megatron" and device.type == "cpu"
         plan = memory_plan(recipe, world, stage=coords["pp_stage"], distributed_optimizer=not megatron_cpu,

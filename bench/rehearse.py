@@ -32,11 +32,11 @@ RECIPES = {  # the issue's acceptance set: recipe, layers per pipeline stage x p
 }
 
 
-def rehearse(recipe: str, layers: int, micro_batches: int) -> list:
+def rehearse(recipe: str, layers: int, micro_batches: int, extra: list) -> list:
     with tempfile.TemporaryDirectory(prefix="bench_rehearse_") as scratch:
         out = Path(scratch) / "results.json"
         command = [sys.executable, str(REPO / "launchers" / "run.py"), recipe, "--rehearse",
-                   "--rehearse-micro-batches", str(micro_batches), "--rehearse-json", str(out)]
+                   "--rehearse-micro-batches", str(micro_batches), "--rehearse-json", str(out), *extra]
         if layers:
             pp = _pp(recipe)
             command.append(f"model.config_overrides={{num_hidden_layers: {layers * pp}}}")
@@ -61,7 +61,7 @@ def replan(result: dict) -> dict:
     from hl_core.preflight.plan import memory_plan
 
     layers = f"model.config_overrides={{num_hidden_layers: {result['layers']}}}"
-    recipe = load_recipe(REPO / RECIPES[result["recipe"]], [layers])
+    recipe = load_recipe(REPO / RECIPES[result["recipe"]], [layers, *result.get("extra", [])])
     cpu_megatron = result["engine"] == "megatron" and result["device"] == "CPU"
     plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"],
                        distributed_optimizer=not cpu_megatron, megatron_gpu=not cpu_megatron)
@@ -76,7 +76,8 @@ def table(results: list) -> str:
             f"megatron tp {result['plan']['tp']} x pp {result['plan']['pp']}"
         lines += [f"### {result['recipe']}: rank {result['rank']} of {result['world_size']} ({engine}, pipeline stage "
                   f"{c['pp_stage']}), {result['model']} at {result['layers']} layers, {result['device']}, "
-                  f"{result['kernels']} kernels", "",
+                  f"{result['kernels']} kernels" + (f"; overrides {' '.join(result['extra'])}" if result.get("extra") else ""),
+                  "",
                   "| term | measured GiB | plan GiB | measured / plan | how measured |", "|---|---:|---:|---:|---|"]
         for label, measured, planned, how in memory_rows(result):
             ratio = f"{measured / planned:.2f}" if planned and max(measured, planned) >= 64 * 1024 ** 2 else "-"
@@ -98,11 +99,12 @@ def main() -> None:
     parser.add_argument("--micro-batches", type=int, default=2, help="micro-batches per rehearsed update")
     parser.add_argument("--only", nargs="*", choices=sorted(RECIPES), default=None)
     parser.add_argument("--out", default=None)
+    parser.add_argument("--set", nargs="*", default=[], help="extra key=value overrides (say why in the table)")
     parser.add_argument("--include", nargs="*", default=[], help="results (.json) of earlier rehearsals to table first")
     args = parser.parse_args()
     results = [r for path in args.include for r in json.loads(Path(path).read_text())]
     for name in RECIPES if args.only is None else args.only:
-        results += rehearse(RECIPES[name], args.layers, args.micro_batches)
+        results += [dict(r, extra=args.set) for r in rehearse(RECIPES[name], args.layers, args.micro_batches, args.set)]
     out = Path(args.out or REPO / "docs" / "perf" / f"rehearse_cpu_{datetime.date.today()}.md")
     header = (f"# `--rehearse` beside `--plan` ({args.layers or 'all'} layers per stage, {args.micro_batches} "
               f"micro-batches per update; `python bench/rehearse.py`)\n\n")

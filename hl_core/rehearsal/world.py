@@ -191,7 +191,7 @@ class CollectiveTraffic:
             ranks = [dist.get_rank(), ranks[peer]]
         between = len({r // self.gpus_per_node for r in ranks}) > 1
         wire = payload * _RING.get(kind, lambda n: 1.0)(max(len(ranks), 1))
-        row = self.table[(self.phase, kind)]
+        row = self.table[(self.phase, f"{kind} between nodes" if between else kind)]  # one link per row
         row.calls += 1
         row.payload += payload
         row.wire += wire

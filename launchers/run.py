@@ -41,6 +41,15 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--plan", action="store_true",
                         help="print the world layout and a per-GPU memory estimate (no GPU, no downloads)")
     parser.add_argument("--print-config", action="store_true", help="print the fully resolved recipe and exit")
+    parser.add_argument("--rehearse", action="store_true",
+                        help="run rank 0 (and the last pipeline stage's first rank) of the recipe's world size in one "
+                             "process with a fake process group; print measured memory, compute and traffic beside --plan")
+    parser.add_argument("--rehearse-rank", type=int, default=None, help="with --rehearse: only this rank, in this process")
+    parser.add_argument("--rehearse-kernels", choices=("auto", "real", "shapes"), default="auto",
+                        help="with --rehearse: real kernels, or shape-only matrix products (auto: shapes on a CPU)")
+    parser.add_argument("--rehearse-micro-batches", type=int, default=None,
+                        help="with --rehearse: at most this many micro-batches per update (time and traffic scaled)")
+    parser.add_argument("--rehearse-json", default=None, help="with --rehearse: also write the results here (JSON)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
 
@@ -96,6 +105,11 @@ def main(argv=None) -> int:
         if args.validate:
             print(validate(recipe, world))
             return 0
+        if args.rehearse or args.rehearse_rank is not None:
+            from hl_core.rehearsal import rehearse  # deepspeed/megatron and the trainer: only a rehearsal needs them here
+
+            return rehearse(args.recipe, args.overrides, args.rehearse_rank, args.rehearse_kernels,
+                            args.rehearse_micro_batches, args.rehearse_json)
         from hl_core.trainer import run
 
         return run(recipe, after_training=post_training_eval).get("exit_code", 0)

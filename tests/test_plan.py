@@ -197,10 +197,15 @@ def test_megatron_shards_weights_and_distributes_the_optimizer():
     tp2pp2 = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8)
     spec = MODEL_SPECS[name]
     assert (tp2pp2["dp"], tp2pp2["tp"], tp2pp2["pp"]) == (2, 2, 2)
-    # worst stage: 16 layers (matrices / 2, norms whole) + one of embedding / lm_head (each V*h / 2)
+    # each stage: 16 layers (matrices / 2, norms whole) + one of embedding / lm_head (each V*h / 2); the last stage
+    # also the final norm. The plan shows the stage whose total is largest: stage 0 (1F1B keeps the most in flight)
     layer_matrices = spec.layer_params() - 2 * spec.hidden_size
-    expected = 16 * layer_matrices // 2 + 16 * 2 * spec.hidden_size + spec.vocab_size * spec.hidden_size // 2 + spec.hidden_size
-    assert tp2pp2["params_per_rank"] == expected
+    first = 16 * layer_matrices // 2 + 16 * 2 * spec.hidden_size + spec.vocab_size * spec.hidden_size // 2
+    assert tp2pp2["stage"] == 0 and tp2pp2["params_per_rank"] == first
+    last = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8, stage=1)
+    assert last["stage"] == 1 and last["params_per_rank"] == first + spec.hidden_size
+    assert set(tp2pp2["stage_totals"]) == {0, 1} and tp2pp2["stage_totals"][0] >= tp2pp2["stage_totals"][1]
+    expected = first
     assert tp2pp2["bytes"]["weights"] == 2 * expected and tp2pp2["bytes"]["reference"] == 2 * expected
     assert tp2pp2["bytes"]["optimizer"] == pytest.approx(12 * expected / 2)
     assert flat["bytes"]["optimizer"] == pytest.approx(12 * spec.num_params() / 8)
@@ -301,3 +306,33 @@ def test_copy_free_reference_holds_no_weights():
         assert plan["bytes"]["reference"] == 0
         assert any(f"no reference model ({mode}" in note and "MiB per rank" in note for note in plan["notes"])
         assert plan["bytes"]["total"] == pytest.approx(copy["bytes"]["total"] - copy["bytes"]["reference"])
+
+
+def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gathers_up_to_the_reuse_distance():
+    """What --rehearse measured of DeepSpeed's ZeRO-3 (docs/perf/rehearse_cpu_*.md): at rest the 16-bit partition,
+    not a gathered layer, plus the 5e8-element reduce bucket; within an update every parameter reused within 1e9
+    elements stays gathered. One rank (dp = 1) is not changed (not rehearsed: nothing is partitioned)."""
+    name = "meta-llama/Meta-Llama-3-8B-Instruct"
+    plan = memory_plan(_recipe(name, "engine.zero_stage=3"), 8)
+    by, P, L = plan["bytes"], plan["params"], plan["largest_layer_params"]
+    assert by["weights_at_rest"] == pytest.approx(2 * P / 8) and by["weights"] == pytest.approx(2 * P / 8 + 2 * L)
+    assert by["zero3_buckets"] == 2 * 5e8
+    assert by["gathered_weights"] == 2 * min(P, 1e9 + L) == 2 * (1e9 + L)  # an 8B model: the reuse distance binds
+    assert by["resident"] == pytest.approx(2 * P / 8 + 12 * P / 8 + 2 * P / 8 + 2 * 5e8 + by["reference"])
+    small = memory_plan(_recipe(name, "engine.zero_stage=3", "model.config_overrides={num_hidden_layers: 2}"), 8)
+    assert small["bytes"]["gathered_weights"] == 2 * small["params"]  # the whole (small) model stays gathered
+    one = memory_plan(_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
+    assert one["zero3_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]
+
+
+def test_megatron_cpu_path_steps_the_compute_dtype_shards_without_a_master_copy():
+    """The megatron engine's CPU path (torch AdamW on the local shards, measured by --rehearse): two moments in the
+    compute dtype per parameter, no float32 master copy; the GPU path keeps 12 bytes (bf16) per parameter."""
+    name = "meta-llama/Meta-Llama-3-8B-Instruct"
+    for precision, per_param in (("bf16", 4), ("fp32", 8)):
+        recipe = _recipe(name, "engine.name=megatron", "engine.zero_stage=0", "parallel.tp=2", "parallel.pp=2",
+                         f"engine.precision={precision}")
+        cpu = memory_plan(recipe, 8, distributed_optimizer=False, megatron_gpu=False)
+        assert cpu["bytes"]["optimizer"] == per_param * cpu["params_per_rank"]
+    gpu = memory_plan(recipe, 8, distributed_optimizer=False)
+    assert gpu["bytes"]["optimizer"] == 8 * gpu["params_per_rank"]  # fp32 GPU: master weights are the params

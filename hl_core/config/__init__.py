@@ -18,7 +18,7 @@ The package, by concern:
 
 from pathlib import Path
 
-from .checks import _looks_local, batch_layout, check_recipe
+from .checks import _looks_local, batch_layout, check_recipe, pipeline_microbatches
 from .keys_doc import _type_name, recipe_keys_markdown
 from .load import (
     _describe_error, _model_for_loc, _read_yaml, _resolve_defaults, _unwrap_model, apply_overrides, deep_merge,
@@ -38,7 +38,8 @@ from .sections_run import (
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 __all__ = [
-    "REPO_ROOT", "Recipe", "load_recipe", "check_recipe", "batch_layout", "recipe_to_yaml", "recipe_keys_markdown",
+    "REPO_ROOT", "Recipe", "load_recipe", "check_recipe", "batch_layout", "pipeline_microbatches", "recipe_to_yaml",
+    "recipe_keys_markdown",
     "apply_overrides", "deep_merge", "parse_override", "validate_recipe_dict", "POST_TRAINING_EVALS",
     "OBJECTIVE_CONFIGS", "ObjectiveConfig", "DPOObjective", "KTOObjective", "GRPOObjective", "SFTObjective",
     "ModelConfig", "DataSource", "MixtureSource", "DataConfig", "HumanlineConfig", "EngineConfig", "ParallelConfig",

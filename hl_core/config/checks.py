@@ -350,3 +350,13 @@ def batch_layout(recipe: Recipe, world_size: int) -> Tuple[int, int]:
             "Fix: adjust one of them or the number of processes."
         )
     return dp, train.global_batch_size // per_update
+
+
+def pipeline_microbatches(recipe: Recipe, rows: int) -> int:
+    """Pipeline micro-batches per micro-batch of ``rows`` sequences under megatron's pp > 1 (1 otherwise): the
+    largest divisor of ``rows`` up to ``parallel.pipeline_microbatches``, else up to ``2 * pp``."""
+    pp = recipe.parallel.pp
+    if pp == 1:
+        return 1
+    cap = recipe.parallel.pipeline_microbatches or 2 * pp
+    return max(d for d in range(1, min(rows, cap) + 1) if rows % d == 0)

@@ -49,11 +49,11 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ..config import batch_layout
+from ..config import batch_layout, pipeline_microbatches
 from ..errors import RecipeError
 from ..humanline import mix_into
 from ..logprobs import chunk_positions
-from ..models.loading import DTYPES, build_causal_lm
+from ..models.loading import DTYPES, build_causal_lm, rehearsing_weights
 from ..objectives import reference_model_needed
 from . import megatron_cpu
 from .base import Engine, launch_environment, lr_lambda
@@ -115,7 +115,10 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
         if not ps.model_parallel_is_initialized():
-            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp)
+            # a rehearsal's fake process group (hl_core.rehearsal) has no gloo twin to build megatron's CPU groups on
+            gloo = torch.distributed.get_backend() != "fake"
+            ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
+                                         create_gloo_process_groups=gloo)
         self.ps = ps
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
@@ -142,6 +145,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         recompute = {}
         if model_cfg.gradient_checkpointing:  # megatron-core's full activation recompute, one layer at a time
             recompute = dict(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        if rehearsing_weights():  # each rank draws only its own shard (no whole float32 matrix on the CPU first)
+            recompute["use_cpu_initialization"] = False
         self.config = transformer_config(
             self.hf_config, tp=self.tp, pp=self.pp, dtype=self.dtype, cpu=self.cpu, **recompute
         )
@@ -173,6 +178,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
     def _load_initial_weights(self, model) -> None:
         """This rank's (pp, tp) shard of the HF weights, converted; every parameter must be covered."""
         model_cfg = self.recipe.model
+        if model_cfg.random_init and rehearsing_weights():
+            return  # a rehearsal keeps the random shards megatron's initialisers drew (models.loading.rehearsal_weights)
         if model_cfg.random_init:
             hf_model = build_causal_lm(model_cfg, "fp32", self.recipe.train.seed)
             source = hf_state_dict(hf_model)
@@ -245,10 +252,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         return logps
 
     def _num_microbatches(self, rows: int) -> int:
-        """Pipeline micro-batches per trainer micro-batch: the largest divisor of ``rows`` up to
-        ``parallel.pipeline_microbatches`` (when the schema has it), else up to ``2 * pp``."""
-        cap = getattr(self.recipe.parallel, "pipeline_microbatches", None) or 2 * self.pp
-        return max(d for d in range(1, min(rows, cap) + 1) if rows % d == 0)
+        """Pipeline micro-batches per trainer micro-batch (``config.pipeline_microbatches``; --plan counts the same)."""
+        return pipeline_microbatches(self.recipe, rows)
 
     def _pipeline(self, net, input_ids, temperature: float, grad_logps: Optional[torch.Tensor] = None):
         return pipeline_token_logps(

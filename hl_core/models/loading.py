@@ -19,6 +19,27 @@ from .speed import apply_kernels, resolve_attention
 # --print-config, which import this package's neighbours, do not pay for it.
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16}
+_REHEARSAL_WEIGHTS = False  # see rehearsal_weights()
+
+
+@contextlib.contextmanager
+def rehearsal_weights():
+    """Inside (``hl_core.rehearsal``): random-init weights are built the cheapest way that still gives every rank
+    what a real run holds: directly in the compute dtype (no float32 copy of the whole model first), under ZeRO-3
+    partitioned as they are created (DeepSpeed's ``zero.Init``, as a real ZeRO-3 run loads its checkpoint), and
+    the megatron engine keeps the random shards its own initialisers drew instead of converting a whole Hugging
+    Face model. Shapes, dtypes and placement are a real run's; the values are not those of an ordinary
+    ``model.random_init`` run (a rehearsal's values are meaningless anyway)."""
+    global _REHEARSAL_WEIGHTS
+    _REHEARSAL_WEIGHTS = True
+    try:
+        yield
+    finally:
+        _REHEARSAL_WEIGHTS = False
+
+
+def rehearsing_weights() -> bool:
+    return _REHEARSAL_WEIGHTS
 
 
 # Any of these in a directory means it holds a tokenizer (fast, sentencepiece or BPE files).
@@ -252,9 +273,11 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
             )
             # on a GPU, initialise there (seconds instead of minutes for billions of parameters on the CPU)
             device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
-            check_random_init_fits(model_cfg, config, kwargs, device)
-            with _fork_rng(seed, device), (device or contextlib.nullcontext()):
-                model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **kwargs)
+            cheap = _REHEARSAL_WEIGHTS
+            if not cheap:  # a rehearsal builds in the compute dtype, partitioned under ZeRO-3: not this estimate
+                check_random_init_fits(model_cfg, config, kwargs, device)
+            with _fork_rng(seed, device), (device or contextlib.nullcontext()), _zero3_init(cheap and zero3_init_config):
+                model = AutoModelForCausalLM.from_config(config, dtype=dtype if cheap else torch.float32, **kwargs)
             model = model.to(dtype)
         else:
             keep_alive = None
@@ -294,7 +317,7 @@ def build_policy_and_reference(
     policy = build_causal_lm(model_cfg, precision, seed, zero3_init_config, packing)
     if not with_reference:
         return policy, None
-    if model_cfg.random_init or zero3_init_config is None:
+    if (model_cfg.random_init and not (_REHEARSAL_WEIGHTS and zero3_init_config)) or zero3_init_config is None:
         reference = copy.deepcopy(policy)
     else:
         reference = build_causal_lm(model_cfg, precision, seed, zero3_init_config, packing)
@@ -304,6 +327,20 @@ def build_policy_and_reference(
         param.requires_grad_(False)
     reference.eval()
     return policy, reference
+
+
+@contextlib.contextmanager
+def _zero3_init(config: Optional[dict]):
+    """Models built inside are partitioned by DeepSpeed's ``zero.Init`` as they are created (``config``: a ZeRO-3
+    DeepSpeed config; nothing happens without one)."""
+    if not config:
+        yield
+        return
+    from transformers.integrations import HfDeepSpeedConfig  # deepspeed-backed: only a ZeRO-3 build needs it
+
+    keep_alive = HfDeepSpeedConfig(config)  # noqa: F841 (transformers' from_config reads it while it lives)
+    yield
+    del keep_alive
 
 
 @contextlib.contextmanager

@@ -49,7 +49,11 @@ tokens instead of ``b*s`` (the eager score term still uses s, the longest row).
 Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
 pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
 the first row of a local .jsonl; else 2, as preference pairs become groups of two).
-Not counted: CUDA context and NCCL buffers, DeepSpeed communication buckets, allocator fragmentation.
+ZeRO-3 over more than one rank, from ``--rehearse`` (hl_core/rehearsal: the tensors DeepSpeed allocated): at rest
+the partition only (``weights_at_rest``) plus DeepSpeed's reduce bucket (5e8 16-bit elements, ``zero3_buckets``);
+within an update the gathered parameters (``gathered_weights``): every parameter reused within
+``stage3_max_reuse_distance`` (1e9 elements) stays gathered, so up to ``min(P, 1e9 + L)`` 16-bit elements.
+Not counted: CUDA context and NCCL buffers, allocator fragmentation, ZeRO-0/1/2's communication buckets.
 """
 
 from __future__ import annotations
@@ -58,7 +62,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import Recipe, batch_layout
+from ..config import Recipe, batch_layout, pipeline_microbatches
 from ..config.checks import check_lora
 from ..data.build import data_plan, load_split_records
 from ..loop.sources import epoch_steps
@@ -117,26 +121,30 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
 
 
-def _megatron_shard_params(spec: ModelSpec, tp: int, pp: int) -> int:
-    """Parameters on the most loaded (tensor, pipeline) rank: matrices split by tp, norms replicated."""
+# DeepSpeed's ZeRO-3 defaults that the engine leaves as they are (hl_core/engines/deepspeed_engine.py)
+ZERO3_REDUCE_BUCKET = 5e8  # reduce_bucket_size (elements)
+ZERO3_MAX_REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance (elements)
+
+
+def _megatron_stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> int:
+    """Parameters on one tensor-parallel rank of pipeline stage ``stage``: matrices split by tp, norms replicated."""
     h = spec.hidden_size
     norms = spec.norms_per_layer * h
-    layer_matrices = spec.layer_params() - norms
     per_stage_layers = spec.num_layers // pp
-    worst = 0
-    for stage in range(pp):
-        matrices = per_stage_layers * layer_matrices
-        replicated = per_stage_layers * norms
-        if stage == 0:
-            matrices += spec.embedding_params()
-        if stage == pp - 1:
-            replicated += h  # final norm
-            if not spec.tie_word_embeddings:
-                matrices += spec.vocab_size * h
-            elif pp > 1:
-                matrices += spec.vocab_size * h  # tied weights: the last stage keeps its own copy
-        worst = max(worst, -(-matrices // tp) + replicated)
-    return worst
+    matrices = per_stage_layers * (spec.layer_params() - norms)
+    replicated = per_stage_layers * norms
+    if stage == 0:
+        matrices += spec.embedding_params()
+    if stage == pp - 1:
+        replicated += h  # final norm
+        if not spec.tie_word_embeddings or pp > 1:  # tied weights and pp > 1: the last stage keeps its own copy
+            matrices += spec.vocab_size * h
+    return -(-matrices // tp) + replicated
+
+
+def _megatron_shard_params(spec: ModelSpec, tp: int, pp: int) -> int:
+    """Parameters on the most loaded (tensor, pipeline) rank."""
+    return max(_megatron_stage_params(spec, tp, pp, stage) for stage in range(pp))
 
 
 def memory_plan(
@@ -147,13 +155,27 @@ def memory_plan(
     group_size: Optional[int] = None,
     distributed_optimizer: bool = True,
     megatron_gpu: bool = True,
+    stage: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes.
     ``distributed_optimizer`` / ``megatron_gpu`` false: the megatron engine's CPU path (a torch optimizer
-    replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer)."""
+    replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer).
+    Megatron with pp > 1: the ranks of pipeline stage ``stage``, or (None) of the stage whose total is largest
+    (``stage_totals`` holds each stage's)."""
     world = world_size if world_size is not None else world_size_of(recipe)
     check_layout(recipe, world)
     spec = spec or resolve_spec(recipe.model)
+    pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
+    stages = [stage] if stage is not None and pp > 1 else list(range(pp))
+    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s) for s in stages]
+    worst = max(plans, key=lambda p: p["bytes"]["total"])
+    worst["stage_totals"] = {p["stage"]: p["gib"]["total"] for p in plans}
+    return worst
+
+
+def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optional[int], distributed_optimizer: bool,
+                megatron_gpu: bool, pipe_stage: int) -> Dict[str, Any]:
+    """:func:`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
     dp, accum = batch_layout(recipe, world)
     tp, pp = recipe.parallel.tp, recipe.parallel.pp
     engine, stage = recipe.engine.name, recipe.engine.zero_stage
@@ -178,10 +200,12 @@ def memory_plan(
     T = A if lora else P  # trainable parameters
 
     if engine == "megatron":
-        shard = _megatron_shard_params(spec, tp, pp)
+        shard = _megatron_stage_params(spec, tp, pp, pipe_stage)
         weights = pb * shard
         grads = 4 * shard  # fp32 main-grad buffer (whole on each rank, also with the distributed optimizer)
-        opt_bytes = (12 if bf16 else 8) * shard
+        # GPU: float32 master copy + AdamW moments; the CPU path: torch AdamW on the compute-dtype shards, its two
+        # moments in that dtype and no master copy (measured by --rehearse: 1.08 GiB for 0.54 GiB of bf16 weights)
+        opt_bytes = (12 if bf16 else 8) * shard if megatron_gpu else 2 * pb * shard
         optimizer = opt_bytes / dp if distributed_optimizer else opt_bytes
         reference = pb * shard
         # GPU: megatron's DDP allocates the main-grad buffer up front; CPU path: ``.grad`` in backward
@@ -246,33 +270,50 @@ def memory_plan(
     # tokens per micro-batch: b rows of <= s tokens, or the token budget (`train.max_tokens_per_micro_batch`)
     budget = recipe.train.max_tokens_per_micro_batch
     tokens = budget if budget is not None else s * b
-    per_layer = tokens * layer_activation_bytes(spec, pb, t, s, eager)
+    # megatron pp > 1: each micro-batch runs as m pipeline micro-batches of tokens / m; 1F1B keeps min(pp - stage, m)
+    # of them in flight on stage `stage` (the first stage the most); the final norm and the logits on the last stage
+    pipeline = pipeline_microbatches(recipe, b) if engine == "megatron" else 1
+    tokens_in_flight = tokens / pipeline
+    in_flight = min(pp - pipe_stage, pipeline) if engine == "megatron" else 1
+    last_stage = engine != "megatron" or pipe_stage == pp - 1
+    per_layer = tokens_in_flight * layer_activation_bytes(spec, pb, t, s, eager)
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
-    in_flight = min(pp, accum) if engine == "megatron" else 1
-    final_norm = tokens * norm_bytes(spec, pb) * in_flight  # the final RMSNorm, once per token
+    final_norm = tokens_in_flight * norm_bytes(spec, pb) if last_stage else 0.0  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
-    activations_ckpt = (pb * tokens * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
+    activations_ckpt = (pb * tokens_in_flight * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
     if lora:  # what the adapters keep (A's outputs, dropout copies): all layers, or one layer being recomputed
         activations_full += tokens * lora["activation_bytes_per_token"]
         activations_ckpt += tokens * lora["activation_bytes_per_token"] / spec.num_layers
     gemma2 = spec.model_type.startswith("gemma2")
     # megatron's Gemma 2 path: megatron-core's cross entropy (a float32 softmax kept); HF's Gemma 2: the tanh
     # of its final logit soft-capping kept beside the logits
-    logits = logits_bytes(1, tokens, V, pb, t, recipe.train.logps_chunk_tokens, keeps_softmax=engine == "megatron" and gemma2,
-                          softcap_copy=engine != "megatron" and gemma2)
+    logits = logits_bytes(1, tokens_in_flight, V, pb, t, recipe.train.logps_chunk_tokens,
+                          keeps_softmax=engine == "megatron" and gemma2, softcap_copy=engine != "megatron" and gemma2)
+    logits = logits if last_stage else 0.0
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
     model_states = weights + grads + optimizer
-    resident = weights + optimizer + reference + resident_grads
+    # ZeRO-3 over dp > 1 (measured by --rehearse, hl_core/rehearsal): between updates only the partition is held,
+    # plus the reduce bucket DeepSpeed allocates at start-up (reduce_bucket_size, 5e8 elements of the 16-bit
+    # dtype: the engine leaves DeepSpeed's default); within an update the gathered parameters are not one layer
+    # but every parameter reused within stage3_max_reuse_distance (1e9 elements, the default) of its last use,
+    # as the backward and the recomputation reuse them: up to 1e9 + the largest layer
+    zero3 = engine == "deepspeed" and stage == 3 and dp > 1
+    weights_at_rest = weights - pb * L if zero3 else weights
+    buckets = pb * ZERO3_REDUCE_BUCKET if zero3 else 0.0
+    gathered = pb * min(P, ZERO3_MAX_REUSE_DISTANCE + L) if zero3 else 0.0
+    resident = weights_at_rest + optimizer + reference + resident_grads + buckets
     activations = activations_ckpt if checkpointing else activations_full
     other = activations_full if checkpointing else activations_ckpt
-    # the peak: in the backward (activations, logits and the gradients of earlier micro-batches held at
-    # once) or at the optimizer step (the float32 gradients of a bf16 optimizer), whichever is larger
-    total = resident + backward_grads + max(activations + logits, step_grads)
-    total_other = resident + backward_grads + max(other + logits, step_grads)
+    # the peak: in the backward (gathered parameters, activations, logits and the gradients of earlier
+    # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
+    total = resident + backward_grads + max(gathered + activations + logits, step_grads)
+    total_other = resident + backward_grads + max(gathered + other + logits, step_grads)
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
-        notes.append("pipeline: embedding, logits and pp in-flight micro-batches summed for the worst stage")
+        notes.append(f"pipeline stage {pipe_stage} of {pp}: {pipeline} pipeline micro-batch(es) per micro-batch, "
+                     f"{in_flight} in flight here" + ("; the embedding" if pipe_stage == 0 else "")
+                     + ("; the output layer and the logits" if last_stage else ""))
     if recipe.objective.name == "grpo" and group_size is None:
         size, origin = grpo_group_size(recipe)
         notes.append(f"GRPO: {size} completions per prompt group ({origin})")
@@ -285,6 +326,7 @@ def memory_plan(
 
     bytes_ = dict(
         weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
+        weights_at_rest=weights_at_rest, zero3_buckets=buckets, gathered_weights=gathered,
         resident=resident, backward_gradients=backward_grads, step_gradients=step_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
@@ -293,7 +335,7 @@ def memory_plan(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
         trainable_params=T, lora_adapter_params=A,
         engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
-        world_size=world, dp=dp, tp=tp, pp=pp, micro_batch_size=recipe.train.micro_batch_size,
+        world_size=world, dp=dp, tp=tp, pp=pp, stage=pipe_stage, micro_batch_size=recipe.train.micro_batch_size,
         gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
         updates=run_updates,
         sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
@@ -334,11 +376,12 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         plan["updates"][1],
         f"per-GPU memory estimate ({unit}):",
         "  at rest (between updates)",
-        f"    weights (policy)            {v['weights']:9.2f}",
+        f"    weights (policy)            {v['weights_at_rest']:9.2f}",
         f"    optimizer states (AdamW)    {v['optimizer']:9.2f}",
         f"    reference model             {v['reference']:9.2f}",
-        f"    gradient buffers kept       {v['resident'] - v['weights'] - v['optimizer'] - v['reference']:9.2f}",
+        f"    gradient buffers kept       {v['resident'] - v['weights_at_rest'] - v['optimizer'] - v['reference']:9.2f}",
         "  within an update",
+    ] + ([f"    gathered weights (ZeRO-3)   {v['gathered_weights']:9.2f}"] if v["gathered_weights"] else []) + [
         f"    gradients during backward   {v['backward_gradients']:9.2f}",
         f"    float32 gradients at step   {v['step_gradients']:9.2f}",
         f"    activations                 {v['activations_full']:9.2f} without gradient checkpointing"
@@ -346,14 +389,15 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         f"                                {v['activations_checkpointed']:9.2f} with gradient checkpointing"
         + ("  <- recipe" if ckpt else ""),
         f"    logits and log-probs        {v['logits']:9.2f}",
-        "  peak = at rest + gradients during backward + max(activations + logits, float32 gradients at step)",
+        "  peak = at rest + gradients during backward + max(" + ("gathered weights + " if v["gathered_weights"] else "")
+        + "activations + logits, float32 gradients at step)",
         f"  total                         {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
         f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",
         f"  GPU memory                    {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",
         "checked against measurement (README, Performance): on an H100 (bench/gpu_check.py: DeepSpeed ZeRO-2/3 "
         "and megatron tp=1, one GPU, a Llama-3.2-1B shape) and on the CPU at the recipes' exact widths "
         "(bench/realistic_shapes.py: ZeRO-0/3 over 2 processes, megatron tp=2 and pp=2; Llama-3-8B and "
-        "Gemma-2-27B layers forward and backward); not yet: NCCL and DeepSpeed communication buffers, "
+        "Gemma-2-27B layers forward and backward); by --rehearse (docs/perf/rehearse_cpu_*.md); not yet: NCCL buffers, "
         "Transformer Engine layers, megatron's Gemma 2 layers, pipeline parallel on GPUs.",
     ]
     lines += [f"note: {n}" for n in plan["notes"]]

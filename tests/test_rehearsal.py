@@ -1,0 +1,90 @@
+"""``--rehearse`` at tiny shapes: one rank of a larger world under torch's fake process group, through the real
+trainer and engine. What is asserted is the mechanics (the fake world's size and this rank's place in it, the
+bytes counted per collective kind against what the shapes imply, nothing written where a real run writes, exit
+0), not the big models' numbers (``bench/rehearse.py`` and docs/perf/rehearse.md)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from helpers import REPO, TINY_HUMANLINE, _env
+
+TINY_MEGATRON_PP = REPO / "recipes" / "tiny" / "megatron_tp1_pp2_humanline_dpo.yaml"
+FP32 = 4
+
+
+def _tiny_params() -> int:
+    """Parameters of the tiny Llama (tests/fixtures/tiny/model): embedding, 2 layers, final norm, output layer."""
+    config = json.loads((REPO / "tests" / "fixtures" / "tiny" / "model" / "config.json").read_text())
+    h, v, f, layers = config["hidden_size"], config["vocab_size"], config["intermediate_size"], config["num_hidden_layers"]
+    kv = config["num_key_value_heads"] * config["head_dim"]
+    layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # q, o, k, v, gate/up/down, two norms
+    return v * h + layers * layer + h + v * h
+
+
+def _rehearse(tmp_path, recipe, rank, *overrides):
+    out_dir = tmp_path / "run"
+    report = tmp_path / "rehearsal.json"
+    command = [sys.executable, str(REPO / "launchers" / "run.py"), str(recipe), f"output_dir={out_dir}", *overrides,
+               "--rehearse-rank", str(rank), "--rehearse-json", str(report)]
+    proc = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert not out_dir.exists(), "a rehearsal wrote into the recipe's output_dir"
+    assert "nothing written" in proc.stdout
+    (result,) = json.loads(report.read_text())
+    return result, proc.stdout
+
+
+def test_zero3_rank_of_four_counts_gathers_and_reduce_scatters(tmp_path):
+    """Rank 1 of a 4-rank ZeRO-3 world, in one process: every parameter is gathered whole for each forward and
+    each backward, and every gradient reduce-scattered once per micro-batch, so the bytes counted at the process
+    group are at least the model's float32 size times those counts (DeepSpeed pads each partition to the world
+    size: a little more, never less); the sync is shard-local (no collective)."""
+    result, stdout = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=3", "cluster.gpus_per_node=4",
+                               "train.global_batch_size=64", "engine.zero3_param_persistence_threshold=0",
+                               "humanline.reference=copy")
+    assert result["world_size"] == 4 and result["rank"] == 1
+    assert result["coords"]["dp"] == 1 and result["coords"]["dp_size"] == 4
+    micro = result["micro_batches"]
+    assert micro == result["accumulation"] == 2
+    params = _tiny_params()
+    traffic = result["traffic"]
+    padding = 4 * 64 * FP32 * 40  # at most world - 1 padding elements per parameter tensor (about 20) per transfer
+    scattered = traffic["reduce-scatter"]["payload"]
+    assert micro * params * FP32 <= scattered <= micro * (params * FP32 + padding)
+    gathered = traffic["all-gather"]["payload"]
+    assert gathered >= 2 * micro * params * FP32  # forward + backward of every micro-batch at least
+    assert result["sync_bytes"] == 0 and "shard-local copy: no collective" in stdout
+    memory = result["memory"]
+    assert 0 < memory["weights"] <= (params // 4 + 64 * 40) * FP32  # this rank's partition, not the whole model
+    assert memory["activations"] > 0 and memory["logits"] > 0
+    assert result["skipped_updates"] == 0
+
+
+def test_megatron_last_pipeline_stage_receives_and_sends(tmp_path):
+    """The last stage (rank 1 of tp 1 x pp 2) of megatron's pipeline, alone: it receives activations it never
+    got from stage 0 (the receive shim gives zeros of megatron's shape), runs the output layer and the loss,
+    and sends the gradients of its inputs back; each pipeline micro-batch moves one [tokens, hidden] bfloat16 or
+    float32 tensor each way."""
+    result, _ = _rehearse(tmp_path, TINY_MEGATRON_PP, 1, "cluster.gpus_per_node=2")
+    assert result["world_size"] == 2 and result["coords"]["pp_stage"] == 1
+    traffic = result["traffic"]
+    assert traffic["pp recv"]["calls"] > 0 and traffic["pp send"]["calls"] > 0
+    assert traffic["pp send"]["payload"] > 0
+    assert result["memory"]["logits"] > 0  # the last stage holds the logits
+    assert result["skipped_updates"] == 0
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["--rehearse-rank", "4", "cluster.gpus_per_node=4"], "outside the recipe's world of 4 ranks"),
+    (["--rehearse-rank", "0", "--rehearse-micro-batches", "1"], "at least 2"),
+])
+def test_bad_rehearsal_arguments_exit_2(argv, needle):
+    proc = subprocess.run([sys.executable, str(REPO / "launchers" / "run.py"), str(TINY_HUMANLINE), *argv], cwd=REPO,
+                          env=_env(), capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert needle in proc.stderr

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from typing import Dict
 
+from hl_core.rehearsal.memory import proc_status_bytes
+
 GIB = 1024 ** 3
 CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_": "0", "MALLOC_ARENA_MAX": "2"}
 
@@ -18,23 +20,15 @@ CPU_ALLOCATOR_ENV = {"MALLOC_MMAP_THRESHOLD_": "65536", "MALLOC_TRIM_THRESHOLD_"
 class RssProbe:
     """Bytes resident in this process (CPU)."""
 
-    @staticmethod
-    def _status(field: str) -> int:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith(field):
-                    return int(line.split()[1]) * 1024
-        raise RuntimeError(f"/proc/self/status has no {field}")
-
     def current(self) -> int:
-        return self._status("VmRSS:")
+        return proc_status_bytes("VmRSS:")
 
     def reset_peak(self) -> None:
         with open("/proc/self/clear_refs", "w") as handle:
             handle.write("5")
 
     def peak(self) -> int:
-        return self._status("VmHWM:")
+        return proc_status_bytes("VmHWM:")
 
     def sync(self) -> None:
         pass

@@ -62,39 +62,19 @@ def run_in_process(args) -> subprocess.CompletedProcess:
     stdout/stderr captured; an exception is exit code 1 with its traceback on stderr."""
     import contextlib
     import io
-    import traceback
 
     import torch
 
     import launchers.run as launcher
+    from launchers.in_process import guarded_call, restored_process_state
 
     out, err = io.StringIO(), io.StringIO()
-    environ, threads = dict(os.environ), torch.get_num_threads()
-    deterministic, rng = torch.are_deterministic_algorithms_enabled(), torch.get_rng_state()
-    os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-    torch.set_num_threads(1)
-    try:
+    with restored_process_state():
+        os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+        torch.set_num_threads(1)
         with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            try:
-                code = launcher.main([str(a) for a in args])
-            except SystemExit as exc:
-                code = exc.code if isinstance(exc.code, int) else 1
-            except Exception:  # a crash: what the interpreter would print, and its exit code
-                traceback.print_exc()
-                code = 1
-    finally:
-        os.environ.clear()
-        os.environ.update(environ)
-        torch.set_num_threads(threads)
-        torch.use_deterministic_algorithms(deterministic)
-        torch.set_rng_state(rng)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():  # a run that failed in setup
-            if "deepspeed" in sys.modules:
-                import deepspeed.comm
-
-                deepspeed.comm.destroy_process_group()
-            else:
-                torch.distributed.destroy_process_group()
+            code, failed = guarded_call(lambda: launcher.main([str(a) for a in args]))
+    code = code if failed is None else failed
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 

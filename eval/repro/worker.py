@@ -21,12 +21,11 @@ import importlib
 import json
 import os
 import sys
-import traceback
 from pathlib import Path
 
-import torch
 
 import launchers.run as launcher
+from launchers.in_process import guarded_call, restored_process_state
 
 REPO = Path(__file__).resolve().parents[2]
 _FAULTS = []  # the file faulthandler writes to (it must stay open)
@@ -41,9 +40,6 @@ def _call(task: dict):
 
 def run_task(task: dict, stderr_fd: int) -> dict:
     """Run one task with fds 1 and 2 on its log; restore the process state afterwards."""
-    environ, threads = dict(os.environ), torch.get_num_threads()
-    deterministic, rng = torch.are_deterministic_algorithms_enabled(), torch.get_rng_state()
-    result = None
     Path(task["log"]).parent.mkdir(parents=True, exist_ok=True)
     with open(task["log"], "w") as log:
         sys.stdout.flush()
@@ -51,31 +47,16 @@ def run_task(task: dict, stderr_fd: int) -> dict:
         os.dup2(log.fileno(), 1)
         os.dup2(log.fileno(), 2)
         try:
-            code, result = _call(task)
-        except SystemExit as exc:
-            code = exc.code if isinstance(exc.code, int) else 1
-        except Exception:  # what the interpreter would print, and its exit code
-            traceback.print_exc()
-            code = 1
+            with restored_process_state():
+                answer, failed = guarded_call(lambda: _call(task))
         finally:
             sys.stdout.flush()
             sys.stderr.flush()
             os.dup2(stderr_fd, 1)
             os.dup2(stderr_fd, 2)
             os.chdir(REPO)
-            os.environ.clear()
-            os.environ.update(environ)
-            torch.set_num_threads(threads)
-            torch.use_deterministic_algorithms(deterministic)
-            torch.set_rng_state(rng)
-            if torch.distributed.is_available() and torch.distributed.is_initialized():  # a run that failed in setup
-                if "deepspeed" in sys.modules:
-                    import deepspeed.comm  # already loaded by the run (only its teardown is needed here)
-
-                    deepspeed.comm.destroy_process_group()
-                else:
-                    torch.distributed.destroy_process_group()
             gc.collect()
+    code, result = answer if failed is None else (failed, None)
     return {"code": int(code or 0), "result": result}
 
 

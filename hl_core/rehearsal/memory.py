@@ -251,7 +251,7 @@ class ProcessMemory:
         if self.cuda:
             torch.cuda.synchronize(self.device)
             return torch.cuda.memory_allocated(self.device)
-        return _status("VmRSS:")
+        return proc_status_bytes("VmRSS:")
 
     def reset_peak(self) -> None:
         if self.cuda:
@@ -264,10 +264,11 @@ class ProcessMemory:
         if self.cuda:
             torch.cuda.synchronize(self.device)
             return torch.cuda.max_memory_allocated(self.device)
-        return _status("VmHWM:")
+        return proc_status_bytes("VmHWM:")
 
 
-def _status(field: str) -> int:
+def proc_status_bytes(field: str) -> int:
+    """A byte count of this process from ``/proc/self/status`` (``VmRSS:``, ``VmHWM:``)."""
     with open("/proc/self/status") as handle:
         for line in handle:
             if line.startswith(field):

@@ -316,13 +316,13 @@ def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gat
     plan = memory_plan(_recipe(name, "engine.zero_stage=3"), 8)
     by, P, L = plan["bytes"], plan["params"], plan["largest_layer_params"]
     assert by["weights_at_rest"] == pytest.approx(2 * P / 8) and by["weights"] == pytest.approx(2 * P / 8 + 2 * L)
-    assert by["zero3_buckets"] == 2 * 5e8
+    assert by["reduce_buckets"] == 2 * 5e8
     assert by["gathered_weights"] == 2 * min(P, 1e9 + L) == 2 * (1e9 + L)  # an 8B model: the reuse distance binds
     assert by["resident"] == pytest.approx(2 * P / 8 + 12 * P / 8 + 2 * P / 8 + 2 * 5e8 + by["reference"])
     small = memory_plan(_recipe(name, "engine.zero_stage=3", "model.config_overrides={num_hidden_layers: 2}"), 8)
     assert small["bytes"]["gathered_weights"] == 2 * small["params"]  # the whole (small) model stays gathered
     one = memory_plan(_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
-    assert one["zero3_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]
+    assert one["reduce_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]
 
 
 def test_megatron_cpu_path_steps_the_compute_dtype_shards_without_a_master_copy():
@@ -336,3 +336,19 @@ def test_megatron_cpu_path_steps_the_compute_dtype_shards_without_a_master_copy(
         assert cpu["bytes"]["optimizer"] == per_param * cpu["params_per_rank"]
     gpu = memory_plan(recipe, 8, distributed_optimizer=False)
     assert gpu["bytes"]["optimizer"] == 8 * gpu["params_per_rank"]  # fp32 GPU: master weights are the params
+
+
+def test_zero12_over_ranks_counts_the_reduce_bucket_within_the_backward():
+    """DeepSpeed's ZeRO-1/2 reduce bucket (5e8 elements of the gradients' dtype, measured by --rehearse in bf16 and
+    fp32) adds to the backward's side of the peak over more than one rank; not at rest, not on one rank."""
+    name = "meta-llama/Meta-Llama-3-8B-Instruct"
+    for stage in (1, 2):
+        recipe = _recipe(name, f"engine.zero_stage={stage}")
+        by = memory_plan(recipe, 8)["bytes"]
+        assert by["backward_bucket"] == 2 * 5e8 and by["reduce_buckets"] == 0
+        activations = by["activations_checkpointed" if recipe.model.gradient_checkpointing else "activations_full"]
+        peak = by["resident"] + by["backward_gradients"] + max(
+            by["backward_bucket"] + activations + by["logits"], by["step_gradients"])
+        assert by["total"] == pytest.approx(peak)
+        one = memory_plan(_recipe(name, f"engine.zero_stage={stage}", "cluster.gpus_per_node=1"), 1)["bytes"]
+        assert one["backward_bucket"] == 0

@@ -88,3 +88,21 @@ def test_bad_rehearsal_arguments_exit_2(argv, needle):
                           env=_env(), capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert needle in proc.stderr
+
+
+def test_zero2_rank_of_four_reduces_every_micro_batch_and_the_plan_counts_its_bucket(tmp_path):
+    """Rank 1 of a 4-rank ZeRO-2 world: every rank holds the whole model; each micro-batch's gradients are reduced
+    (ZeRO-2 partitions gradients, so it cannot wait for the accumulation boundary) and the updated partitions are
+    all-gathered once per update; the peak holds DeepSpeed's reduce bucket (5e8 float32 elements here), which
+    `--plan` counts (within 10%)."""
+    result, _ = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=2", "cluster.gpus_per_node=4",
+                          "train.global_batch_size=64", "humanline.reference=copy")
+    assert result["world_size"] == 4 and result["coords"]["dp_size"] == 4
+    params, micro = _tiny_params(), result["micro_batches"]
+    traffic, memory = result["traffic"], result["memory"]
+    assert traffic["all-reduce"]["payload"] >= micro * params * FP32
+    assert params * FP32 <= traffic["all-gather"]["payload"] <= params * FP32 + 4 * 64 * 40 * FP32
+    assert memory["weights"] == params * FP32  # not partitioned
+    plan = result["plan"]["bytes"]
+    assert plan["backward_bucket"] == 5e8 * FP32
+    assert abs(memory["peak_tensors"] / plan["total"] - 1) < 0.10

@@ -50,10 +50,12 @@ Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2
 pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
 the first row of a local .jsonl; else 2, as preference pairs become groups of two).
 ZeRO-3 over more than one rank, from ``--rehearse`` (hl_core/rehearsal: the tensors DeepSpeed allocated): at rest
-the partition only (``weights_at_rest``) plus DeepSpeed's reduce bucket (5e8 16-bit elements, ``zero3_buckets``);
+the partition only (``weights_at_rest``) plus DeepSpeed's reduce bucket (5e8 16-bit elements, ``reduce_buckets``);
 within an update the gathered parameters (``gathered_weights``): every parameter reused within
 ``stage3_max_reuse_distance`` (1e9 elements) stays gathered, so up to ``min(P, 1e9 + L)`` 16-bit elements.
-Not counted: CUDA context and NCCL buffers, allocator fragmentation, ZeRO-0/1/2's communication buckets.
+ZeRO-1/2 over more than one rank (also measured by ``--rehearse``): within the backward, the gradient reduction
+bucket, 5e8 elements of the gradients' dtype (``backward_bucket``; DeepSpeed's contiguous_gradients without
+overlap_comm), beside the activations and logits. Not counted: CUDA context and NCCL buffers, allocator fragmentation, ZeRO-0's none.
 """
 
 from __future__ import annotations
@@ -121,8 +123,8 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
 
 
-# DeepSpeed's ZeRO-3 defaults that the engine leaves as they are (hl_core/engines/deepspeed_engine.py)
-ZERO3_REDUCE_BUCKET = 5e8  # reduce_bucket_size (elements)
+# DeepSpeed's ZeRO defaults that the engine leaves as they are (hl_core/engines/deepspeed_engine.py)
+REDUCE_BUCKET = 5e8  # reduce_bucket_size (elements), ZeRO 1-3
 ZERO3_MAX_REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance (elements)
 
 
@@ -300,15 +302,18 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     # as the backward and the recomputation reuse them: up to 1e9 + the largest layer
     zero3 = engine == "deepspeed" and stage == 3 and dp > 1
     weights_at_rest = weights - pb * L if zero3 else weights
-    buckets = pb * ZERO3_REDUCE_BUCKET if zero3 else 0.0
+    buckets = pb * REDUCE_BUCKET if zero3 else 0.0
+    # ZeRO-1/2 over dp > 1 (--rehearse, bf16 and fp32): a reduce bucket of the gradients' dtype made in the backward
+    zero12 = engine == "deepspeed" and stage in (1, 2) and dp > 1
+    backward_bucket = pb * REDUCE_BUCKET if zero12 else 0.0
     gathered = pb * min(P, ZERO3_MAX_REUSE_DISTANCE + L) if zero3 else 0.0
     resident = weights_at_rest + optimizer + reference + resident_grads + buckets
     activations = activations_ckpt if checkpointing else activations_full
     other = activations_full if checkpointing else activations_ckpt
     # the peak: in the backward (gathered parameters, activations, logits and the gradients of earlier
     # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
-    total = resident + backward_grads + max(gathered + activations + logits, step_grads)
-    total_other = resident + backward_grads + max(gathered + other + logits, step_grads)
+    total = resident + backward_grads + max(gathered + backward_bucket + activations + logits, step_grads)
+    total_other = resident + backward_grads + max(gathered + backward_bucket + other + logits, step_grads)
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
         notes.append(f"pipeline stage {pipe_stage} of {pp}: {pipeline} pipeline micro-batch(es) per micro-batch, "
@@ -326,7 +331,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
 
     bytes_ = dict(
         weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
-        weights_at_rest=weights_at_rest, zero3_buckets=buckets, gathered_weights=gathered,
+        weights_at_rest=weights_at_rest, reduce_buckets=buckets, backward_bucket=backward_bucket, gathered_weights=gathered,
         resident=resident, backward_gradients=backward_grads, step_gradients=step_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
@@ -379,9 +384,12 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         f"    weights (policy)            {v['weights_at_rest']:9.2f}",
         f"    optimizer states (AdamW)    {v['optimizer']:9.2f}",
         f"    reference model             {v['reference']:9.2f}",
-        f"    gradient buffers kept       {v['resident'] - v['weights_at_rest'] - v['optimizer'] - v['reference']:9.2f}",
+        f"    gradient buffers kept       "
+        f"{v['resident'] - v['weights_at_rest'] - v['optimizer'] - v['reference'] - v['reduce_buckets']:9.2f}",
+        *([f"    reduce bucket (ZeRO-3)      {v['reduce_buckets']:9.2f}"] if v["reduce_buckets"] else []),
         "  within an update",
-    ] + ([f"    gathered weights (ZeRO-3)   {v['gathered_weights']:9.2f}"] if v["gathered_weights"] else []) + [
+    ] + ([f"    gathered weights (ZeRO-3)   {v['gathered_weights']:9.2f}"] if v["gathered_weights"] else []) + (
+        [f"    reduce bucket (ZeRO-1/2)    {v['backward_bucket']:9.2f}"] if v["backward_bucket"] else []) + [
         f"    gradients during backward   {v['backward_gradients']:9.2f}",
         f"    float32 gradients at step   {v['step_gradients']:9.2f}",
         f"    activations                 {v['activations_full']:9.2f} without gradient checkpointing"
@@ -390,6 +398,7 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         + ("  <- recipe" if ckpt else ""),
         f"    logits and log-probs        {v['logits']:9.2f}",
         "  peak = at rest + gradients during backward + max(" + ("gathered weights + " if v["gathered_weights"] else "")
+        + ("reduce bucket + " if v["backward_bucket"] else "")
         + "activations + logits, float32 gradients at step)",
         f"  total                         {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
         f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",

@@ -151,6 +151,17 @@ def render_chat(lm, messages: List[Dict[str, str]]) -> str:
     return lm.apply_chat_template(messages, add_generation_prompt=True)
 
 
+def check_generation_room(lm, max_new_tokens: int, key: str) -> None:
+    """Refuse, before generating anything, ``max_new_tokens`` (set by ``key``) that leave no room for a prompt in
+    the model's context (lm-eval's ``max_length``): lm-eval would stop at its first batch with an assertion."""
+    context = getattr(lm, "max_length", None)
+    if isinstance(context, int) and int(max_new_tokens) >= context:
+        raise EvalError(
+            f"{key} is {int(max_new_tokens)}, but the model's context holds {context} tokens, prompt included: nothing "
+            f"would be left for the prompt. Fix: set {key} below {context} (e.g. {max(1, context // 2)})."
+        )
+
+
 def generate(lm, contexts: Sequence[str], gen_kwargs: Dict[str, Any]) -> List[str]:
     """``lm.generate_until`` on plain contexts (already chat-rendered when wanted), in order."""
     from lm_eval.api.instance import Instance

@@ -242,3 +242,17 @@ def test_preference_helpers_and_errors(tmp_path):
         run_alpaca_eval(_scripted(), data=str(no_ref), judge=_length_judge)
     with pytest.raises(EvalError, match="judge"):
         run_alpaca_eval(_scripted(), data=str(DATA), judge="gpt4")
+
+
+def test_a_generation_budget_longer_than_the_context_is_refused_before_generating(tiny_dirs, tmp_path):
+    """The default 2048 new tokens on a model whose context holds 1024: lm-eval would assert in its first batch
+    (after loading everything); the eval names the key and the model's context before generating."""
+    policy, _ = tiny_dirs
+    with pytest.raises(EvalError) as err:
+        run_alpaca_eval(str(policy), data=str(DATA), judge=_length_judge, backend="hf", output_dir=tmp_path)
+    text = str(err.value)
+    assert "`eval.alpaca_eval.max_new_tokens`" in text and "holds 1024 tokens" in text and "is 2048" in text
+    assert not (tmp_path / "alpaca_model_outputs.json").exists()
+    # a budget that fits runs to the end
+    res = run_alpaca_eval(str(policy), data=str(DATA), judge=_length_judge, backend="hf", max_new_tokens=4, limit=2)
+    assert res["n_total"] == 2 and res["win_rate"] is not None

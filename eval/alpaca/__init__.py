@@ -146,7 +146,7 @@ def generate_outputs(
     seed: int = 0,
 ) -> Tuple[List[Dict[str, Any]], bool]:
     """Model outputs in alpaca_eval's format and whether the chat template was used."""
-    from ..lm import generate, has_chat_template, render_chat
+    from ..lm import check_generation_room, generate, has_chat_template, render_chat
 
     use_chat = has_chat_template(lm) if chat_template == "auto" else bool(chat_template)
     if use_chat and not has_chat_template(lm):
@@ -155,6 +155,7 @@ def generate_outputs(
         render_chat(lm, [{"role": "user", "content": r["instruction"]}]) if use_chat else r["instruction"]
         for r in rows
     ]
+    check_generation_room(lm, max_new_tokens, "`eval.alpaca_eval.max_new_tokens` (`--alpaca-max-new-tokens`)")
     gen: Dict[str, Any] = {"until": [], "max_gen_toks": int(max_new_tokens)}
     if float(temperature) > 0:
         gen.update(do_sample=True, temperature=float(temperature), top_p=float(top_p))

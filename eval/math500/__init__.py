@@ -156,12 +156,13 @@ def run_math500(
     import lm_eval
     from lm_eval.tasks import TaskManager
 
-    from ..lm import has_chat_template, make_lm
+    from ..lm import check_generation_room, has_chat_template, make_lm
 
     t0 = time.time()
     cfg = task_config(data, split, n_samples, temperature, top_p, max_new_tokens, prompt)
     lm = make_lm(model, backend, batch_size=batch_size, dtype=dtype, seed=seed, backend_kwargs=backend_kwargs)
     backend_used = _backend_label(lm)
+    check_generation_room(lm, max_new_tokens, "`eval.math500.max_new_tokens` (`--max-new-tokens`)")
 
     if chat_template == "auto":
         use_chat = prompt != "minerva" and has_chat_template(lm)

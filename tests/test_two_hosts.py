@@ -84,8 +84,22 @@ class TwoHosts:
         return [shutil.which("ip"), "netns", "exec", self.names[host], *inner]
 
 
+def _namespaces_refused() -> str:
+    """Why this machine cannot make the namespaces (a container without CAP_SYS_ADMIN / CAP_NET_ADMIN), or ""."""
+    probe = f"hlprobe{os.getpid()}"
+    for argv in ([shutil.which("ip"), "netns", "add", probe], [shutil.which("unshare"), "--uts", "true"]):
+        done = subprocess.run(argv, capture_output=True, text=True)
+        if done.returncode != 0:
+            return f"`{' '.join(argv[1:])}` failed here: {done.stderr.strip()}"
+    subprocess.run([shutil.which("ip"), "netns", "del", probe], capture_output=True)
+    return ""
+
+
 @pytest.fixture(scope="module")
 def two_hosts():
+    refused = _namespaces_refused()
+    if refused:
+        pytest.skip(f"two network hosts need namespaces: {refused}")
     hosts = TwoHosts()
     try:
         yield hosts.open()

@@ -27,10 +27,12 @@ import time
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from hl_core.storage.digests import sha256_file
+
 from . import stats
 from .report import clamp_binding, per_run, regime, write_report
 from .runs import REPO, Run, RunFailed, WorkerPool, accepted_warmups, environment, run_all
-from .sources import SOURCES, file_digest, source_data
+from .sources import SOURCES, source_data
 from .fair import PREFERENCE_FAIR
 from .studies import FULL, QUICK, RECIPES, STUDIES as BASE_STUDIES, Grid, Study, grid_runs
 
@@ -163,7 +165,7 @@ def run_study(args, study: Study, grid: Grid, out: Path, cache: Path, pool: Work
         meta["offline_data"] = json.loads(data["meta"].read_text())
     checks = study.checks(runs, repeat) if study.checks else {}
     if data:  # the offline data the arms read is the data that was written
-        checks["offline_data_unchanged"] = all(file_digest(data[k]) == meta["offline_data"]["sha256"][k]
+        checks["offline_data_unchanged"] = all(sha256_file(data[k]) == meta["offline_data"]["sha256"][k]
                                                for k in ("pairs", "groups"))
     write_report(out, study, runs, labels, meta, study.title, checks, references={a.name: a.reference for a in arms})
     return 0

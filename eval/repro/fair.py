@@ -30,9 +30,11 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Dict, List, Sequence, Tuple
 
+from hl_core.storage.digests import sha256_file
+
 from .fair_report import write_fair_report
 from .runs import REPO, Run, WorkerPool, accepted_warmups, environment, policy_warmup, run_all, warmup_dir
-from .sources import QUICK_SOURCES, SOURCES, file_digest, source_data, train_writers
+from .sources import QUICK_SOURCES, SOURCES, source_data, train_writers
 from .stats import curve_auc
 from .studies import Arm, Study, grid_runs, same_seed_checks
 
@@ -278,7 +280,7 @@ def fair_checks(runs: Sequence[Run], repeat, data: Dict[str, Path], metas: Dict[
     offline = [m for r in runs if "_online@" not in r.arm for m in r.metrics]
     checks = {"online_rollout_every_update": bool(online) and all(m.get("rollout") is True for m in online),
               "offline_never_generates": bool(offline) and all("rollout" not in m for m in offline),
-              "offline_data_unchanged": all(file_digest(data[f"{s}:{k}"]) == metas[s]["sha256"][k]
+              "offline_data_unchanged": all(sha256_file(data[f"{s}:{k}"]) == metas[s]["sha256"][k]
                                             for s in metas for k in ("pairs", "groups"))}
     if repeat is not None:
         checks.update(same_seed_checks({(r.arm, r.warmup, r.seed): r for r in runs}, repeat))

@@ -70,10 +70,6 @@ QUICK_SOURCES: Dict[str, Source] = {
 }
 
 
-def file_digest(path: Path) -> str:
-    return sha256_file(path)
-
-
 def _key(model_dirs: Sequence[Path], samples: Sequence[int], prompts: Path) -> str:
     # one writer with SAMPLES samples keeps the preference study's key (its cached data stays valid); "nonempty":
     # the pair is taken among non-empty samples
@@ -164,7 +160,7 @@ def build_source_data(model_dirs: Sequence[str], samples: Sequence[int], out: st
             "writers": [{"model": str(m), "samples": n, "sample_reward_mean": statistics.fmean(scores_by_writer[j]),
                          "chosen": chosen_from.count(j), "rejected": rejected_from.count(j)}
                         for j, (m, n) in enumerate(zip(model_dirs, samples))],
-            "sha256": {name: file_digest(paths[name]) for name in ("pairs", "groups")}}
+            "sha256": {name: sha256_file(paths[name]) for name in ("pairs", "groups")}}
     paths["meta"].write_text(json.dumps(meta, indent=2) + "\n")
     print(f"offline data: {len(pairs)} pairs from {len(rows)} prompts ({ties} all tied and {unpaired} with fewer than "
           f"two non-empty samples, left out; {empty} empty samples not paired); mean sample reward "

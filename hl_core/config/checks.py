@@ -131,7 +131,7 @@ def check_sink_packages(recipe: Recipe) -> None:
               ("eval.math500.enabled", "math_verify", "math-verify", after and ev.math500.enabled),
               ("eval.alpaca_eval.enabled", "alpaca_eval", "-e .[eval]", after and ev.alpaca_eval.enabled)]
     for key, module, package, enabled in wanted:
-        if enabled and importlib.util.find_spec(module) is None:
+        if enabled and not installed(module):
             also = " or `eval.after_training=false`" if key.startswith("eval.") else ""
             raise RecipeError(f"`{key}: true` needs the `{module}` package, which is not installed. Fix: "
                               f"`pip install {package}`, or set `{key}=false`{also}.")

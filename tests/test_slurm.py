@@ -66,6 +66,15 @@ def test_directives_gpu_cpu_and_recipe_defaults(tmp_path):
     assert "NPROC_PER_NODE=1" in cli
 
 
+def test_cpu_script_differs_from_the_gpu_script_only_in_the_gpu_request(tmp_path):
+    """What ``--cpu`` changes in a 2-node script (the two-host SLURM test runs it): the GPU request and the
+    visible devices, nothing else (same ranks per node, rendezvous, srun line, requeue)."""
+    gpu = _render(tmp_path, nodes=2, gpus_per_node=1).splitlines()
+    cpu = _render(tmp_path, nodes=2, gpus_per_node=1, cpu=True).splitlines()
+    assert [line for line in gpu if line not in cpu] == ["#SBATCH --gpus-per-node=1"]
+    assert [line for line in cpu if line not in gpu] == ["export CUDA_VISIBLE_DEVICES=''  # --cpu: gloo ranks on CPU"]
+
+
 @pytest.mark.parametrize(
     "kwargs,needle",
     [

@@ -157,7 +157,7 @@ def test_torchrun_across_two_hosts_matches_one_host(two_hosts, one_host_metrics,
     assert_same_rows(one_host_metrics, got, "two hosts vs one host", tol=1e-6)
 
 
-@pytest.fixture
+@pytest.fixture(scope="module")
 def two_host_slurm(two_hosts):
     """slurmctld on host A and a slurmd per host, each under its host name and in its namespace; stopped after."""
     bins = ensure_slurm_installed()
@@ -168,6 +168,22 @@ def two_host_slurm(two_hosts):
         cluster.stop()
         left = two_hosts.leftover_pids()
         assert not left, f"processes left in the namespaces after SLURM stopped: {left}"  # close() kills them
+
+
+def test_slurm_steps_run_on_their_own_host(two_host_slurm, two_hosts):
+    """Each slurmd's steps inherit its namespace and host name; one munged serves both (a credential made on
+    host B through the socket file decodes on host A)."""
+    step = two_host_slurm.run("srun", "--nodes=2", "--ntasks-per-node=1", "--label", "sh", "-c",
+                              'echo "$(hostname) $(hostname -I) $SLURM_NODEID"')
+    assert step.returncode == 0, step.stderr + two_host_slurm.logs()
+    lines = sorted(line.split(": ", 1)[1].split() for line in step.stdout.strip().splitlines())
+    assert lines == [[two_hosts.hostnames[i], two_hosts.addrs[i], str(i)] for i in (0, 1)], step.stdout
+    socket_file = str(two_host_slurm.root / "munge.socket.2")
+    made = subprocess.run(two_hosts.command(1, ["munge", "--socket", socket_file, "--string", "from-b"]),
+                          capture_output=True, text=True)
+    read = subprocess.run(two_hosts.command(0, ["unmunge", "--socket", socket_file]), input=made.stdout,
+                          capture_output=True, text=True)
+    assert made.returncode == 0 and read.returncode == 0 and read.stdout.rstrip().endswith("from-b"), (made, read)
 
 
 def test_slurm_job_across_two_hosts_matches_one_host(two_host_slurm, two_hosts, one_host_metrics, tmp_path):

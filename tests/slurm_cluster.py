@@ -143,7 +143,8 @@ class LocalSlurm:
                         timeout, f"job {job_id} to finish")
 
     def logs(self, tail: int = 1500) -> str:
-        return "\n".join(f"== {p.name}\n{p.read_text(errors='replace')[-tail:]}" for p in sorted(self.root.glob("*.log")))
+        return "\n".join(f"== {log.name}\n{log.read_text(errors='replace')[-tail:]}"
+                         for log in sorted(self.root.glob("*.log")))
 
     def stop(self) -> None:
         """Cancel every job, then stop slurmd(s), slurmctld and munged (TERM, then KILL after 15 s), then the files."""

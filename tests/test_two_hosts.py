@@ -36,7 +36,7 @@ from helpers import REPO, TINY_HUMANLINE, _env, assert_same_rows, read_jsonl, ru
 from slurm_cluster import LocalSlurm, ensure_slurm_installed
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None or shutil.which("nsenter") is None,
+    os.geteuid() != 0 or any(shutil.which(tool) is None for tool in ("ip", "unshare", "nsenter")),
     reason="two network hosts need root, iproute2 (`ip netns`) and util-linux (`unshare`, `nsenter`)",
 )
 
@@ -203,7 +203,8 @@ def test_slurm_job_across_two_hosts_matches_one_host(two_host_slurm, two_hosts, 
     # the job's one step (srun: a torchrun per node) was launched by each host's slurmd, from the batch on host A
     for node in (node_a, node_b):
         slurmd_log = (two_host_slurm.root / f"slurmd-{node}.log").read_text()
-        assert re.search(rf"launch task StepId={job_id}\.0 request .* HOST:{re.escape(two_hosts.addrs[0])} ", slurmd_log), slurmd_log
+        launched = rf"launch task StepId={job_id}\.0 request .* HOST:{re.escape(two_hosts.addrs[0])} "
+        assert re.search(launched, slurmd_log), slurmd_log
     got = _metrics(out)
     assert [r["step"] for r in got] == [0, 1, 2] and all(math.isfinite(r["loss"]) for r in got)
     assert_same_rows(one_host_metrics, got, "SLURM on two hosts vs one host", tol=1e-6)

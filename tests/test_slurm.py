@@ -13,13 +13,13 @@ import signal
 import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, free_port, read_jsonl
+from slurm_cluster import LocalSlurm, ensure_slurm_installed, wait_for
 
 sys.path.insert(0, str(REPO / "launchers"))
 import slurm  # noqa: E402
@@ -64,6 +64,15 @@ def test_directives_gpu_cpu_and_recipe_defaults(tmp_path):
     assert "#SBATCH --nodes=3" in d and "#SBATCH --signal=B:USR1@900" in d and "#SBATCH --time=1-00:00:00" in d
     assert not any("gpus" in line for line in d)  # --cpu requests no GPUs
     assert "NPROC_PER_NODE=1" in cli
+
+
+def test_cpu_script_differs_from_the_gpu_script_only_in_the_gpu_request(tmp_path):
+    """What ``--cpu`` changes in a 2-node script (the two-host SLURM test runs it): the GPU request and the
+    visible devices, nothing else (same ranks per node, rendezvous, srun line, requeue)."""
+    gpu = _render(tmp_path, nodes=2, gpus_per_node=1).splitlines()
+    cpu = _render(tmp_path, nodes=2, gpus_per_node=1, cpu=True).splitlines()
+    assert [line for line in gpu if line not in cpu] == ["#SBATCH --gpus-per-node=1"]
+    assert [line for line in cpu if line not in gpu] == ["export CUDA_VISIBLE_DEVICES=''  # --cpu: gloo ranks on CPU"]
 
 
 @pytest.mark.parametrize(
@@ -268,138 +277,25 @@ def _tool(name: str, wheel: str) -> str:
 # ------------------------------------------------------------------------------------- live SLURM
 
 
-def _ensure_slurm_installed():
-    needed = ["munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "srun", "scancel"]
-    search = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
-    missing = [b for b in needed if shutil.which(b, path=search) is None]
-    if missing and os.geteuid() == 0 and shutil.which("apt-get"):
-        env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-        install = ["apt-get", "install", "-y", "-q", "slurm-wlm", "munge"]
-        if subprocess.run(install, env=env, capture_output=True, timeout=600).returncode != 0:
-            subprocess.run(["apt-get", "update", "-q"], env=env, capture_output=True, timeout=600)
-            subprocess.run(install, env=env, capture_output=True, timeout=600)
-        missing = [b for b in needed if shutil.which(b, path=search) is None]
-    if missing:
-        pytest.skip(f"SLURM is not installed and could not be installed ({', '.join(missing)} missing; "
-                    "needs root and `apt-get install slurm-wlm munge`)")
-    if os.geteuid() != 0:
-        pytest.skip("the local SLURM test starts slurmd/slurmctld as root (SlurmUser=root); not root here")
-    return {b: shutil.which(b, path=search) for b in needed}
-
-
-def _wait(predicate, timeout, what):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.25)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
 @pytest.fixture(scope="module")
 def local_slurm():
-    """munged + slurmctld + slurmd for this host on loopback, in a temporary directory; stopped by pid."""
-    bins = _ensure_slurm_installed()
-    root = Path(tempfile.mkdtemp(prefix="hl-slurm-"))
-    root.chmod(0o755)  # munged refuses a socket directory that is not 755
-    host = socket.gethostname().split(".")[0]
-    conf = root / "slurm.conf"
-    ctld_port, slurmd_port = free_port(), free_port()
-    conf.write_text(f"""ClusterName=hltest
-SlurmctldHost={host}(127.0.0.1)
-SlurmctldPort={ctld_port}
-SlurmdPort={slurmd_port}
-SlurmUser=root
-SlurmdUser=root
-AuthType=auth/munge
-CredType=cred/munge
-AuthInfo=socket={root}/munge.socket.2,cred_expire=5
-StateSaveLocation={root}/state
-SlurmdSpoolDir={root}/spool
-SlurmctldPidFile={root}/slurmctld.pid
-SlurmdPidFile={root}/slurmd.pid
-SlurmctldLogFile={root}/slurmctld.log
-SlurmdLogFile={root}/slurmd.log
-ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
-SelectType=select/cons_tres
-SelectTypeParameters=CR_Core
-SchedulerParameters=bf_interval=2,sched_interval=2,batch_sched_delay=0
-MailProg=/bin/true
-AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
-JobAcctGatherType=jobacct_gather/none
-MpiDefault=none
-ReturnToService=2
-NodeName={host} NodeAddr=127.0.0.1 CPUs={os.cpu_count() or 1} State=UNKNOWN
-PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP
-""")
-    (root / "state").mkdir()
-    (root / "spool").mkdir()
-    env = dict(os.environ, SLURM_CONF=str(conf), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
-               PYTHONUNBUFFERED="1", PYTHONPATH=str(REPO))
-    env.pop("SLURM_JOB_ID", None)
-    pids = []
+    """munged + slurmctld + slurmd for this host on loopback (``slurm_cluster.LocalSlurm``), stopped afterwards."""
+    bins = ensure_slurm_installed()
+    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1",
+               PYTHONPATH=str(REPO))
+    cluster = LocalSlurm(bins, [(socket.gethostname().split(".")[0], "127.0.0.1")], free_port(), free_port(), env)
     try:
-        subprocess.run([bins["mungekey"], "--create", f"--keyfile={root}/munge.key"], check=True, capture_output=True)
-        subprocess.run([bins["munged"], f"--key-file={root}/munge.key", f"--socket={root}/munge.socket.2",
-                        f"--pid-file={root}/munged.pid", f"--log-file={root}/munged.log",
-                        f"--seed-file={root}/munge.seed"], check=True, capture_output=True, env=env)
-        pids.append(root / "munged.pid")
-        subprocess.run([bins["slurmctld"], "-f", str(conf)], check=True, capture_output=True, env=env)
-        pids.append(root / "slurmctld.pid")
-        subprocess.run([bins["slurmd"], "-f", str(conf)], check=True, capture_output=True, env=env)
-        pids.append(root / "slurmd.pid")
-
-        def idle():
-            proc = subprocess.run([shutil.which("sinfo") or "sinfo", "-h", "-o", "%T"], env=env, capture_output=True,
-                                  text=True)
-            return proc.returncode == 0 and "idle" in proc.stdout
-
-        _wait(idle, 30, "the local SLURM node to be idle")
-        yield dict(env=env, root=root, bins=bins)
+        yield cluster.start()
     finally:
-        subprocess.run([bins["scancel"], "--user", "root"], env=env, capture_output=True)
-        alive = []
-        for pid_file in reversed(pids):  # slurmd, slurmctld, then munged: all asked at once, then waited for
-            try:
-                pid = int(pid_file.read_text().strip())
-                os.kill(pid, signal.SIGTERM)
-                alive.append(pid)
-            except (OSError, ValueError):
-                continue
-        deadline = time.time() + 15
-        while alive and time.time() < deadline:
-            for pid in list(alive):
-                try:
-                    os.kill(pid, 0)
-                except ProcessLookupError:
-                    alive.remove(pid)
-            time.sleep(0.1)
-        for pid in alive:
-            os.kill(pid, signal.SIGKILL)
-        shutil.rmtree(root, ignore_errors=True)
+        cluster.stop()
 
 
 def _submit(local_slurm, *args) -> str:
     proc = subprocess.run([sys.executable, str(SLURM_PY), str(TINY_HUMANLINE), "--nodes", "1", "--gpus-per-node", "1",
-                           "--cpu", *args], cwd=REPO, env=local_slurm["env"], capture_output=True, text=True,
+                           "--cpu", *args], cwd=REPO, env=local_slurm.env, capture_output=True, text=True,
                           timeout=120)
     assert proc.returncode == 0, proc.stderr
     return re.search(r"submitted job (\d+)", proc.stdout).group(1)
-
-
-def _job(local_slurm, job_id) -> dict:
-    proc = subprocess.run([local_slurm["bins"]["scontrol"], "show", "job", "-o", job_id], env=local_slurm["env"],
-                          capture_output=True, text=True)
-    return dict(re.findall(r"(\w+)=(\S*)", proc.stdout))
-
-
-def _wait_done(local_slurm, job_id, timeout=150) -> dict:
-    final = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
-    return _wait(lambda: (lambda j: j if j.get("JobState") in final else None)(_job(local_slurm, job_id)), timeout,
-                 f"job {job_id} to finish")
 
 
 def _log(out_dir: Path) -> str:
@@ -410,7 +306,7 @@ def test_live_slurm_runs_the_tiny_dpo_recipe(local_slurm, tmp_path):
     out = tmp_path / "run"
     job_id = _submit(local_slurm, f"output_dir={out}", "train.max_steps=4", "eval.every=null",
                      "checkpoint.save_every=2", "logging.progress_bar=false")
-    job = _wait_done(local_slurm, job_id)
+    job = local_slurm.wait_done(job_id)
     log = _log(out)
     assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (job, log)
     rows = read_jsonl(out / "metrics.jsonl")
@@ -428,11 +324,10 @@ def test_live_slurm_time_limit_signal_checkpoints_and_requeues(local_slurm, tmp_
     out, steps = tmp_path / "run", 10
     job_id = _submit(local_slurm, f"output_dir={out}", f"train.max_steps={steps}", "eval.every=null",
                      "checkpoint.save_every=100", "checkpoint.save_final=false", "logging.progress_bar=false")
-    _wait(lambda: (out / "slurm").is_dir() and f"[slurm] job {job_id} (restart 0)" in _log(out), 120,
+    wait_for(lambda: (out / "slurm").is_dir() and f"[slurm] job {job_id} (restart 0)" in _log(out), 120,
           "the batch script to start")
-    subprocess.run([local_slurm["bins"]["scancel"], "--batch", "--signal=USR1", job_id], env=local_slurm["env"],
-                   check=True)
-    job = _wait_done(local_slurm, job_id)
+    assert local_slurm.run("scancel", "--batch", "--signal=USR1", job_id).returncode == 0
+    job = local_slurm.wait_done(job_id)
     log = _log(out)
     assert job["JobState"] == "COMPLETED" and job["Restarts"] == "1", (job, log)
     assert "time limit near" in log and f"requeueing job {job_id}" in log

@@ -8,15 +8,22 @@ Each torchrun runs in its namespace under its own host name (``unshare --uts``; 
 maps both names to the veth addresses): torch's c10d rendezvous resolves the machine's own host name, which
 the namespace's hosts file must know.
 
-Not here (yet): the script ``launchers/slurm.py --nodes 2`` renders, run by a SLURM spanning both namespaces.
+* SLURM across the two hosts: slurmctld on host A, one ``slurmd -N <host name>`` per host (NodeAddr = its veth
+  address, started inside its namespace and host name, so the job steps it starts inherit both), one munged whose
+  socket file both reach. The script ``launchers/slurm.py RECIPE --nodes 2 --gpus-per-node 1 --cpu`` renders and
+  submits with sbatch (from host A) runs one torchrun per node; its per-update metrics equal the same two
+  processes on one host. ``--cpu`` is the only difference from a GPU cluster's script: no ``#SBATCH
+  --gpus-per-node`` request and ``CUDA_VISIBLE_DEVICES=''`` (so gloo, not nccl).
 
-Needs root (``ip netns``, ``unshare``); skipped otherwise, with that reason.
+Needs root (``ip netns``, ``unshare``, ``nsenter``); skipped otherwise, with that reason; the SLURM test also needs
+Debian's ``slurm-wlm`` and ``munge`` (installed as root when missing, skipped with the reason otherwise).
 """
 
 from __future__ import annotations
 
 import math
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -26,16 +33,18 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, _env, assert_same_rows, read_jsonl, run_recipe
+from slurm_cluster import LocalSlurm, ensure_slurm_installed
 
 pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("unshare") is None,
-    reason="two network hosts need root and iproute2 (`ip netns`) and util-linux (`unshare`)",
+    os.geteuid() != 0 or any(shutil.which(tool) is None for tool in ("ip", "unshare", "nsenter")),
+    reason="two network hosts need root, iproute2 (`ip netns`) and util-linux (`unshare`, `nsenter`)",
 )
 
 TIMING = {"step_time_s", "sync_time_s", "tokens_per_s", "train_time_s", "rollout_time_s"}
 OVERRIDES = ["engine.zero_stage=3", "train.max_steps=3", "eval.every=null", "checkpoint.save_every=null",
              "checkpoint.save_final=false", "logging.progress_bar=false"]
 RUN_PY = REPO / "launchers" / "run.py"
+SLURM_PY = REPO / "launchers" / "slurm.py"
 
 
 def _metrics(out: Path) -> list:
@@ -71,23 +80,31 @@ class TwoHosts:
 
     def close(self) -> None:
         ip = shutil.which("ip")
+        for pid in self.leftover_pids():
+            os.kill(pid, signal.SIGKILL)
         for name in self.names:
             subprocess.run([ip, "netns", "del", name], capture_output=True)  # takes its veth end (and the pair) along
             shutil.rmtree(Path("/etc/netns") / name, ignore_errors=True)
 
-    def command(self, host: int, argv: list, hostname: bool = False) -> list:
-        """``argv`` inside host ``host``'s network namespace (and, with ``hostname``, its own host name)."""
-        inner = argv
-        if hostname:
-            inner = [shutil.which("unshare"), "--uts", "sh", "-c", 'hostname "$0" && exec "$@"', self.hostnames[host],
-                     *argv]
-        return [shutil.which("ip"), "netns", "exec", self.names[host], *inner]
+    def command(self, host: int, argv: list) -> list:
+        """``argv`` on host ``host``: in its network namespace, under its own host name (a UTS namespace), with its
+        hosts file bound over /etc/hosts in a private mount namespace. That is ``ip netns exec`` without the fresh
+        sysfs it mounts on /sys: slurmd (22.05) needs the machine's /sys/fs/cgroup and fails under ``ip netns exec``
+        with "No filesystem mounted on /sys/fs/cgroup" / "Unable to initialize cgroup plugin"."""
+        script = 'mount --bind "$0" /etc/hosts && hostname "$1" && shift && exec "$@"'
+        return [shutil.which("nsenter"), f"--net=/run/netns/{self.names[host]}", shutil.which("unshare"), "--mount",
+                "--uts", "sh", "-c", script, f"/etc/netns/{self.names[host]}/hosts", self.hostnames[host], *argv]
+
+    def leftover_pids(self) -> list:
+        """Processes still running in the namespaces (all started by the tests)."""
+        return [int(pid) for name in self.names for pid in subprocess.run(
+            [shutil.which("ip"), "netns", "pids", name], capture_output=True, text=True).stdout.split()]
 
 
 def _namespaces_refused() -> str:
     """Why this machine cannot make the namespaces (a container without CAP_SYS_ADMIN / CAP_NET_ADMIN), or ""."""
     probe = f"hlprobe{os.getpid()}"
-    for argv in ([shutil.which("ip"), "netns", "add", probe], [shutil.which("unshare"), "--uts", "true"]):
+    for argv in ([shutil.which("ip"), "netns", "add", probe], [shutil.which("unshare"), "--mount", "--uts", "true"]):
         done = subprocess.run(argv, capture_output=True, text=True)
         if done.returncode != 0:
             return f"`{' '.join(argv[1:])}` failed here: {done.stderr.strip()}"
@@ -124,7 +141,7 @@ def test_torchrun_across_two_hosts_matches_one_host(two_hosts, one_host_metrics,
                     "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{two_hosts.addrs[0]}:{port}", "--rdzv-id", "two-hosts",
                     "--local-addr", two_hosts.addrs[host], "--max-restarts", "0",
                     str(RUN_PY), str(TINY_HUMANLINE), *OVERRIDES, f"output_dir={out}"]
-        procs.append(subprocess.Popen(two_hosts.command(host, torchrun, hostname=True), cwd=REPO, env=env, stdout=subprocess.PIPE,
+        procs.append(subprocess.Popen(two_hosts.command(host, torchrun), cwd=REPO, env=env, stdout=subprocess.PIPE,
                                       stderr=subprocess.STDOUT, text=True, start_new_session=True))
     logs = []
     try:
@@ -138,3 +155,56 @@ def test_torchrun_across_two_hosts_matches_one_host(two_hosts, one_host_metrics,
     got = _metrics(out)
     assert [r["step"] for r in got] == [0, 1, 2] and all(math.isfinite(r["loss"]) for r in got)
     assert_same_rows(one_host_metrics, got, "two hosts vs one host", tol=1e-6)
+
+
+@pytest.fixture(scope="module")
+def two_host_slurm(two_hosts):
+    """slurmctld on host A and a slurmd per host, each under its host name and in its namespace; stopped after."""
+    bins = ensure_slurm_installed()
+    cluster = LocalSlurm(bins, list(zip(two_hosts.hostnames, two_hosts.addrs)), 6817, 6818, _env(), two_hosts.command)
+    try:
+        yield cluster.start()
+    finally:
+        cluster.stop()
+        left = two_hosts.leftover_pids()
+        assert not left, f"processes left in the namespaces after SLURM stopped: {left}"  # close() kills them
+
+
+def test_slurm_steps_run_on_their_own_host(two_host_slurm, two_hosts):
+    """Each slurmd's steps inherit its namespace and host name; one munged serves both (a credential made on
+    host B through the socket file decodes on host A)."""
+    step = two_host_slurm.run("srun", "--nodes=2", "--ntasks-per-node=1", "--label", "sh", "-c",
+                              'echo "$(hostname) $(hostname -I) $SLURM_NODEID"')
+    assert step.returncode == 0, step.stderr + two_host_slurm.logs()
+    lines = sorted(line.split(": ", 1)[1].split() for line in step.stdout.strip().splitlines())
+    assert lines == [[two_hosts.hostnames[i], two_hosts.addrs[i], str(i)] for i in (0, 1)], step.stdout
+    socket_file = str(two_host_slurm.root / "munge.socket.2")
+    made = subprocess.run(two_hosts.command(1, ["munge", "--socket", socket_file, "--string", "from-b"]),
+                          capture_output=True, text=True)
+    read = subprocess.run(two_hosts.command(0, ["unmunge", "--socket", socket_file]), input=made.stdout,
+                          capture_output=True, text=True)
+    assert made.returncode == 0 and read.returncode == 0 and read.stdout.rstrip().endswith("from-b"), (made, read)
+
+
+def test_slurm_job_across_two_hosts_matches_one_host(two_host_slurm, two_hosts, one_host_metrics, tmp_path):
+    out = tmp_path / "run"
+    submit = [sys.executable, str(SLURM_PY), str(TINY_HUMANLINE), "--nodes", "2", "--gpus-per-node", "1", "--cpu",
+              *OVERRIDES, f"output_dir={out}"]
+    proc = subprocess.run(two_host_slurm.client(submit), cwd=REPO, env=two_host_slurm.env, capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    job_id = re.search(r"submitted job (\d+)", proc.stdout).group(1)
+    job = two_host_slurm.wait_done(job_id, timeout=300)
+    log = "\n".join(p.read_text(errors="replace") for p in sorted((out / "slurm").glob("*.out")))
+    assert job["JobState"] == "COMPLETED" and job["ExitCode"] == "0:0", (job, log, two_host_slurm.logs())
+    node_a, node_b = two_hosts.hostnames
+    assert job["NodeList"] == f"{node_a},{node_b}" and job["BatchHost"] == node_a, job
+    assert f"2 node(s) x 1 rank(s), rendezvous {node_a}:" in log, log
+    # the job's one step (srun: a torchrun per node) was launched by each host's slurmd, from the batch on host A
+    for node in (node_a, node_b):
+        slurmd_log = (two_host_slurm.root / f"slurmd-{node}.log").read_text()
+        launched = rf"launch task StepId={job_id}\.0 request .* HOST:{re.escape(two_hosts.addrs[0])} "
+        assert re.search(launched, slurmd_log), slurmd_log
+    got = _metrics(out)
+    assert [r["step"] for r in got] == [0, 1, 2] and all(math.isfinite(r["loss"]) for r in got)
+    assert_same_rows(one_host_metrics, got, "SLURM on two hosts vs one host", tol=1e-6)

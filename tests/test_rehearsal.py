@@ -13,6 +13,8 @@ import pytest
 
 from helpers import REPO, TINY_HUMANLINE, _env
 
+from hl_core.rehearsal.report import memory_rows
+
 TINY_MEGATRON_PP = REPO / "recipes" / "tiny" / "megatron_tp1_pp2_humanline_dpo.yaml"
 FP32 = 4
 
@@ -108,6 +110,14 @@ def test_zero2_rank_of_four_reduces_every_micro_batch_and_the_plan_counts_its_bu
     assert abs(memory["peak_tensors"] / plan["total"] - 1) < 0.10
 
 
+def _in_fresh_process(script: str) -> str:
+    """Run ``script`` in a Python process of its own (the fake process group is process-wide); its stdout."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
 def test_fake_world_makes_deepspeeds_backend_without_the_shm_op():
     """Under the fake process group (already initialised by the rehearsal), the DeepSpeed engine's start-up makes
     DeepSpeed's communication backend itself, with the shared-memory all-reduce op left unbuilt (as under gloo),
@@ -122,10 +132,7 @@ def test_fake_world_makes_deepspeeds_backend_without_the_shm_op():
         "assert ds.cdb.shm_comm_op is None, 'the shm op was built'\n"
         "print('ok', ds.cdb.get_world_size())\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "ok 4" in proc.stdout
+    assert "ok 4" in _in_fresh_process(script)
 
 
 def test_traffic_link_follows_the_nodes_a_group_spans():
@@ -150,10 +157,7 @@ def test_traffic_link_follows_the_nodes_a_group_spans():
         "    out[per_node] = {k: [r.payload, r.between_nodes] for k, r in traffic.by_kind().items()}\n"
         "print(json.dumps(out))\n"
     )
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    two_nodes, one_node = json.loads(proc.stdout.strip().splitlines()[-1]).values()
+    two_nodes, one_node = json.loads(_in_fresh_process(script).strip().splitlines()[-1]).values()
     assert two_nodes == {"all-reduce": [1024 * FP32, False], "all-reduce between nodes": [256 * FP32, True],
                          "pp send between nodes": [512 * FP32, True]}
     assert one_node == {"all-reduce": [(1024 + 256) * FP32, False], "pp send": [512 * FP32, False]}
@@ -163,8 +167,6 @@ def test_report_adds_the_generic_cpu_step_only_where_the_plan_lacks_it():
     """On the CPU the report adds two float32 temporaries of the largest stepped tensor to a DeepSpeed plan's step
     (torch AdamW's); the megatron CPU path's plan counts its own step (plan_terms.megatron_cpu_step_bytes), so
     nothing is added to it."""
-    from hl_core.rehearsal.report import memory_rows
-
     plan = dict(weights=10, resident=40, optimizer=20, reference=0, backward_gradients=10, step_gradients=7,
                 activations_full=5, activations_checkpointed=3, logits=4, total=60)
     memory = dict(at_rest=40, weights=10, optimizer=20, reference=0, kept_other=10, backward_gradients=10,

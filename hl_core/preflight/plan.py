@@ -43,7 +43,8 @@ fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped att
 micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
 keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation.
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
-plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2).
+plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2); megatron's Gemma 2
+path and the megatron CPU path's optimizer step are counted in plan_terms.py (measured by ``--rehearse``).
 With a token budget (``train.max_tokens_per_micro_batch``) the activations and logits are those of that many
 tokens instead of ``b*s`` (the eager score term still uses s, the longest row).
 Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL

@@ -162,12 +162,13 @@ def compare(shape: str, label: str, recipe: str, ranks: list) -> dict:
     The CPU adds one thing the plan (written for GPUs) leaves out: torch's AdamW steps CPU tensors one at a
     time and makes two float32 temporaries the size of the tensor it steps (the largest parameter, or
     DeepSpeed's flat float32 partition), which the fused GPU kernel does not; the peak's plan figure here
-    adds them (``cpu_step_temporaries``)."""
+    adds them (``cpu_step_temporaries``), except for megatron, whose CPU-path plan counts its own step
+    (``hl_core.preflight.plan_terms.megatron_cpu_step_bytes``)."""
     r = max(ranks, key=lambda x: max(p["peak"] for p in x["phases"].values()))
     ph, plan = r["phases"], r["plan_gib"]
     precision_bytes = 4 if "fp32" in label else 2
     logits_tensor = r["plan_sequences"] * r["seq_len"] * r["vocab"] / r["tp"] * precision_bytes / GIB
-    cpu_step = 2 * 4 * r["largest_stepped_tensor"] / GIB
+    cpu_step = 0.0 if label.startswith("megatron") else 2 * 4 * r["largest_stepped_tensor"] / GIB
     measured = {"at rest": r["rest_gib"], "logits": logits_tensor + r["logprobs_peak_gib"],
                 "peak": max(p["peak"] for p in ph.values())}
     predicted = {"at rest": plan["resident"], "logits": plan["logits"], "peak": plan["total"] + cpu_step}

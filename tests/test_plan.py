@@ -338,6 +338,58 @@ def test_megatron_cpu_path_steps_the_compute_dtype_shards_without_a_master_copy(
     assert gpu["bytes"]["optimizer"] == 8 * gpu["params_per_rank"]  # fp32 GPU: master weights are the params
 
 
+GEMMA2_27B_MEGATRON = REPO / "recipes" / "gemma2_27b_humanline_dpo.yaml"
+
+
+def _gemma_megatron(*overrides: str):
+    return load_recipe(GEMMA2_27B_MEGATRON, ["model.config_overrides={num_hidden_layers: 4}", *overrides])
+
+
+def test_megatron_cpu_path_counts_its_steps_temporaries():
+    """The CPU path's step (``MegatronEngine._cpu_step``) on Gemma-2-27B at tp 8 x pp 2, counted by hand: stage 0's
+    peak is the gradient norm's ``grad.float().pow(2)`` of its embedding slice (two float32 copies); stage 1's tied
+    output-layer copy is left out of the norm (``shared``), so its peak is AdamW's ``sqrt`` and quotient of that
+    copy (two bf16 tensors) while the denominator of fc2, stepped just before it, is still bound. Over dp 2 the
+    flat gradient copy it all-reduces (2 bytes per parameter) comes on top. The GPU path steps in place: 0."""
+    h, V, inter, tp = 4608, 256000, 36864, 8
+    first = memory_plan(_gemma_megatron(), 16, stage=0, distributed_optimizer=False, megatron_gpu=False)["bytes"]
+    assert first["step_gradients"] == 8 * V * h / tp
+    last = memory_plan(_gemma_megatron(), 16, stage=1, distributed_optimizer=False, megatron_gpu=False)
+    fc1 = 2 * inter * h / tp
+    assert 8 * fc1 < 2 * (2 * V * h / tp + inter * h / tp)  # the norm's largest (fc1) is not the peak
+    assert last["bytes"]["step_gradients"] == 2 * (2 * V * h / tp + inter * h / tp)
+    dp2 = memory_plan(_gemma_megatron("cluster.nodes=4"), 32, stage=1, distributed_optimizer=False, megatron_gpu=False)
+    assert dp2["dp"] == 2
+    assert dp2["bytes"]["step_gradients"] == 2 * dp2["params_per_rank"] + last["bytes"]["step_gradients"]
+    gpu = memory_plan(_gemma_megatron(), 16, stage=1)["bytes"]
+    assert gpu["step_gradients"] == 0.0
+
+
+def test_megatron_gemma2_logits_and_the_peak_beside_them():
+    """The last stage's soft-capped logits (one row of 2048 tokens per pipeline micro-batch, 256-token chunks,
+    V / tp = 32000 per rank), by hand: the forward ends with the bf16 logits, every chunk's float32 tanh and
+    softmax and the last chunk's float32 copy and quotient, (2 + 8) L + 4c; the backward's second chunk holds the
+    logits, the summed and the new full-size bf16 gradient beside the float32 tensors of 6 chunks, 3 * 2L + 8 (L - 2c):
+    the larger. With gradient checkpointing the logits peak beside the layers' inputs and the final norm only (no
+    layer is being recomputed then)."""
+    recipe = _gemma_megatron()
+    plan = memory_plan(recipe, 16, stage=1, distributed_optimizer=False, megatron_gpu=False)
+    by = plan["bytes"]
+    L, c = 2048 * 256000 / 8, 256 * 256000 / 8
+    assert 3 * 2 * L + 8 * (L - 2 * c) > (2 + 8) * L + 4 * c
+    assert by["logits"] == pytest.approx(3 * 2 * L + 8 * (L - 2 * c))
+    short = memory_plan(_gemma_megatron("data.max_length=256", "data.max_prompt_length=128"), 16, stage=1,
+                        distributed_optimizer=False, megatron_gpu=False)["bytes"]
+    assert short["logits"] == pytest.approx((2 + 12) * 256 * 256000 / 8)  # one chunk: copy, quotient, tanh, softmax
+    assert recipe.model.gradient_checkpointing
+    h = 4608
+    inputs = 2 * 2048 * h * 2  # bf16 input of each of the stage's 2 layers (1 in flight on the last stage)
+    final_norm = 2048 * (4 + 2 + 4) * h  # Gemma 2's RMSNorm: float32 input, bf16 output, float32 normalised
+    assert by["activations_checkpointed"] > inputs + final_norm
+    assert by["total"] == pytest.approx(by["resident"] + by["backward_gradients"] + max(
+        inputs + final_norm + by["logits"], by["activations_checkpointed"], by["step_gradients"]))
+
+
 def test_zero12_over_ranks_counts_the_reduce_bucket_within_the_backward():
     """DeepSpeed's ZeRO-1/2 reduce bucket (5e8 elements of the gradients' dtype, measured by --rehearse in bf16 and
     fp32) adds to the backward's side of the peak over more than one rank; not at rest, not on one rank."""

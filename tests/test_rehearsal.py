@@ -13,6 +13,8 @@ import pytest
 
 from helpers import REPO, TINY_HUMANLINE, _env
 
+from hl_core.rehearsal.report import memory_rows
+
 TINY_MEGATRON_PP = REPO / "recipes" / "tiny" / "megatron_tp1_pp2_humanline_dpo.yaml"
 FP32 = 4
 
@@ -106,3 +108,71 @@ def test_zero2_rank_of_four_reduces_every_micro_batch_and_the_plan_counts_its_bu
     plan = result["plan"]["bytes"]
     assert plan["backward_bucket"] == 5e8 * FP32
     assert abs(memory["peak_tensors"] / plan["total"] - 1) < 0.10
+
+
+def _in_fresh_process(script: str) -> str:
+    """Run ``script`` in a Python process of its own (the fake process group is process-wide); its stdout."""
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc.stdout
+
+
+def test_fake_world_makes_deepspeeds_backend_without_the_shm_op():
+    """Under the fake process group (already initialised by the rehearsal), the DeepSpeed engine's start-up makes
+    DeepSpeed's communication backend itself, with the shared-memory all-reduce op left unbuilt (as under gloo),
+    instead of leaving it to ``deepspeed.initialize``, which would JIT-compile the op for peers that do not exist."""
+    script = (
+        "from hl_core.rehearsal.world import join_fake_world\n"
+        "from hl_core.engines.deepspeed_engine import _init_distributed\n"
+        "import deepspeed.comm.comm as ds\n"
+        "join_fake_world(0, 4)\n"
+        "_init_distributed(None)\n"
+        "assert ds.cdb is not None and ds.cdb.is_initialized(), 'no DeepSpeed backend'\n"
+        "assert ds.cdb.shm_comm_op is None, 'the shm op was built'\n"
+        "print('ok', ds.cdb.get_world_size())\n"
+    )
+    assert "ok 4" in _in_fresh_process(script)
+
+
+def test_traffic_link_follows_the_nodes_a_group_spans():
+    """Rank 0 of 16 on 2 nodes of 8 (the Gemma-2-27B megatron layout, tp 8 x pp 2): an all-reduce over its tensor
+    group (ranks 0-7, one node) is NVLink traffic; a send to the next pipeline stage (rank 8, the other node) and
+    an all-reduce over ranks 0 and 8 cross nodes (InfiniBand). On one 16-GPU node the same send stays within it."""
+    script = (
+        "import json, torch, torch.distributed as dist\n"
+        "from hl_core.rehearsal.world import join_fake_world, CollectiveTraffic\n"
+        "from hl_core.rehearsal.memory import TensorLedger\n"
+        "from hl_core.rehearsal.run import RehearsalMode\n"
+        "join_fake_world(0, 16)\n"
+        "tp, pp = dist.new_group(list(range(8))), dist.new_group([0, 8])\n"
+        "out = {}\n"
+        "for per_node in (8, 16):\n"
+        "    traffic = CollectiveTraffic(per_node)\n"
+        "    traffic.recording = True\n"
+        "    with RehearsalMode(traffic, TensorLedger([], torch.device('cpu'))):\n"
+        "        dist.all_reduce(torch.ones(1024), group=tp)\n"
+        "        dist.all_reduce(torch.ones(256), group=pp)\n"
+        "        dist.send(torch.ones(512), dst=8, group=pp)\n"
+        "    out[per_node] = {k: [r.payload, r.between_nodes] for k, r in traffic.by_kind().items()}\n"
+        "print(json.dumps(out))\n"
+    )
+    two_nodes, one_node = json.loads(_in_fresh_process(script).strip().splitlines()[-1]).values()
+    assert two_nodes == {"all-reduce": [1024 * FP32, False], "all-reduce between nodes": [256 * FP32, True],
+                         "pp send between nodes": [512 * FP32, True]}
+    assert one_node == {"all-reduce": [(1024 + 256) * FP32, False], "pp send": [512 * FP32, False]}
+
+
+def test_report_adds_the_generic_cpu_step_only_where_the_plan_lacks_it():
+    """On the CPU the report adds two float32 temporaries of the largest stepped tensor to a DeepSpeed plan's step
+    (torch AdamW's); the megatron CPU path's plan counts its own step (plan_terms.megatron_cpu_step_bytes), so
+    nothing is added to it."""
+    plan = dict(weights=10, resident=40, optimizer=20, reference=0, backward_gradients=10, step_gradients=7,
+                activations_full=5, activations_checkpointed=3, logits=4, total=60)
+    memory = dict(at_rest=40, weights=10, optimizer=20, reference=0, kept_other=10, backward_gradients=10,
+                  step_gradients=7, activations=5, logits=4, peak_tensors=60, peak_process=60, at_peak={},
+                  largest_stepped_numel=100)
+    for engine, added in (("deepspeed", 2 * 4 * 100), ("megatron", 0)):
+        result = dict(memory=memory, plan=dict(bytes=plan, gradient_checkpointing=False), device="CPU", engine=engine)
+        step = {label.strip(): planned for label, _, planned, _ in memory_rows(result)}["float32 gradients at step"]
+        assert step == 7 + added

@@ -64,19 +64,28 @@ def safe_checkpoint_engine(config):
     return SafeTorchCheckpointEngine(config)
 
 
+SHM_SKIPPED = ("gloo", "fake")  # CPU process groups under which DeepSpeed's shm all-reduce op is not built
+
+
 def _init_distributed(backend: Optional[str]) -> None:
     """DeepSpeed's process group. Under gloo (CPU ranks) DeepSpeed would JIT-compile its shared-memory all-reduce op
     (about two minutes and a C++ compiler, once per Python environment, and again whenever another environment
     shares torch's extension cache): gloo's own collectives serve the CPU sizes of this pack, so the op is not built.
-    Its absence is a path DeepSpeed supports (``build_shm_op`` returns None on platforms without the op)."""
+    Its absence is a path DeepSpeed supports (``build_shm_op`` returns None on platforms without the op; only
+    ``inference_all_reduce``, which training never calls, would use it). The same under torch's fake process group
+    (``--rehearse``, already initialised: DeepSpeed's communication backend is made here, before
+    ``deepspeed.initialize`` would make it with the op), where no peer process exists to share memory with."""
     import deepspeed
 
     ds_comm = importlib.import_module("deepspeed.comm.torch")  # the attribute `deepspeed.comm.torch` is torch itself
     if torch.distributed.is_initialized():
-        return
-    backend = launch_environment(backend)
+        backend = torch.distributed.get_backend()
+        if backend not in SHM_SKIPPED:
+            return
+    else:
+        backend = launch_environment(backend)
     build = ds_comm.build_shm_op
-    if backend == "gloo":
+    if backend in SHM_SKIPPED:
         ds_comm.build_shm_op = lambda: None
     try:
         deepspeed.init_distributed(dist_backend=backend, verbose=False)

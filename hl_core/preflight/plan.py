@@ -43,7 +43,8 @@ fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped att
 micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
 keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation.
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
-plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2).
+plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2); megatron's Gemma 2
+path and the megatron CPU path's optimizer step are counted in plan_terms.py (measured by ``--rehearse``).
 With a token budget (``train.max_tokens_per_micro_batch``) the activations and logits are those of that many
 tokens instead of ``b*s`` (the eager score term still uses s, the longest row).
 Sequences per micro-batch b: SFT micro, DPO 2 x micro (chosen + rejected), KTO 2 x micro (completions + KL
@@ -71,7 +72,8 @@ from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
 from .plan_lora import lora_terms
-from .plan_terms import layer_activation_bytes, logits_bytes, norm_bytes
+from .plan_terms import (layer_activation_bytes, logits_bytes, megatron_cpu_step_bytes, megatron_softcap_logits_bytes,
+                         norm_bytes)
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -212,7 +214,8 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
         reference = pb * shard
         # GPU: megatron's DDP allocates the main-grad buffer up front; CPU path: ``.grad`` in backward
         resident_grads, backward_grads = (grads, 0.0) if megatron_gpu else (0.0, pb * shard)
-        step_grads = 0.0
+        # GPU: megatron's fused kernels step the main-grad buffer in place; CPU path: its step's temporaries
+        step_grads = 0.0 if megatron_gpu else megatron_cpu_step_bytes(spec, pb, tp, pp, pipe_stage, dp, shard)
         params_on_rank = shard
         notes.append(
             "megatron: optimizer states " + ("partitioned over dp (distributed optimizer)" if distributed_optimizer
@@ -287,10 +290,11 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
         activations_full += tokens * lora["activation_bytes_per_token"]
         activations_ckpt += tokens * lora["activation_bytes_per_token"] / spec.num_layers
     gemma2 = spec.model_type.startswith("gemma2")
-    # megatron's Gemma 2 path: megatron-core's cross entropy (a float32 softmax kept); HF's Gemma 2: the tanh
-    # of its final logit soft-capping kept beside the logits
-    logits = logits_bytes(1, tokens_in_flight, V, pb, t, recipe.train.logps_chunk_tokens,
-                          keeps_softmax=engine == "megatron" and gemma2, softcap_copy=engine != "megatron" and gemma2)
+    # megatron's Gemma 2 path: soft-capped chunks through megatron-core's cross entropy (plan_terms.py); HF's
+    # Gemma 2: the tanh of its final logit soft-capping kept beside the logits
+    chunk = recipe.train.logps_chunk_tokens
+    logits = (megatron_softcap_logits_bytes(tokens_in_flight, V, pb, t, chunk) if engine == "megatron" and gemma2 else
+              logits_bytes(1, tokens_in_flight, V, pb, t, chunk, softcap_copy=engine != "megatron" and gemma2))
     logits = logits if last_stage else 0.0
     checkpointing = bool(recipe.model.gradient_checkpointing)
 
@@ -310,6 +314,9 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     resident = weights_at_rest + optimizer + reference + resident_grads + buckets
     activations = activations_ckpt if checkpointing else activations_full
     other = activations_full if checkpointing else activations_ckpt
+    if engine == "megatron":  # checkpointed: the logits peak before any layer is recomputed (only inputs beside them)
+        activations, other = (max(a - logits, a - per_layer) if ckpt else a
+                              for a, ckpt in ((activations, checkpointing), (other, not checkpointing)))
     # the peak: in the backward (gathered parameters, activations, logits and the gradients of earlier
     # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
     total = resident + backward_grads + max(gathered + backward_bucket + activations + logits, step_grads)

@@ -21,9 +21,27 @@ Log-probs (``hl_core.logprobs``): the policy's logits stay for backward (pb per 
 soft-capping keeps its tanh output too, another pb per logit); the backward writes
 a logits-sized gradient (pb per logit) and works on one float32 block of ``logps_chunk_tokens`` tokens plus
 the compute-dtype copy the gradient is written through (half a block in bf16, none in fp32; the forward's
-log-sum-exp needs two blocks, before the gradient exists). The
-megatron engine's Gemma 2 path uses megatron-core's vocab-parallel cross entropy, which also keeps a
-float32 softmax of every logit (4 per logit).
+log-sum-exp needs two blocks, before the gradient exists).
+
+The megatron engine's Gemma 2 path (``hl_core.engines.megatron_logps``, a soft-capped ``transform``), L logits of
+one pipeline micro-batch (``tokens * V / t``) in chunks of c (``logps_chunk_tokens`` tokens): each chunk is copied
+to float32, divided by the cap, tanh'd (autograd keeps the tanh output: 4 per logit) and multiplied back; that
+product goes into megatron-core's ``vocab_parallel_cross_entropy``, which turns it into the softmax in place and
+keeps it for backward (4 per logit). So the forward ends holding the logits (pb L), 8 bytes per logit of every
+chunk, and the last chunk's copy and quotient beside its tanh (4c more): ``(pb + 8) L + 4c``. The backward walks
+the chunks from the last; each chunk's slice of the logits hands back a gradient of the logits' full size
+(``SliceBackward``: zeros but for the chunk, pb L) that autograd sums into the running one, so from the second
+chunk on the logits, the running sum and the new full-size gradient (3 pb L) sit beside the float32 tensors of the
+chunks not yet reached: ``3 pb L + 8 (L - 2c)`` (the first chunk: ``2 pb L + 8 (L - c)``). Measured by
+``--rehearse`` on the last stage of recipes/gemma2_27b_humanline_dpo.yaml to the byte (1 row of 256, 1024 and 2048
+tokens, V/t = 32000, c = 256 and 128 tokens).
+
+The megatron engine's CPU step (``MegatronEngine._cpu_step``, bf16 or fp32 shards in ``.grad``; see
+:func:`megatron_cpu_step_bytes`): over dp > 1 the flat copy of every gradient it all-reduces (pb per parameter,
+alive to the end of the step); the global gradient norm's ``grad.float().pow(2)`` of one tensor at a time (two
+float32 temporaries in bf16, one in fp32; the last stage's tied output-layer copy is ``shared`` and left out);
+torch AdamW's per-tensor step (the CPU has no foreach kernels) ``denom = exp_avg_sq.sqrt() / c``: two compute-dtype
+temporaries of the tensor being stepped, while the previous tensor's ``denom`` is still bound (3 tensors' worth).
 """
 
 from __future__ import annotations
@@ -49,10 +67,38 @@ def layer_activation_bytes(spec, pb: int, tp: int = 1, seq_len: int = 0, eager: 
 
 
 def logits_bytes(rows: int, seq_len: int, vocab: int, pb: int, tp: int = 1, chunk_tokens: int = 256,
-                 keeps_softmax: bool = False, softcap_copy: bool = False) -> float:
+                 softcap_copy: bool = False) -> float:
     """Peak bytes of the policy's logits and log-probs over forward and backward (see the docstring)."""
     logits = rows * seq_len * vocab / tp
     block = 4 * min(chunk_tokens, rows * seq_len) * vocab / tp
     written_through = 0.5 if pb < 4 else 0.0  # the compute-dtype copy of a block (none in fp32)
-    kept = pb * (2 if softcap_copy else 1) + (4 if keeps_softmax else 0)
+    kept = pb * (2 if softcap_copy else 1)
     return kept * logits + max(2 * block, pb * logits + (1 + written_through) * block)
+
+
+def megatron_softcap_logits_bytes(tokens: float, vocab: int, pb: int, tp: int, chunk_tokens: int) -> float:
+    """Peak bytes of the logits on megatron's soft-capped (Gemma 2) path for one pipeline micro-batch of
+    ``tokens``: the larger of the forward's end and the backward's second chunk (see the module docstring)."""
+    logits = tokens * vocab / tp
+    chunk = min(chunk_tokens, tokens) * vocab / tp
+    forward = (pb + 8) * logits + 4 * chunk
+    backward = max(2 * pb * logits + 8 * (logits - chunk), 3 * pb * logits + 8 * (logits - 2 * chunk))
+    return max(forward, backward if chunk < logits else 0.0)
+
+
+def megatron_cpu_step_bytes(spec, pb: int, tp: int, pp: int, stage: int, dp: int, shard: float) -> float:
+    """Peak bytes the megatron CPU path's optimizer step makes (see the module docstring): the dp all-reduce's
+    flat gradient copy, then the larger of the norm's float32 temporaries and AdamW's, over this rank's matrices
+    in the order the optimizer steps them (the decay group: embedding, each layer's qkv, proj, fc1, fc2, output
+    layer; the vectors, in the no-decay group after them, are small)."""
+    h, inter = spec.hidden_size, spec.intermediate_size
+    layer = [(spec.q_dim + 2 * spec.kv_dim) * h, h * spec.q_dim, 2 * inter * h, inter * h]
+    matrices = [spec.vocab_size * h] if stage == 0 else []
+    matrices += layer * (spec.num_layers // pp)
+    output = stage == pp - 1 and (not spec.tie_word_embeddings or pp > 1)
+    matrices += [spec.vocab_size * h] if output else []
+    matrices = [m / tp for m in matrices]
+    normed = matrices[:-1] if output and spec.tie_word_embeddings else matrices  # the tied copy is `shared`
+    norm = (8 if pb < 4 else 4) * max(normed)
+    adam = max(pb * (2 * m + previous) for m, previous in zip(matrices, [0.0] + matrices[:-1]))
+    return (pb * shard if dp > 1 else 0.0) + max(norm, adam)

@@ -19,8 +19,9 @@ def memory_rows(result: Dict) -> List[Tuple[str, int, float, str]]:
     kept = plan["resident"] - weights - plan["optimizer"] - plan["reference"]
     # the CPU step makes two float32 temporaries the size of the largest tensor it steps, which the fused GPU
     # kernels do not: torch AdamW's per-tensor temporaries (DeepSpeed's flat float32 partition; bench/
-    # realistic_shapes.py measured the same), the megatron CPU path's float32 gradient norm (``grad.float().pow(2)``)
-    cpu_step = 2 * 4 * m.get("largest_stepped_numel", 0) if result["device"] == "CPU" else 0
+    # realistic_shapes.py measured the same). The megatron CPU path's plan counts its own step (plan_terms.py)
+    cpu = result["device"] == "CPU" and result["engine"] != "megatron"
+    cpu_step = 2 * 4 * m.get("largest_stepped_numel", 0) if cpu else 0
     step_note = " (plan + 2 float32 temporaries of the largest stepped tensor: the CPU step)" if cpu_step else ""
     peak_plan = max(plan["total"], plan["resident"] + plan["backward_gradients"] + plan["step_gradients"] + cpu_step)
     activations = plan["activations_checkpointed"] if result["plan"]["gradient_checkpointing"] else plan["activations_full"]

@@ -63,7 +63,7 @@ def replan(result: dict) -> dict:
     layers = f"model.config_overrides={{num_hidden_layers: {result['layers']}}}"
     recipe = load_recipe(REPO / RECIPES[result["recipe"]], [layers, *result.get("extra", [])])
     cpu_megatron = result["engine"] == "megatron" and result["device"] == "CPU"
-    plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"],
+    plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"], dp_rank=result["coords"]["dp"],
                        distributed_optimizer=not cpu_megatron, megatron_gpu=not cpu_megatron)
     return dict(result, plan=plan)
 

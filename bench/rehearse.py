@@ -4,9 +4,10 @@ its own), and the table of every memory term measured beside ``--plan`` for the 
 
     python bench/rehearse.py [--layers 2] [--only NAME ...] [--out docs/perf/rehearse_cpu_<date>.md]
 
-Writes the Markdown table (and the raw results beside it, ``.json``). Memory per rehearsal on the CPU: a
-Gemma-2-27B rank at 2 layers peaks near 10 GiB (its 256k-vocabulary embedding and logits): run nothing else big
-beside it.
+Writes the Markdown table (and the raw results beside it, ``.json``); ``--include`` tables the results of earlier
+invocations first, so rows run with different ``--set`` overrides land in one file. Memory per rehearsal on the
+CPU: the ZeRO-3 Gemma-2-27B rank at 2 layers peaks near 13 GiB (its 256k-vocabulary embedding and logits), the
+Qwen GRPO rank at micro-batch 1 near 15 GiB: run nothing else big beside them.
 """
 
 from __future__ import annotations

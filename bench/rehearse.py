@@ -4,9 +4,10 @@ its own), and the table of every memory term measured beside ``--plan`` for the 
 
     python bench/rehearse.py [--layers 2] [--only NAME ...] [--out docs/perf/rehearse_cpu_<date>.md]
 
-Writes the Markdown table (and the raw results beside it, ``.json``). Memory per rehearsal on the CPU: a
-Gemma-2-27B rank at 2 layers peaks near 10 GiB (its 256k-vocabulary embedding and logits): run nothing else big
-beside it.
+Writes the Markdown table (and the raw results beside it, ``.json``); ``--include`` tables the results of earlier
+invocations first, so rows run with different ``--set`` overrides land in one file. Memory per rehearsal on the
+CPU: the ZeRO-3 Gemma-2-27B rank at 2 layers peaks near 13 GiB (its 256k-vocabulary embedding and logits), the
+Qwen GRPO rank at micro-batch 1 near 15 GiB: run nothing else big beside them.
 """
 
 from __future__ import annotations
@@ -63,7 +64,7 @@ def replan(result: dict) -> dict:
     layers = f"model.config_overrides={{num_hidden_layers: {result['layers']}}}"
     recipe = load_recipe(REPO / RECIPES[result["recipe"]], [layers, *result.get("extra", [])])
     cpu_megatron = result["engine"] == "megatron" and result["device"] == "CPU"
-    plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"],
+    plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"], dp_rank=result["coords"]["dp"],
                        distributed_optimizer=not cpu_megatron, megatron_gpu=not cpu_megatron)
     return dict(result, plan=plan)
 

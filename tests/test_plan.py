@@ -176,12 +176,17 @@ def test_component_formulas():
                                 "model.attn_implementation=eager"), world)
     # eager scores: the float32 softmax and its bf16 copy per head and key (no soft-capping in Qwen)
     assert eager["bytes"]["activations_full"] == pytest.approx(s * b * (per_token_layer + 6 * a * s) * L + final_norm)
-    assert by["activations_checkpointed"] == pytest.approx(2 * s * b * h * L + s * b * per_token_layer + final_norm)
+    # checkpointed: every layer's input, plus one recomputed layer (its backward) or the final norm (the log-prob
+    # backward), never both: the final norm's backward frees its tensors before the first layer is recomputed
+    assert by["activations_checkpointed"] == pytest.approx(2 * s * b * h * L + s * b * max(per_token_layer, 6 * 3584))
     # logits kept (2) + their gradient (2) per logit, and 1.5 float32 blocks of 256 tokens
     assert by["logits"] == pytest.approx(4 * b * s * V + 1.5 * 4 * 256 * V)
-    # the peak: at rest + the bf16 gradients + max(activations + logits, the step's float32 gradients)
+    # the peak: at rest + the bf16 gradients + the largest phase: the log-prob backward (every activation and the
+    # logits), a layer's backward (the layers' activations, the final norm's freed; Qwen2.5-7B is untied) or the
+    # step's float32 gradients
     assert by["resident"] == 2 * P + 12 * P + 2 * P
-    assert by["total"] == pytest.approx(16 * P + 2 * P + max(by["activations_full"] + by["logits"], 4 * P))
+    full = by["activations_full"]
+    assert by["total"] == pytest.approx(16 * P + 2 * P + max(full + by["logits"], full - final_norm, 4 * P))
     # ZeRO-3: the reference is partitioned like the policy
     z3 = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=3"), world)
     assert z3["bytes"]["reference"] == pytest.approx(2 * P / world)
@@ -395,12 +400,43 @@ def test_zero12_over_ranks_counts_the_reduce_bucket_within_the_backward():
     fp32) adds to the backward's side of the peak over more than one rank; not at rest, not on one rank."""
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
     for stage in (1, 2):
-        recipe = _recipe(name, f"engine.zero_stage={stage}")
+        recipe = _recipe(name, f"engine.zero_stage={stage}", "model.gradient_checkpointing=true")
         by = memory_plan(recipe, 8)["bytes"]
         assert by["backward_bucket"] == 2 * 5e8 and by["reduce_buckets"] == 0
-        activations = by["activations_checkpointed" if recipe.model.gradient_checkpointing else "activations_full"]
-        peak = by["resident"] + by["backward_gradients"] + max(
-            by["backward_bucket"] + activations + by["logits"], by["step_gradients"])
+        # the bucket exists from the first gradient that is ready to the end of each backward: in a layer's backward
+        # (the kept inputs + one recomputed layer), not in the log-prob backward (no parameter's gradient yet)
+        assert by["phase_layers"] == pytest.approx(by["backward_bucket"] + by["activations_checkpointed"])
+        assert by["phase_logits"] > by["phase_layers"] - by["backward_bucket"]
+        peak = by["resident"] + by["backward_gradients"] + max(by["phase_layers"], by["phase_logits"], by["step_gradients"])
         assert by["total"] == pytest.approx(peak)
         one = memory_plan(_recipe(name, f"engine.zero_stage={stage}", "cluster.gpus_per_node=1"), 1)["bytes"]
         assert one["backward_bucket"] == 0
+
+
+def test_zero2_gradient_buffer_holds_the_overlapping_parameters_whole_and_tied_outputs_wait_for_the_embedding():
+    """What --rehearse measured of DeepSpeed's ZeRO-2 on Qwen2.5-1.5B (tied embeddings, docs/perf): the 16-bit
+    gradient buffer of a rank is sized by the parameters that overlap its 1/dp of the flattened parameters, each
+    whole, so rank 0 (the embedding first) holds the whole V x h embedding, not P/dp; and in a layer's backward
+    the output layer's gradient (V x h, tied) waits in autograd for the embedding's own backward."""
+    name = "Qwen/Qwen2.5-1.5B-Instruct"
+    spec = MODEL_SPECS[name]
+    V, h, P = spec.vocab_size, spec.hidden_size, spec.num_params()
+    recipe = _recipe(name, "engine.zero_stage=2", "model.gradient_checkpointing=true")
+    rank0 = memory_plan(recipe, 8, dp_rank=0)["bytes"]
+    assert V * h > P / 8  # 233M > 193M: rank 0's range lies inside the embedding
+    # plus its overlap of the other group (norms and biases, no weight decay): 1/8 of them, cut at a tensor's end
+    vectors = spec.num_layers * (2 * h + spec.q_dim + 2 * spec.kv_dim) + h
+    assert 2 * (V * h + vectors / 8) <= rank0["backward_gradients"] <= 2 * (V * h + vectors / 8 + h)
+    assert rank0["gradients"] == pytest.approx(2 * P / 8 + 4 * P / 8)  # the model states stay DeepSpeed's estimator
+    # rank 1's range starts inside the embedding and runs P/8 elements on, into the layers: the embedding whole
+    # plus the layers' tensors it reaches (at least 2P/8 - V*h elements past the embedding)
+    rank1 = memory_plan(recipe, 8, dp_rank=1)["bytes"]
+    assert 2 * (V * h + (2 * P / 8 - V * h)) <= rank1["backward_gradients"] <= 2 * (2 * P / 8 + 2 * h * spec.intermediate_size)
+    worst = memory_plan(recipe, 8)["bytes"]  # the plan's own answer: the largest over the ranks
+    assert worst["backward_gradients"] == max(memory_plan(recipe, 8, dp_rank=r)["bytes"]["backward_gradients"]
+                                              for r in range(8))
+    assert rank0["phase_layers"] == pytest.approx(rank0["backward_bucket"] + rank0["activations_checkpointed"]
+                                                  + 2 * V * h)  # the tied output layer's gradient
+    untied = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=2", "model.gradient_checkpointing=true"),
+                         8, dp_rank=0)["bytes"]
+    assert untied["phase_layers"] == pytest.approx(untied["backward_bucket"] + untied["activations_checkpointed"])

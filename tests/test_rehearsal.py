@@ -10,9 +10,12 @@ import subprocess
 import sys
 
 import pytest
+import torch
+from torch.utils.checkpoint import checkpoint
 
 from helpers import REPO, TINY_HUMANLINE, _env
 
+from hl_core.rehearsal.memory import TensorLedger
 from hl_core.rehearsal.report import memory_rows
 
 TINY_MEGATRON_PP = REPO / "recipes" / "tiny" / "megatron_tp1_pp2_humanline_dpo.yaml"
@@ -176,3 +179,71 @@ def test_report_adds_the_generic_cpu_step_only_where_the_plan_lacks_it():
         result = dict(memory=memory, plan=dict(bytes=plan, gradient_checkpointing=False), device="CPU", engine=engine)
         step = {label.strip(): planned for label, _, planned, _ in memory_rows(result)}["float32 gradients at step"]
         assert step == 7 + added
+
+
+def test_ledger_counts_a_recomputed_autograd_function_as_an_activation():
+    """Gradient checkpointing recomputes a layer inside the backward; an autograd.Function's forward (DeepSpeed
+    ZeRO-3's linear is one) runs with gradients off, so only torch's recomputation hooks tell its outputs (saved
+    for the layer's backward: activations) from the backward's own tensors (gradients)."""
+    ledger = TensorLedger([], torch.device("cpu"))
+    seen = []
+
+    class Double(torch.autograd.Function):
+        @staticmethod
+        def forward(ctx, x):
+            out = x * 2
+            seen.append((torch.is_grad_enabled(), ledger.category_of(out)))
+            return out
+
+        @staticmethod
+        def backward(ctx, grad):
+            seen.append(("backward", ledger.category_of(grad * 2)))
+            return grad * 2
+
+    x = torch.randn(8, 4, requires_grad=True)
+    ledger.phase = "forward"
+    y = checkpoint(lambda t: Double.apply(t).sin(), x, use_reentrant=False)
+    ledger.phase = "backward"
+    y.sum().backward()
+    forward, recomputed, backward = seen
+    assert forward == (False, "forward")  # the first forward: its phase
+    assert recomputed == (False, "activation")  # gradients off, yet recomputed for the backward
+    assert backward == ("backward", "backward")  # the backward function's gradient
+
+
+def test_zero0_rank_of_four_all_reduces_the_gradients_once_per_update(tmp_path):
+    """Rank 1 of a 4-rank ZeRO-0 world: nothing is partitioned (the whole model and its whole gradients on every
+    rank, no reduction bucket in the plan) and the gradients are all-reduced once per update, at the accumulation
+    boundary: the payload is the model's float32 size once, not once per micro-batch; nothing is all-gathered."""
+    result, _ = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=0", "cluster.gpus_per_node=4",
+                          "train.global_batch_size=64", "humanline.reference=copy")
+    assert result["world_size"] == 4 and result["coords"]["dp_size"] == 4
+    params, micro = _tiny_params(), result["micro_batches"]
+    assert micro == 2
+    traffic, memory, plan = result["traffic"], result["memory"], result["plan"]["bytes"]
+    assert params * FP32 <= traffic["all-reduce"]["payload"] < 2 * params * FP32
+    assert "all-gather" not in traffic and "reduce-scatter" not in traffic
+    assert memory["weights"] == params * FP32
+    # the whole float32 gradients, kept from the backward to the step, as the plan counts them
+    assert memory["backward_gradients"] == pytest.approx(params * FP32, rel=0.01)
+    assert plan["backward_bucket"] == 0 and plan["backward_gradients"] == params * FP32
+
+
+def test_zero1_rank_of_four_reduces_once_per_update_with_zero2s_bf16_bucket(tmp_path):
+    """Rank 1 of a 4-rank bf16 ZeRO-1 world: whole gradients on every rank (only the optimizer states and the
+    float32 master copy are partitioned), reduced once per update at the accumulation boundary (ZeRO-2 reduces
+    every micro-batch), the updated partitions all-gathered once; the backward makes ZeRO-2's reduction bucket,
+    5e8 elements of the gradients' dtype (bf16: the engine sets no separate accumulation dtype), which `--plan`
+    counts (a float32 bucket would put the peak near twice the plan's)."""
+    result, _ = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=1", "engine.precision=bf16",
+                          "cluster.gpus_per_node=4", "train.global_batch_size=64", "humanline.reference=copy")
+    params, micro, bf16 = _tiny_params(), result["micro_batches"], 2
+    assert micro == 2
+    traffic, memory, plan = result["traffic"], result["memory"], result["plan"]["bytes"]
+    reduced = sum(traffic.get(kind, {}).get("payload", 0) for kind in ("all-reduce", "reduce-scatter"))
+    assert params * bf16 <= reduced < 2 * params * bf16  # once per update, not once per micro-batch
+    assert params * bf16 <= traffic["all-gather"]["payload"] <= (params + 4 * 64 * 40) * bf16
+    assert memory["weights"] == params * bf16
+    assert memory["optimizer"] <= 12 * (params / 4 + 64 * 40)  # master copy + two moments: this rank's quarter
+    assert plan["backward_bucket"] == 5e8 * bf16
+    assert abs(memory["peak_tensors"] / plan["total"] - 1) < 0.10

@@ -41,7 +41,9 @@ The ``5*a*s/h`` term (attention scores, softmax, dropout mask) is only stored by
 SDPA / FlashAttention kernels recompute it, so it is dropped for them (the megatron engine always uses a
 fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped attention). Times L layers (L/pp stages x pp
 micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
-keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation.
+keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation (DeepSpeed: or
+the final norm's, whichever is larger, never both: its backward frees them before the first layer is recomputed;
+``plan_peak.py``).
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
 plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2); megatron's Gemma 2
 path and the megatron CPU path's optimizer step are counted in plan_terms.py (measured by ``--rehearse``).
@@ -56,7 +58,12 @@ within an update the gathered parameters (``gathered_weights``): every parameter
 ``stage3_max_reuse_distance`` (1e9 elements) stays gathered, so up to ``min(P, 1e9 + L)`` 16-bit elements.
 ZeRO-1/2 over more than one rank (also measured by ``--rehearse``): within the backward, the gradient reduction
 bucket, 5e8 elements of the gradients' dtype (``backward_bucket``; DeepSpeed's contiguous_gradients without
-overlap_comm), beside the activations and logits. Not counted: CUDA context and NCCL buffers, allocator fragmentation, ZeRO-0's none.
+overlap_comm), allocated at the first gradient that is ready and freed at the end of each backward; ZeRO-2's
+16-bit gradient buffer, from the first reduction to the step, holds every parameter that overlaps the rank's
+partition whole (``plan_peak.zero2_gradient_elements``: the whole embedding on rank 0, more than P/N; the model
+states column keeps DeepSpeed's estimator). DeepSpeed's peak is the largest of the update's phases (log-prob
+backward, a layer's backward, the step: ``plan_peak.py``), not the sum of its terms.
+Not counted: CUDA context and NCCL buffers, allocator fragmentation, ZeRO-0's none.
 """
 
 from __future__ import annotations
@@ -72,6 +79,7 @@ from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
 from .plan_lora import lora_terms
+from .plan_peak import checkpointed_activations, deepspeed_phases, zero2_gradient_elements
 from .plan_terms import (layer_activation_bytes, logits_bytes, megatron_cpu_step_bytes, megatron_softcap_logits_bytes,
                          norm_bytes)
 
@@ -160,25 +168,27 @@ def memory_plan(
     distributed_optimizer: bool = True,
     megatron_gpu: bool = True,
     stage: Optional[int] = None,
+    dp_rank: Optional[int] = None,
 ) -> Dict[str, Any]:
     """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes.
     ``distributed_optimizer`` / ``megatron_gpu`` false: the megatron engine's CPU path (a torch optimizer
     replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer).
     Megatron with pp > 1: the ranks of pipeline stage ``stage``, or (None) of the stage whose total is largest
-    (``stage_totals`` holds each stage's)."""
+    (``stage_totals`` holds each stage's). ``dp_rank``: that data-parallel rank's DeepSpeed ZeRO-2 gradient
+    buffer (it depends on the rank, ``plan_peak.zero2_gradient_elements``); None: the largest over the ranks."""
     world = world_size if world_size is not None else world_size_of(recipe)
     check_layout(recipe, world)
     spec = spec or resolve_spec(recipe.model)
     pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
     stages = [stage] if stage is not None and pp > 1 else list(range(pp))
-    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s) for s in stages]
+    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s in stages]
     worst = max(plans, key=lambda p: p["bytes"]["total"])
     worst["stage_totals"] = {p["stage"]: p["gib"]["total"] for p in plans}
     return worst
 
 
 def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optional[int], distributed_optimizer: bool,
-                megatron_gpu: bool, pipe_stage: int) -> Dict[str, Any]:
+                megatron_gpu: bool, pipe_stage: int, dp_rank: Optional[int] = None) -> Dict[str, Any]:
     """:func:`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
     dp, accum = batch_layout(recipe, world)
     tp, pp = recipe.parallel.tp, recipe.parallel.pp
@@ -236,6 +246,8 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
             weights = pb * (P + A)
             low = pb * T / dp if stage == 2 else pb * T
             resident_grads, backward_grads = 0.0, low  # compute-dtype gradients (ZeRO-2: this rank's partition)
+            if stage == 2 and not lora and dp > 1:  # the buffer DeepSpeed holds for the partition: every parameter
+                backward_grads = pb * zero2_gradient_elements(spec, dp, dp_rank)  # overlapping it (plan_peak.py)
             params_on_rank = P + A
         if bf16:
             master_grads = 4 * T if stage == 0 else 4 * T / dp
@@ -285,7 +297,11 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
     final_norm = tokens_in_flight * norm_bytes(spec, pb) if last_stage else 0.0  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
-    activations_ckpt = (pb * tokens_in_flight * h) * layers_on_rank * in_flight + per_layer + final_norm  # inputs + one layer
+    layer_inputs = (pb * tokens_in_flight * h) * layers_on_rank * in_flight
+    if engine == "megatron":  # inputs + one layer + the final norm
+        activations_ckpt = layer_inputs + per_layer + final_norm
+    else:  # plan_peak.py: the final norm's tensors are freed before the first layer is recomputed
+        activations_ckpt = checkpointed_activations(layer_inputs, per_layer, final_norm)
     if lora:  # what the adapters keep (A's outputs, dropout copies): all layers, or one layer being recomputed
         activations_full += tokens * lora["activation_bytes_per_token"]
         activations_ckpt += tokens * lora["activation_bytes_per_token"] / spec.num_layers
@@ -321,6 +337,19 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
     total = resident + backward_grads + max(gathered + backward_bucket + activations + logits, step_grads)
     total_other = resident + backward_grads + max(gathered + backward_bucket + other + logits, step_grads)
+    phases = {}
+    if engine == "deepspeed":  # DeepSpeed: the largest of the update's phases (plan_peak.py), not their sum
+        lora_kept = tokens * lora["activation_bytes_per_token"] if lora else 0.0
+        tied = pb * spec.vocab_size * h if spec.tie_word_embeddings and not lora else 0.0
+        phase_terms = dict(gathered=gathered, backward_bucket=backward_bucket, layer_inputs=layer_inputs,
+                           final_norm=final_norm, logits=logits, tied_output_gradient=tied, step_gradients=step_grads)
+        phases = deepspeed_phases(one_layer=per_layer + lora_kept / spec.num_layers, checkpointing=checkpointing,
+                                  activations_full=activations_full, **phase_terms)
+        other_phases = deepspeed_phases(one_layer=per_layer + lora_kept / spec.num_layers,
+                                        checkpointing=not checkpointing, activations_full=activations_full,
+                                        **phase_terms)
+        total = resident + backward_grads + max(phases.values())
+        total_other = resident + backward_grads + max(other_phases.values())
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
         notes.append(f"pipeline stage {pipe_stage} of {pp}: {pipeline} pipeline micro-batch(es) per micro-batch, "
@@ -342,6 +371,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
         resident=resident, backward_gradients=backward_grads, step_gradients=step_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
+        **{f"phase_{name}": value for name, value in phases.items()},
     )
     return dict(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
@@ -363,6 +393,18 @@ def _count(n: float) -> str:
         if n >= size:
             return f"{n / size:.2f}{unit}"
     return str(int(n))
+
+
+def _phase_lines(v: Dict[str, float]) -> List[str]:
+    """DeepSpeed's peak, phase by phase (plan_peak.py)."""
+    gathered = "gathered weights + " if v["gathered_weights"] else ""
+    return [
+        "  peak = at rest + gradients during backward + the largest phase (what is live in it):",
+        f"    log-prob backward           {v['phase_logits']:9.2f} ({gathered}kept activations + final norm + logits)",
+        f"    a layer's backward          {v['phase_layers']:9.2f} ({gathered}"
+        + ("reduce bucket + " if v["backward_bucket"] else "") + "kept activations + tied output layer's gradient)",
+        f"    optimizer step              {v['phase_step']:9.2f} (float32 gradients)",
+    ]
 
 
 def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Optional[int] = None) -> str:
@@ -404,9 +446,10 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         f"                                {v['activations_checkpointed']:9.2f} with gradient checkpointing"
         + ("  <- recipe" if ckpt else ""),
         f"    logits and log-probs        {v['logits']:9.2f}",
+    ] + (_phase_lines(v) if "phase_logits" in v else [
         "  peak = at rest + gradients during backward + max(" + ("gathered weights + " if v["gathered_weights"] else "")
         + ("reduce bucket + " if v["backward_bucket"] else "")
-        + "activations + logits, float32 gradients at step)",
+        + "activations + logits, float32 gradients at step)"]) + [
         f"  total                         {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
         f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",
         f"  GPU memory                    {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",

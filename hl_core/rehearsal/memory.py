@@ -11,7 +11,9 @@
     their soft-capped copies, the float32 log-prob blocks, the logits' gradient, megatron's softmax;
   - ``activation``: tensors autograd saves for backward (``torch.autograd.graph.saved_tensors_hooks``; a
     parameter or a logits tensor is not one), and whatever a module's forward allocates while it is
-    recomputed inside the backward (gradient checkpointing keeps no saved tensors of its own in view);
+    recomputed inside the backward (gradient checkpointing keeps no saved tensors of its own in view; torch's
+    recomputation hooks tell an autograd.Function's forward recomputed, such as DeepSpeed ZeRO-3's linear, whose
+    outputs are made with gradients off, from the backward's own tensors);
   - ``gathered``: under ZeRO-3, the whole parameters DeepSpeed gathers for a module's forward or backward;
   - otherwise the phase that allocated it: ``forward``, ``reference`` (forwards without gradient),
     ``backward`` (gradients), ``sync``, ``step``.
@@ -39,6 +41,7 @@ ACTIVATION_SOURCES = ("forward", "backward")  # phases whose saved tensors are a
 ZERO_FETCH = "deepspeed/runtime/zero/partition_parameters.py"  # where DeepSpeed's ZeRO-3 gathers parameters
 # DeepSpeed's float32 master copies, which its torch optimizer steps (ZeRO-3, ZeRO-1/2, bf16 ZeRO-0); ZeRO-3 hands
 # them to the torch optimizer only for the duration of a step
+RECOMPUTATION_HOOK = "_recomputation_hook"  # torch.utils.checkpoint's hooks while it recomputes a forward
 MASTER_COPIES = ("fp32_partitioned_groups_flat", "single_partition_of_fp32_groups", "fp32_groups_flat_partition")
 
 
@@ -95,8 +98,9 @@ class TensorLedger:
         if self.gathers_weights and _gathering_weights():
             return "gathered"
         # autograd runs backward functions with gradients off; a forward with gradients on inside its engine is
-        # gradient checkpointing's recomputation (torch's and megatron's alike)
-        if torch.is_grad_enabled() and torch._C._current_graph_task_id() != -1:
+        # gradient checkpointing's recomputation (torch's and megatron's alike), and so is one with gradients off
+        # under torch's recomputation hooks: an autograd.Function's forward recomputed (DeepSpeed ZeRO-3's linear)
+        if torch._C._current_graph_task_id() != -1 and (torch.is_grad_enabled() or _recomputing()):
             return "activation"
         return self.phase
 
@@ -135,6 +139,13 @@ class TensorLedger:
             return tensor
 
         return torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor)
+
+
+def _recomputing() -> bool:
+    """Whether torch's non-reentrant checkpoint is recomputing a forward: its recomputation hooks are the
+    innermost saved-tensor hooks (they stay on inside an autograd.Function's forward, where gradients are off)."""
+    top = torch._C._autograd._top_saved_tensors_default_hooks(True)
+    return bool(top) and getattr(top[0], "__qualname__", "").startswith(RECOMPUTATION_HOOK)
 
 
 def _gathering_weights() -> bool:

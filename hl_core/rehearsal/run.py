@@ -205,7 +205,7 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
         )
         megatron_cpu = recipe.engine.name == "megatron" and device.type == "cpu"
         plan = memory_plan(recipe, world, stage=coords["pp_stage"], distributed_optimizer=not megatron_cpu,
-                           megatron_gpu=not megatron_cpu)
+                           megatron_gpu=not megatron_cpu, dp_rank=coords["dp"])
         return dict(
             recipe=recipe.name, rank=rank, world_size=world, coords=coords, engine=recipe.engine.name,
             zero_stage=recipe.engine.zero_stage, precision=recipe.engine.precision, layers=spec.num_layers,

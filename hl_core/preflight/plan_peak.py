@@ -1,0 +1,87 @@
+"""The within-update part of ``--plan``'s DeepSpeed peak (``hl_core.preflight.plan``), phase by phase: the terms
+of an update do not all coincide, so the peak is the largest of what is live in each phase, each phase counting
+the tensors that are really live then (checked tensor by tensor against ``--rehearse``, hl_core/rehearsal, at
+small and at the recipes' widths: docs/perf/rehearse_cpu_deepspeed_*.md).
+
+The backward runs the model in reverse; with Hugging Face's gradient checkpointing (torch's non-reentrant
+``torch.utils.checkpoint`` around each decoder layer) every layer keeps only its input until its backward
+recomputes it:
+
+* ``logits``, the log-prob backward (and the end of the forward): every layer's kept input (all activations
+  without checkpointing), the final norm's saved tensors and the logits and log-prob terms. No gradient of a
+  parameter exists yet in this micro-batch, so ZeRO-1/2's reduction bucket (allocated by DeepSpeed at the first
+  gradient that is ready, freed at the end of each backward) is not here.
+* ``layers``, a decoder layer's backward: the final norm's saved tensors were freed by its backward, which runs
+  first, and the logits by theirs; with checkpointing, the kept inputs plus one layer's recomputed tensors (all
+  of them live when its recomputation ends; its backward then frees them as it goes); without, the layers'
+  activations. Beside them: ZeRO-1/2's reduction bucket, and with tied input and output embeddings the output
+  layer's whole gradient (``pb * V * h``), which autograd holds in the embedding's input buffer from the output
+  layer's backward until the embedding's own backward, the very last, adds the second use to it (the parameter's
+  hooks, and so DeepSpeed's reduction, fire only then). Frozen embeddings (LoRA) have none.
+* ``step``: the float32 gradients a bf16 optimizer builds (``step_gradients``).
+
+ZeRO-3's gathered parameters (``gathered_weights``: every parameter reused within the reuse distance stays
+gathered through the backward) are in both backward phases; the gradients held between micro-batches
+(``backward_gradients``) and everything at rest are added outside the phases by the caller.
+"""
+
+from __future__ import annotations
+
+from typing import Dict, List, Optional, Tuple
+
+
+def deepspeed_phases(*, gathered: float, backward_bucket: float, layer_inputs: float, one_layer: float,
+                     final_norm: float, activations_full: float, logits: float, tied_output_gradient: float,
+                     step_gradients: float, checkpointing: bool) -> Dict[str, float]:
+    """Bytes live within an update beyond the resident ones, per phase (see the module docstring).
+    ``layer_inputs``: every layer's kept input under checkpointing; ``one_layer``: what one layer's forward keeps
+    for backward; ``activations_full``: every layer's plus the final norm's, without checkpointing."""
+    layers_kept = layer_inputs + one_layer if checkpointing else activations_full - final_norm
+    return dict(
+        logits=gathered + (layer_inputs + final_norm if checkpointing else activations_full) + logits,
+        layers=gathered + backward_bucket + layers_kept + tied_output_gradient,
+        step=step_gradients,
+    )
+
+
+def checkpointed_activations(layer_inputs: float, one_layer: float, final_norm: float) -> float:
+    """The activations' own peak under checkpointing: the kept inputs plus the larger of the final norm's saved
+    tensors (end of the forward, log-prob backward) and one recomputed layer (a layer's backward); never both,
+    as the final norm's backward frees its tensors before the first layer is recomputed."""
+    return layer_inputs + max(final_norm, one_layer)
+
+
+def _matrices_and_vectors(spec) -> Tuple[List[int], List[int]]:
+    """Element counts of the model's parameter tensors in its order, split as the DeepSpeed engine groups them
+    (hl_core/engines/deepspeed_engine.py: matrices with weight decay, vectors without)."""
+    h, q, kv, inter = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size
+    layer = [h * q, h * kv, h * kv, q * h, h * inter, h * inter, inter * h]  # q, k, v, o, gate, up, down
+    biases = ([q, kv, kv] if spec.qkv_bias or spec.o_bias else []) + ([h] if spec.o_bias else [])
+    biases += [inter, inter, h] if spec.mlp_bias else []
+    matrices = [spec.embedding_params()] + layer * spec.num_layers + ([spec.lm_head_params()] if spec.lm_head_params() else [])
+    vectors = (biases + [h] * spec.norms_per_layer) * spec.num_layers + [h]
+    return matrices, vectors
+
+
+def _overlapping(sizes: List[int], dp: int, rank: int) -> int:
+    """Elements of the tensors (each whole) that overlap rank ``rank``'s 1/dp of their concatenation."""
+    part = -(-sum(sizes) // dp)
+    lo, hi = rank * part, (rank + 1) * part
+    total, start = 0, 0
+    for size in sizes:
+        if start < hi and start + size > lo:
+            total += size
+        start += size
+    return total
+
+
+def zero2_gradient_elements(spec, dp: int, rank: Optional[int] = None) -> int:
+    """Elements of the 16-bit gradient buffer DeepSpeed's ZeRO-2 keeps on a data-parallel rank from its first
+    reduction to the step (``grads_in_partition`` in deepspeed/runtime/zero/stage_1_and_2.py): sized by every
+    parameter that overlaps the rank's 1/dp of each parameter group's flattened tensors, each whole, not by the
+    partition. The flattening follows the model's order, embedding first, so rank 0's buffer holds the whole
+    embedding (``V * h``: more than P/dp for the recipes' models) and the next rank the embedding too if its range
+    starts inside it. ``rank`` None: the largest over the ranks."""
+    matrices, vectors = _matrices_and_vectors(spec)
+    ranks = range(dp) if rank is None else [rank]
+    return max(_overlapping(matrices, dp, r) + _overlapping(vectors, dp, r) for r in ranks)

@@ -337,7 +337,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
     total = resident + backward_grads + max(gathered + backward_bucket + activations + logits, step_grads)
     total_other = resident + backward_grads + max(gathered + backward_bucket + other + logits, step_grads)
-    phases = {}
+    phases, tied = {}, 0.0
     if engine == "deepspeed":  # DeepSpeed: the largest of the update's phases (plan_peak.py), not their sum
         lora_kept = tokens * lora["activation_bytes_per_token"] if lora else 0.0
         tied = pb * spec.vocab_size * h if spec.tie_word_embeddings and not lora else 0.0
@@ -371,7 +371,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
         resident=resident, backward_gradients=backward_grads, step_gradients=step_grads,
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
-        **{f"phase_{name}": value for name, value in phases.items()},
+        tied_output_gradient=tied, **{f"phase_{name}": value for name, value in phases.items()},
     )
     return dict(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
@@ -402,7 +402,8 @@ def _phase_lines(v: Dict[str, float]) -> List[str]:
         "  peak = at rest + gradients during backward + the largest phase (what is live in it):",
         f"    log-prob backward           {v['phase_logits']:9.2f} ({gathered}kept activations + final norm + logits)",
         f"    a layer's backward          {v['phase_layers']:9.2f} ({gathered}"
-        + ("reduce bucket + " if v["backward_bucket"] else "") + "kept activations + tied output layer's gradient)",
+        + ("reduce bucket + " if v["backward_bucket"] else "") + "kept activations"
+        + (" + tied output layer's gradient)" if v["tied_output_gradient"] else ")"),
         f"    optimizer step              {v['phase_step']:9.2f} (float32 gradients)",
     ]
 

@@ -137,10 +137,10 @@ def run_workers(runs: list, workdir: Path, timeout: float) -> list:
 
 def batchable(run: dict) -> bool:
     """A dry run starts one process for all consecutive DeepSpeed runs (each its own trainer; the process start-up
-    and imports are most of a toy run's time): megatron (its parallel state), TRL (its own launcher state) and
-    runs that switch TF32 off keep a process each."""
-    return (run["kind"] in ("train", "online") and "engine.name=megatron" not in run["overrides"]
-            and not run.get("tf32_off"))
+    and imports are most of a toy run's time), the runs it skips in between not breaking the batch: megatron (its
+    parallel state) and TRL (its own launcher state) keep a process each. A run that switches TF32 off joins too
+    (``_train_run`` switches it back after the run)."""
+    return run["kind"] in ("train", "online") and "engine.name=megatron" not in run["overrides"]
 
 
 def missing_package(run: dict):
@@ -185,7 +185,7 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="gpu_check_") as tmp:
         workdir = Path(tmp)
         plan = runs_mod.plan_runs(workdir, dry_run=args.dry_run, sections=args.sections, profile_dir=args.profile)
-        by_id, batch = {}, []
+        by_id, batch = {}, []  # batch: (run, why it is skipped or None) for one process, in the plan's order
 
         def record(result):
             by_id[result["id"]] = result
@@ -193,8 +193,13 @@ def main(argv=None) -> int:
             print(json.dumps(result), flush=True)
 
         def flush():
-            for result in run_workers(batch, workdir, args.run_timeout) if batch else []:
-                record(runs_mod.add_derived(result, env["peak_bf16_tflops"]))
+            todo = [run for run, why in batch if why is None]
+            done = iter(run_workers(todo, workdir, args.run_timeout) if todo else [])
+            for run, why in batch:
+                if why is None:
+                    record(runs_mod.add_derived(next(done), env["peak_bf16_tflops"]))
+                else:
+                    record({"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why})
             batch.clear()
 
         for run in plan:
@@ -202,14 +207,11 @@ def main(argv=None) -> int:
             left = TIME_BUDGET_S - (time.perf_counter() - started)
             if why is None and not args.dry_run and left < 30:
                 why = f"the check's {TIME_BUDGET_S}s time budget is spent"
-            if why is None and args.dry_run and batchable(run):
-                batch.append(run)
-                continue
-            flush()
-            if why is not None:
-                record({"section": run["section"], "id": run["id"], "title": run["title"], "skipped": why})
-            else:
-                batch.append(run)
+            alone = not (args.dry_run and (why is not None or batchable(run)))
+            if alone:
+                flush()
+            batch.append((run, why))
+            if alone:
                 flush()
         flush()
         for comparison in runs_mod.comparisons(by_id, dry_run=args.dry_run) + runs_mod.ratios(by_id):

@@ -166,7 +166,8 @@ def worker(runs: List[dict]) -> int:
 def _train_run(run: dict) -> dict:
     import torch
 
-    if run.get("tf32_off"):
+    tf32 = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    if run.get("tf32_off"):  # for this run only: a dry run's batch runs others after it in this process
         torch.backends.cuda.matmul.allow_tf32 = False
         torch.backends.cudnn.allow_tf32 = False
     from hl_core.config import load_recipe
@@ -179,6 +180,7 @@ def _train_run(run: dict) -> dict:
         return _measure(trainer, recipe, run)
     finally:
         trainer.close(destroy_process_group=False)
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = tf32
 
 
 def _allocated_gib(engine):

@@ -3,6 +3,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import os
 import socket
 
 import pytest
@@ -30,3 +31,13 @@ def no_network(monkeypatch):
 def repro_cache(tmp_path_factory):
     """One cache of the reproduction studies' quick warm-ups, shared by their tests (built once per session)."""
     return tmp_path_factory.mktemp("repro-cache")
+
+
+@pytest.fixture(scope="session")
+def repro_pool(tmp_path_factory):
+    """The study workers (``eval.repro.runs.WorkerPool``, one per CPU as the command line's default ``--jobs``),
+    shared by the studies' quick grids: each worker imports torch, DeepSpeed and transformers once per session."""
+    from eval.repro.runs import WorkerPool  # the study driver: only a session that runs a study needs it
+
+    with WorkerPool(max(1, os.cpu_count() or 1), tmp_path_factory.mktemp("repro-workers")) as pool:
+        yield pool

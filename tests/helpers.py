@@ -78,6 +78,20 @@ def run_in_process(args) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
+def run_study(args, pool) -> subprocess.CompletedProcess:
+    """``python -m eval.repro ARGS`` run by its ``cli()`` here (cwd at the repository, stdout/stderr captured) in
+    ``pool``'s workers: the driver's code path minus its interpreter start and its workers' start-ups."""
+    import contextlib
+    import io
+
+    from eval.repro.__main__ import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = cli([str(a) for a in args], pool=pool)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0) -> subprocess.CompletedProcess:
     """Run a recipe to its end; its exit code must be ``expect``."""
     if nproc == 1 and IN_PROCESS:
@@ -136,10 +150,69 @@ def assert_same_rows(expected, got, name, tol: float = 1e-5) -> None:
                 assert b[key] == value, (name, a["step"], key)
 
 
-def run_worker(script: Path, args=(), nproc: int = 1, timeout: int = 900) -> subprocess.CompletedProcess:
-    """A test worker script: plain ``python`` for one process, ``torch.distributed.run`` for several; must exit 0."""
+# the modules whose functions or classes tests/distributed/ workers replace with counting wrappers (a worker run
+# in process gets its own state back from run_script_in_process only for modules loaded before it)
+PATCHED_BY_WORKERS = ("hl_core.trainer", "hl_core.logprobs.packed", "hl_core.logprobs.hidden", "hl_core.reference.store")
+
+
+def _hl_core_namespaces() -> list:
+    """Every loaded ``hl_core`` module and every class defined in one: what a worker script may patch."""
+    spaces = []
+    for name, module in list(sys.modules.items()):
+        if module is not None and (name == "hl_core" or name.startswith("hl_core.")):
+            spaces.append(module)
+            spaces += [obj for obj in vars(module).values() if isinstance(obj, type) and obj.__module__ == name]
+    return spaces
+
+
+def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
+    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``), as the subprocess would: cwd at the repository,
+    one torch thread, ``sys.argv``; afterwards the process state (``restored_process_state``), ``sys.argv`` and
+    ``sys.path``, and every ``hl_core`` module attribute or class attribute the script replaced (the workers patch
+    counting wrappers in) are put back. stdout/stderr captured; an exception is exit code 1 with its traceback."""
+    import contextlib
+    import importlib
+    import io
+    import runpy
+
+    import torch
+
+    from launchers.in_process import guarded_call, restored_process_state
+
+    for module in PATCHED_BY_WORKERS:  # loaded before their state is saved, so that it is saved
+        importlib.import_module(module)
+
+    saved = [(space, dict(vars(space))) for space in _hl_core_namespaces()]
+    argv, path = sys.argv[:], sys.path[:]
+    out, err = io.StringIO(), io.StringIO()
+    try:
+        with restored_process_state():
+            os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
+            torch.set_num_threads(1)
+            sys.argv = [str(script), *map(str, args)]
+            with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                _, failed = guarded_call(lambda: runpy.run_path(str(script), run_name="__main__"))
+    finally:
+        sys.argv[:], sys.path[:] = argv, path
+        for space, before in saved:
+            now = vars(space)
+            for key, value in before.items():
+                if key in now and now[key] is not value:
+                    setattr(space, key, value)
+    return subprocess.CompletedProcess([str(script), *args], failed or 0, out.getvalue(), err.getvalue())
+
+
+def run_worker(script: Path, args=(), nproc: int = 1, timeout: int = 900,
+               in_process: bool = True) -> subprocess.CompletedProcess:
+    """A test worker script: plain ``python`` for one process (run here unless ``in_process`` is False or
+    ``HL_TEST_SUBPROCESS=1``: a fresh interpreter's start-up and imports are seconds), ``torch.distributed.run``
+    for several; must exit 0."""
     if nproc > 1:
         return run_torchrun(script, args, nproc=nproc, timeout=timeout)
+    if in_process and IN_PROCESS:
+        proc = run_script_in_process(script, args)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+        return proc
     proc = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=REPO, env=_env(), capture_output=True,
                           text=True, timeout=timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]

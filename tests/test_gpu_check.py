@@ -12,7 +12,7 @@ import torch
 from helpers import REPO
 
 sys.path.insert(0, str(REPO))
-from bench.gpu_check import SECTIONS, missing_package  # noqa: E402
+from bench.gpu_check import SECTIONS, main, missing_package  # noqa: E402
 from bench.gpu_check_runs import COMPARED, NO_DRY_RUN, plan_runs  # noqa: E402
 from bench.shapes import forward_flops_per_token, spec_of, write_model_dir  # noqa: E402
 
@@ -20,10 +20,9 @@ CHECK = [sys.executable, str(REPO / "bench" / "gpu_check.py")]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
-def test_without_a_gpu_it_exits_2_with_one_line(tmp_path):
-    proc = subprocess.run([*CHECK, "--out", str(tmp_path / "r.jsonl")], cwd=REPO, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2
-    lines = proc.stderr.strip().splitlines()
+def test_without_a_gpu_it_exits_2_with_one_line(tmp_path, capsys):
+    assert main(["--out", str(tmp_path / "r.jsonl")]) == 2
+    lines = capsys.readouterr().err.strip().splitlines()
     assert len(lines) == 1 and "no CUDA GPU" in lines[0] and "--dry-run" in lines[0]
     assert not (tmp_path / "r.jsonl").exists()
 

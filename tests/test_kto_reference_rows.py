@@ -3,23 +3,17 @@
 row is weighted 0."""
 
 import json
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO, _env
-
+from helpers import REPO, run_worker
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    import subprocess
-
     out = tmp_path_factory.mktemp("kto_rows")
-    proc = subprocess.run([sys.executable, str(REPO / "tests" / "distributed" / "kto_kl_rows.py"), str(out / "r.json"),
-                           str(out)], cwd=REPO, env=_env(), capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_worker(REPO / "tests" / "distributed" / "kto_kl_rows.py", [out / "r.json", out])
     return json.loads((out / "r.json").read_text())
 
 

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from helpers import REPO, run_recipe, run_torchrun
+from helpers import REPO, run_recipe, run_worker
 
 LORA = REPO / "recipes" / "tiny" / "humanline_dpo_lora.yaml"
 
@@ -14,7 +14,7 @@ LORA = REPO / "recipes" / "tiny" / "humanline_dpo_lora.yaml"
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("lora")
-    run_torchrun(REPO / "tests/distributed/lora_harness.py", [out / "report.json", out], nproc=1)
+    run_worker(REPO / "tests/distributed/lora_harness.py", [out / "report.json", out])
     return json.loads((out / "report.json").read_text())
 
 

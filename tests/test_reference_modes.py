@@ -72,10 +72,24 @@ MULTI = {
 }
 
 
-@pytest.mark.parametrize("layout", list(MULTI))
-def test_copy_free_equals_copy_two_processes(tmp_path, layout):
+def _specs(layout):
     recipe, overrides = MULTI[layout]
-    _parity(tmp_path, [f"{TINY}/{recipe}|{o}" for o in overrides], nproc=2)
+    return [f"{TINY}/{recipe}|{o}" for o in overrides]
+
+
+@pytest.fixture(scope="module")
+def two_processes(tmp_path_factory):
+    """Every layout's specs in one pair of processes (each spec a fresh Trainer, the megatron engine's parallel
+    state torn down at its close): one start-up of torchrun and the engines' imports instead of one per layout."""
+    report = tmp_path_factory.mktemp("parity2") / "parity.json"
+    run_worker(WORKER, [report, *(spec for layout in MULTI for spec in _specs(layout))], nproc=2)
+    return json.loads(report.read_text())
+
+
+@pytest.mark.parametrize("layout", list(MULTI))
+def test_copy_free_equals_copy_two_processes(two_processes, layout):
+    for spec in _specs(layout):
+        _assert_same(spec, two_processes[spec])
 
 
 # ------------------------------------------------------------------------------------------ the choice

@@ -3,21 +3,20 @@ the online importance ratio is exactly 1; humanline with k=1 and fresh samples e
 the same seed gives the same curve twice; every result file records versions and threads."""
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from helpers import run_study
 
 REPO = Path(__file__).resolve().parents[1]
 PIN = REPO / "tests" / "fixtures" / "repro_quick_pin.json"
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory, repro_cache):
+def quick(tmp_path_factory, repro_cache, repro_pool):
     out = tmp_path_factory.mktemp("repro") / "quick"
-    proc = subprocess.run([sys.executable, "-m", "eval.repro", "--quick", "--out", str(out), "--cache", str(repro_cache)], cwd=REPO,
-                          capture_output=True, text=True, timeout=2400)
+    proc = run_study(["--quick", "--out", out, "--cache", repro_cache], repro_pool)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
 

@@ -6,26 +6,22 @@ plan (run count, ETA) is checked against the 60-minute budget without running it
 
 import json
 import statistics
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from eval.repro import fair
 from eval.repro.studies import FULL, QUICK
+from helpers import run_study
 
 REPO = Path(__file__).resolve().parents[1]
 PIN = REPO / "tests" / "fixtures" / "repro_fair_quick_pin.json"
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory, repro_cache):
+def quick(tmp_path_factory, repro_cache, repro_pool):
     out = tmp_path_factory.mktemp("repro-fair") / "quick"
-    command = [sys.executable, "-m", "eval.repro", "--study", "preference_fair", "--quick", "--out", str(out),
-               "--cache", str(repro_cache)]
-    # the timeout is a safety net for a loaded machine (on an idle 2-core machine the quick grid takes ~2 min)
-    proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=2400)
+    proc = run_study(["--study", "preference_fair", "--quick", "--out", out, "--cache", repro_cache], repro_pool)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text()), proc.stdout
 

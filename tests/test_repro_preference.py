@@ -4,20 +4,16 @@ their data never changes, the offline data comes from a different (weaker) model
 curve twice, and the win rate against the start policy starts at one half."""
 
 import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+from helpers import run_study
 
 
 @pytest.fixture(scope="module")
-def quick(tmp_path_factory, repro_cache):
+def quick(tmp_path_factory, repro_cache, repro_pool):
     out = tmp_path_factory.mktemp("repro-preference") / "quick"
-    proc = subprocess.run([sys.executable, "-m", "eval.repro", "--study", "preference", "--quick", "--out", str(out),
-                           "--cache", str(repro_cache)], cwd=REPO, capture_output=True, text=True, timeout=2400)
+    proc = run_study(["--study", "preference", "--quick", "--out", out, "--cache", repro_cache], repro_pool)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return out, json.loads((out / "results.json").read_text())
 

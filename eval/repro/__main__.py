@@ -98,7 +98,9 @@ def sweep(study: Study, grid: Grid, models, out: Path, seeds, pool: WorkerPool, 
 
 
 # ------------------------------------------------------------------------------------------------ main
-def main(argv: Optional[Sequence[str]] = None) -> int:
+def main(argv: Optional[Sequence[str]] = None, pool: Optional[WorkerPool] = None) -> int:
+    """The command line; ``pool``: run in that pool's workers (kept for the caller's next study) instead of a pool of
+    ``--jobs`` workers of this call's own (the tests share one pool between the studies' quick grids)."""
     parser = argparse.ArgumentParser(prog="python -m eval.repro", description=__doc__.split("\n\n")[0])
     parser.add_argument("--study", choices=sorted(STUDIES), default="grpo", help="which study (default grpo)")
     parser.add_argument("--quick", action="store_true", help="shortened grid + sanity checks (tests; < 3 min)")
@@ -131,10 +133,16 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     mode = "quick" if args.quick else "sweep" if args.sweep else "study"
     out = Path(args.out or REPO / "runs" / "repro" / (study.name + ("" if mode == "study" else f"-{mode}")))
     cache = Path(args.cache) if args.cache else out.parent / "cache" if not args.quick else out
-    with WorkerPool(jobs, out / "workers") as pool:
-        if study.runner is not None:  # a study with its own stages (preference_fair)
-            return study.runner(args, grid, out, cache, pool)
-        return run_study(args, study, grid, out, cache, pool, mode)
+    if pool is not None:
+        return run_in(pool, args, study, grid, out, cache, mode)
+    with WorkerPool(jobs, out / "workers") as own:
+        return run_in(own, args, study, grid, out, cache, mode)
+
+
+def run_in(pool: WorkerPool, args, study: Study, grid: Grid, out: Path, cache: Path, mode: str) -> int:
+    if study.runner is not None:  # a study with its own stages (preference_fair)
+        return study.runner(args, grid, out, cache, pool)
+    return run_study(args, study, grid, out, cache, pool, mode)
 
 
 def run_study(args, study: Study, grid: Grid, out: Path, cache: Path, pool: WorkerPool, mode: str) -> int:
@@ -171,9 +179,9 @@ def run_study(args, study: Study, grid: Grid, out: Path, cache: Path, pool: Work
     return 0
 
 
-def cli(argv: Optional[Sequence[str]] = None) -> int:
+def cli(argv: Optional[Sequence[str]] = None, pool: Optional[WorkerPool] = None) -> int:
     try:
-        return main(argv)
+        return main(argv, pool)
     except RunFailed as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1

@@ -72,9 +72,14 @@ def _module_counts(model):
 @pytest.mark.parametrize("name", RECIPE_MODELS)
 def test_spec_matches_the_transformers_module_tree(name):
     spec = MODEL_SPECS[name]
-    total, largest = _module_counts(_meta_model(spec))
+    model = _meta_model(spec)
+    total, largest = _module_counts(model)
     assert spec.num_params() == total == PUBLISHED_PARAMS[name]
     assert spec.largest_layer_params() == largest
+    # one decoder layer's tensors, as the ZeRO-2 buffer and the megatron CPU step of --plan list them
+    layer = sorted(p.numel() for p in model.model.layers[0].parameters())
+    assert sorted(spec.layer_matrices() + spec.layer_vectors()) == layer
+    assert sum(layer) == spec.layer_params()
 
 
 def test_local_model_dir_is_read_from_its_config_json():

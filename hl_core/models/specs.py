@@ -18,7 +18,7 @@ import dataclasses
 import json
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import batch_layout
 from ..errors import RecipeError, did_you_mean
@@ -82,6 +82,19 @@ class ModelSpec:
         if self.mlp_bias:
             n += 2 * i + h
         return n
+
+    def layer_matrices(self) -> List[int]:
+        """Elements of one decoder layer's weight matrices, in the model's order: q, k, v, o, gate, up, down."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        return [h * q, h * kv, h * kv, q * h, h * i, h * i, i * h]
+
+    def layer_vectors(self) -> List[int]:
+        """Elements of one decoder layer's biases (q, k, v[, o]; gate, up, down) and norms; with
+        :meth:`layer_matrices`, every parameter tensor of the layer (their sums add up to :meth:`layer_params`)."""
+        h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
+        biases = ([q, kv, kv] if self.qkv_bias or self.o_bias else []) + ([h] if self.o_bias else [])
+        biases += [i, i, h] if self.mlp_bias else []
+        return biases + [h] * self.norms_per_layer
 
     def layer_params(self) -> int:
         return self.attention_params() + self.mlp_params() + self.norms_per_layer * self.hidden_size

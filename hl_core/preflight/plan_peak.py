@@ -54,12 +54,9 @@ def checkpointed_activations(layer_inputs: float, one_layer: float, final_norm: 
 def _matrices_and_vectors(spec) -> Tuple[List[int], List[int]]:
     """Element counts of the model's parameter tensors in its order, split as the DeepSpeed engine groups them
     (hl_core/engines/deepspeed_engine.py: matrices with weight decay, vectors without)."""
-    h, q, kv, inter = spec.hidden_size, spec.q_dim, spec.kv_dim, spec.intermediate_size
-    layer = [h * q, h * kv, h * kv, q * h, h * inter, h * inter, inter * h]  # q, k, v, o, gate, up, down
-    biases = ([q, kv, kv] if spec.qkv_bias or spec.o_bias else []) + ([h] if spec.o_bias else [])
-    biases += [inter, inter, h] if spec.mlp_bias else []
-    matrices = [spec.embedding_params()] + layer * spec.num_layers + ([spec.lm_head_params()] if spec.lm_head_params() else [])
-    vectors = (biases + [h] * spec.norms_per_layer) * spec.num_layers + [h]
+    lm_head = [spec.lm_head_params()] if spec.lm_head_params() else []
+    matrices = [spec.embedding_params()] + spec.layer_matrices() * spec.num_layers + lm_head
+    vectors = spec.layer_vectors() * spec.num_layers + [spec.hidden_size]  # + the final norm
     return matrices, vectors
 
 

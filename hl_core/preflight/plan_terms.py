@@ -91,8 +91,9 @@ def megatron_cpu_step_bytes(spec, pb: int, tp: int, pp: int, stage: int, dp: int
     flat gradient copy, then the larger of the norm's float32 temporaries and AdamW's, over this rank's matrices
     in the order the optimizer steps them (the decay group: embedding, each layer's qkv, proj, fc1, fc2, output
     layer; the vectors, in the no-decay group after them, are small)."""
-    h, inter = spec.hidden_size, spec.intermediate_size
-    layer = [(spec.q_dim + 2 * spec.kv_dim) * h, h * spec.q_dim, 2 * inter * h, inter * h]
+    h = spec.hidden_size
+    q, k, v, o, gate, up, down = spec.layer_matrices()
+    layer = [q + k + v, o, gate + up, down]  # megatron's fused linear_qkv, linear_proj, linear_fc1, linear_fc2
     matrices = [spec.vocab_size * h] if stage == 0 else []
     matrices += layer * (spec.num_layers // pp)
     output = stage == pp - 1 and (not spec.tie_word_embeddings or pp > 1)

@@ -28,12 +28,17 @@ def restored_process_state() -> Iterator[None]:
         torch.use_deterministic_algorithms(deterministic)
         torch.set_rng_state(rng)
         if torch.distributed.is_available() and torch.distributed.is_initialized():
-            if "deepspeed" in sys.modules:
-                import deepspeed.comm  # already loaded by the run: its teardown also drops DeepSpeed's cached groups
+            destroy_process_group()
 
-                deepspeed.comm.destroy_process_group()
-            else:
-                torch.distributed.destroy_process_group()
+
+def destroy_process_group() -> None:
+    """Tear the default process group down; through DeepSpeed's communication backend when a DeepSpeed engine set
+    one up, so that its cached groups go too (a later DeepSpeed engine in this process would find them stale)."""
+    ds_comm = sys.modules.get("deepspeed.comm")  # loaded by a DeepSpeed engine; never imported here for nothing
+    if ds_comm is not None and ds_comm.is_initialized():
+        ds_comm.destroy_process_group()
+    else:
+        torch.distributed.destroy_process_group()
 
 
 def guarded_call(fn: Callable[[], Any]) -> Tuple[Any, Optional[int]]:

@@ -56,16 +56,16 @@ def recipe_command(recipe, overrides=(), nproc: int = 1) -> list:
 IN_PROCESS = os.environ.get("HL_TEST_SUBPROCESS", "") != "1"
 
 
-def run_in_process(args) -> subprocess.CompletedProcess:
-    """``launchers/run.py`` ``args`` run by its ``main()`` here, as the subprocess would: cwd at the repository, one
-    torch thread, the environment, torch's global switches and the default generator's state restored afterwards;
-    stdout/stderr captured; an exception is exit code 1 with its traceback on stderr."""
+def _run_here(args, call) -> subprocess.CompletedProcess:
+    """``call()`` (it returns an exit code) run here as its subprocess would run: cwd at the repository, one torch
+    thread; the environment, torch's global switches, the default generator's state and the process group restored
+    afterwards (``restored_process_state``); stdout/stderr captured; an exception is exit code 1 with its traceback
+    on stderr, a ``SystemExit`` its own code."""
     import contextlib
     import io
 
     import torch
 
-    import launchers.run as launcher
     from launchers.in_process import guarded_call, restored_process_state
 
     out, err = io.StringIO(), io.StringIO()
@@ -73,9 +73,15 @@ def run_in_process(args) -> subprocess.CompletedProcess:
         os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
         torch.set_num_threads(1)
         with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            code, failed = guarded_call(lambda: launcher.main([str(a) for a in args]))
-    code = code if failed is None else failed
-    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+            code, failed = guarded_call(call)
+    return subprocess.CompletedProcess(args, code if failed is None else failed, out.getvalue(), err.getvalue())
+
+
+def run_in_process(args) -> subprocess.CompletedProcess:
+    """``launchers/run.py`` ``args`` run by its ``main()`` here (``_run_here``)."""
+    import launchers.run as launcher
+
+    return _run_here(args, lambda: launcher.main([str(a) for a in args]))
 
 
 def run_study(args, pool) -> subprocess.CompletedProcess:
@@ -166,32 +172,24 @@ def _hl_core_namespaces() -> list:
 
 
 def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
-    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``), as the subprocess would: cwd at the repository,
-    one torch thread, ``sys.argv``; afterwards the process state (``restored_process_state``), ``sys.argv`` and
-    ``sys.path``, and every ``hl_core`` module attribute or class attribute the script replaced (the workers patch
-    counting wrappers in) are put back. stdout/stderr captured; an exception is exit code 1 with its traceback."""
-    import contextlib
+    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``; ``_run_here``) with its ``sys.argv``; afterwards
+    ``sys.argv``, ``sys.path`` and every ``hl_core`` module attribute or class attribute the script replaced (the
+    workers patch counting wrappers in) are put back too."""
     import importlib
-    import io
     import runpy
-
-    import torch
-
-    from launchers.in_process import guarded_call, restored_process_state
 
     for module in PATCHED_BY_WORKERS:  # loaded before their state is saved, so that it is saved
         importlib.import_module(module)
 
+    def as_main() -> int:
+        sys.argv = [str(script), *map(str, args)]
+        runpy.run_path(str(script), run_name="__main__")
+        return 0
+
     saved = [(space, dict(vars(space))) for space in _hl_core_namespaces()]
     argv, path = sys.argv[:], sys.path[:]
-    out, err = io.StringIO(), io.StringIO()
     try:
-        with restored_process_state():
-            os.environ.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false")
-            torch.set_num_threads(1)
-            sys.argv = [str(script), *map(str, args)]
-            with contextlib.chdir(REPO), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-                _, failed = guarded_call(lambda: runpy.run_path(str(script), run_name="__main__"))
+        return _run_here([str(script), *args], as_main)
     finally:
         sys.argv[:], sys.path[:] = argv, path
         for space, before in saved:
@@ -199,7 +197,6 @@ def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
             for key, value in before.items():
                 if key in now and now[key] is not value:
                     setattr(space, key, value)
-    return subprocess.CompletedProcess([str(script), *args], failed or 0, out.getvalue(), err.getvalue())
 
 
 def run_worker(script: Path, args=(), nproc: int = 1, timeout: int = 900,

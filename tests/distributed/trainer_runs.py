@@ -11,12 +11,11 @@ import json
 import sys
 from pathlib import Path
 
-import torch
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
+from launchers.in_process import destroy_process_group  # noqa: E402
 from sync_harness import record_sync_steps  # noqa: E402
 
 
@@ -52,8 +51,4 @@ for spec in sys.argv[2:]:
     }
     trainer.close(destroy_process_group=False)
 Path(sys.argv[1]).write_text(json.dumps(report))
-ds_comm = sys.modules.get("deepspeed.comm")  # loaded by a DeepSpeed engine: its teardown also drops DeepSpeed's
-if ds_comm is not None and ds_comm.is_initialized():  # cached groups (the tests run this script in their process)
-    ds_comm.destroy_process_group()
-else:
-    torch.distributed.destroy_process_group()
+destroy_process_group()  # with DeepSpeed's cached groups (the tests run this script in their process)

@@ -163,3 +163,30 @@ def test_the_sampler_picks_the_static_cache_on_a_gpu_only():
     assert sampler("auto").kv_cache(gpu, True) == "dynamic"  # ZeRO-3 lockstep: hooks gather parameters
     assert sampler("static").kv_cache(cpu, True) == "static"
     assert static_cache_length(1) == 64 and static_cache_length(64) == 64 and static_cache_length(65) == 128
+
+
+def test_static_decode_compiles_whole_with_the_gradient_checkpointing_hook():
+    """On a GPU the static path's decode step is compiled whole (``fullgraph``). Gradient checkpointing makes
+    transformers hook the input embeddings to call ``requires_grad_`` on their output, which torch 2.11's dynamo
+    cannot hold in a whole graph (an H100's online GRPO run stopped there; this machine's torch 2.13 traces it either
+    way, so what is checked here is the switch): the hooks are off while the sampler decodes, the step compiled whole
+    (dynamo, eager backend) gives the eager samples, and the hooks are back for training afterwards."""
+    from hl_core.rollout.generation import without_input_grad_hooks
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=12, hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                      num_key_value_heads=2, max_position_embeddings=64, bos_token_id=1, eos_token_id=EOS,
+                      pad_token_id=PAD, attn_implementation="eager")
+    model = LlamaForCausalLM(cfg).eval()
+    model.gradient_checkpointing_enable()
+    embeddings = model.get_input_embeddings()
+    assert embeddings._forward_hooks, "transformers hooks the embeddings under gradient checkpointing"
+    groups = [([1, 5, 6], 2, 11), ([1, 7, 8, 9], 2, 12)]
+    eager = _sample(model, groups, kv_cache="static", max_new_tokens=3)
+    torch._dynamo.reset()
+    step = torch.compile(model.forward, backend="eager", fullgraph=True, dynamic=False)
+    with without_input_grad_hooks(model):
+        assert not embeddings._forward_hooks
+        assert _sample(model, groups, kv_cache="static", step=step, max_new_tokens=3) == eager
+    assert embeddings._forward_hooks, "the hooks are back for training"
+    torch._dynamo.reset()

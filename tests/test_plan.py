@@ -17,6 +17,7 @@ from helpers import REPO, TINY_HUMANLINE, start_model_overrides
 from hl_core.config import load_recipe
 from hl_core.errors import RecipeError
 from hl_core.models.specs import MODEL_SPECS, check_layout, resolve_spec, spec_from_config
+from hl_core.preflight import plan_terms
 from hl_core.preflight.plan import memory_plan, plan_report
 
 RECIPE_MODELS = [  # the models our recipes name, plus the ones the issue lists
@@ -200,7 +201,8 @@ def test_component_formulas():
     assert (fp32["bytes"]["weights"], fp32["bytes"]["gradients"], fp32["bytes"]["optimizer"]) == (4 * P, 4 * P, 8 * P)
 
 
-def test_megatron_shards_weights_and_distributes_the_optimizer():
+def test_megatron_shards_weights_and_distributes_the_optimizer(monkeypatch):
+    monkeypatch.setattr(plan_terms, "fused_adam_installed", lambda: True)  # a GPU node's megatron: steps in place
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
     base = ["engine.name=megatron", "engine.zero_stage=0"]
     flat = memory_plan(_recipe(name, *base), 8)
@@ -355,12 +357,13 @@ def _gemma_megatron(*overrides: str):
     return load_recipe(GEMMA2_27B_MEGATRON, ["model.config_overrides={num_hidden_layers: 4}", *overrides])
 
 
-def test_megatron_cpu_path_counts_its_steps_temporaries():
+def test_megatron_cpu_path_counts_its_steps_temporaries(monkeypatch):
     """The CPU path's step (``MegatronEngine._cpu_step``) on Gemma-2-27B at tp 8 x pp 2, counted by hand: stage 0's
     peak is the gradient norm's ``grad.float().pow(2)`` of its embedding slice (two float32 copies); stage 1's tied
     output-layer copy is left out of the norm (``shared``), so its peak is AdamW's ``sqrt`` and quotient of that
     copy (two bf16 tensors) while the denominator of fc2, stepped just before it, is still bound. Over dp 2 the
-    flat gradient copy it all-reduces (2 bytes per parameter) comes on top. The GPU path steps in place: 0."""
+    flat gradient copy it all-reduces (2 bytes per parameter) comes on top. The GPU path steps in place with a fused
+    Adam (0), else with torch's AdamW: a float32 square root of its shard of the moments (measured on an H100)."""
     h, V, inter, tp = 4608, 256000, 36864, 8
     first = memory_plan(_gemma_megatron(), 16, stage=0, distributed_optimizer=False, megatron_gpu=False)["bytes"]
     assert first["step_gradients"] == 8 * V * h / tp
@@ -371,8 +374,15 @@ def test_megatron_cpu_path_counts_its_steps_temporaries():
     dp2 = memory_plan(_gemma_megatron("cluster.nodes=4"), 32, stage=1, distributed_optimizer=False, megatron_gpu=False)
     assert dp2["dp"] == 2
     assert dp2["bytes"]["step_gradients"] == 2 * dp2["params_per_rank"] + last["bytes"]["step_gradients"]
+    monkeypatch.setattr(plan_terms, "fused_adam_installed", lambda: True)  # transformer-engine's or apex's Adam
     gpu = memory_plan(_gemma_megatron(), 16, stage=1)["bytes"]
     assert gpu["step_gradients"] == 0.0
+    monkeypatch.setattr(plan_terms, "fused_adam_installed", lambda: False)  # torch's AdamW: sqrt of each moment
+    torch_adam = memory_plan(_gemma_megatron(), 16, stage=1)
+    assert torch_adam["bytes"]["step_gradients"] == 4 * torch_adam["params_per_rank"]  # dp 1: the whole shard
+    sharded = memory_plan(_gemma_megatron("cluster.nodes=4"), 32, stage=1)
+    assert sharded["dp"] == 2 and sharded["bytes"]["step_gradients"] == 4 * sharded["params_per_rank"] / 2
+    assert "no fused Adam" in " ".join(torch_adam["notes"])
 
 
 def test_megatron_gemma2_logits_and_the_peak_beside_them():

@@ -94,6 +94,7 @@ def test_inductor_compiled_layers_equal_eager_layers(tmp_path):
      ["`train.fused_logprobs`, `train.compile` are not available with `engine.name: megatron`"]),
     (["model.kernels=liger"], ["`model.kernels: liger`", "no CUDA GPU"]),
     (["engine.zero_stage=3", "train.compile=true"], ["`train.compile: true`", "`engine.zero_stage: 3`", "recompile"]),
+    (["train.compile=true", "model.kernels=liger"], ["`train.compile: true` with `model.kernels: liger`", "Fix:"]),
 ])
 def test_refusals_name_the_key(capsys, overrides, words):
     assert main([str(REPO / "recipes" / "tiny" / "humanline_dpo.yaml"), "--validate", *overrides]) == 2

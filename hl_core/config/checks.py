@@ -180,7 +180,7 @@ def check_lora(recipe: Recipe) -> None:
 
 def check_speed_keys(recipe: Recipe) -> None:
     """``train.fused_logprobs``, ``train.compile`` and ``model.kernels`` work on the DeepSpeed engine's transformers
-    model (``train.compile`` at ZeRO 0-2); megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
+    model (``train.compile`` at ZeRO 0-2, and not with Liger's kernels); megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
     The model family and the machine are checked by ``hl_core.models.speed.check_speed_options``."""
     if recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3 and recipe.train.compile:
         raise RecipeError(
@@ -188,6 +188,12 @@ def check_speed_keys(recipe: Recipe) -> None:
             "parameters in Python hooks inside the layer, which break a compiled layer's graph and recompile it (the "
             "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: `engine.zero_stage=2` "
             "(or 0-1), or `train.compile=false`.")
+    if recipe.train.compile and recipe.model.kernels == "liger":
+        raise RecipeError(
+            "`train.compile: true` with `model.kernels: liger` stops inside torch.compile: dynamo cannot trace Liger's "
+            "RMSNorm autograd function in a compiled decoder layer (an AssertionError in overwrite_tensor_vt_proxy; "
+            "torch 2.11 with liger-kernel 0.8.5 on an H100, bench/gpu_check.py, 2026-11-25). Each alone speeds up humanline "
+            "DPO there (compiled layers 1.22x, Liger 1.20x). Fix: `model.kernels=none` or `train.compile=false`.")
     if recipe.engine.name != "megatron":
         return
     keys = [k for k, on in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),

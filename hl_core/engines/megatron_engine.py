@@ -114,11 +114,11 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         else:
             self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
             torch.cuda.set_device(self.device)
+        # a rehearsal's fake process group (hl_core.rehearsal) has no gloo twin to build megatron's CPU groups on
+        self._gloo = torch.distributed.get_backend() != "fake"
         if not ps.model_parallel_is_initialized():
-            # a rehearsal's fake process group (hl_core.rehearsal) has no gloo twin to build megatron's CPU groups on
-            gloo = torch.distributed.get_backend() != "fake"
             ps.initialize_model_parallel(tensor_model_parallel_size=self.tp, pipeline_model_parallel_size=self.pp,
-                                         create_gloo_process_groups=gloo)
+                                         create_gloo_process_groups=self._gloo)
         self.ps = ps
         self.tp_rank = ps.get_tensor_model_parallel_rank()
         self.pp_rank = ps.get_pipeline_model_parallel_rank()
@@ -214,7 +214,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             adam_beta2=train.adam_betas[1], adam_eps=train.adam_eps, clip_grad=train.max_grad_norm or 0.0,
             bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype, use_distributed_optimizer=True,
         )
-        self.optimizer = get_megatron_optimizer(opt_config, [self.policy])
+        self.optimizer = get_megatron_optimizer(opt_config, [self.policy], use_gloo_process_groups=self._gloo)
 
     def _parameter_pairs(self):
         pol = list(self.policy_module.named_parameters())

@@ -278,6 +278,8 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
                 check_random_init_fits(model_cfg, config, kwargs, device)
             with _fork_rng(seed, device), (device or contextlib.nullcontext()), _zero3_init(cheap and zero3_init_config):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype if cheap else torch.float32, **kwargs)
+                if cheap and zero3_init_config:
+                    _fill_partitions(model, getattr(config, "initializer_range", 0.02))
             model = model.to(dtype)
         else:
             keep_alive = None
@@ -327,6 +329,21 @@ def build_policy_and_reference(
         param.requires_grad_(False)
     reference.eval()
     return policy, reference
+
+
+def _fill_partitions(model, std: float) -> None:
+    """A rehearsal's ZeRO-3 partitions, filled on every rank as the initialisers fill weights (normal(0, std)
+    matrices, ones for vectors). Only rank 0 initialises a ZeRO-3 model (transformers changes the gathered weights
+    there and broadcasts them); under the fake process group nothing arrives, so another rank's partitions would
+    hold whatever memory they were given, at times values whose squares overflow a norm into NaN gradients (the
+    skipped updates a rank-1 rehearsal reported now and then). Shapes, dtypes and placement do not change."""
+    with torch.no_grad():
+        for param in model.parameters():
+            part = getattr(param, "ds_tensor", None)
+            if part is not None and len(param.ds_shape) >= 2:
+                part.normal_(0.0, std)
+            elif part is not None:
+                part.fill_(1.0)
 
 
 @contextlib.contextmanager

@@ -80,8 +80,8 @@ from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
 from .plan_lora import lora_terms
 from .plan_peak import checkpointed_activations, deepspeed_phases, zero2_gradient_elements
-from .plan_terms import (layer_activation_bytes, logits_bytes, megatron_cpu_step_bytes, megatron_softcap_logits_bytes,
-                         norm_bytes)
+from .plan_terms import (layer_activation_bytes, logits_bytes, megatron_cpu_step_bytes, megatron_gpu_step_bytes,
+                         megatron_softcap_logits_bytes, norm_bytes)
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -224,9 +224,14 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
         reference = pb * shard
         # GPU: megatron's DDP allocates the main-grad buffer up front; CPU path: ``.grad`` in backward
         resident_grads, backward_grads = (grads, 0.0) if megatron_gpu else (0.0, pb * shard)
-        # GPU: megatron's fused kernels step the main-grad buffer in place; CPU path: its step's temporaries
-        step_grads = 0.0 if megatron_gpu else megatron_cpu_step_bytes(spec, pb, tp, pp, pipe_stage, dp, shard)
+        # GPU: a fused Adam steps in place, torch's AdamW (megatron's fallback) makes a float32 temporary of its shard;
+        # CPU path: its step's temporaries
+        step_grads = (megatron_gpu_step_bytes(shard / dp if distributed_optimizer else shard) if megatron_gpu
+                      else megatron_cpu_step_bytes(spec, pb, tp, pp, pipe_stage, dp, shard))
         params_on_rank = shard
+        if megatron_gpu and step_grads:
+            notes.append("megatron: no fused Adam here (transformer-engine, apex), so megatron-core steps with torch's "
+                         "AdamW, which makes a float32 temporary of the optimizer shard (`step gradients`)")
         notes.append(
             "megatron: optimizer states " + ("partitioned over dp (distributed optimizer)" if distributed_optimizer
                                              else "replicated (no distributed optimizer)")

@@ -10,6 +10,7 @@ not deadlock the others.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 from typing import List, Optional, Sequence, Tuple
 
@@ -175,6 +176,22 @@ def decode_step(module, device: torch.device):
     return step
 
 
+@contextlib.contextmanager
+def without_input_grad_hooks(module):
+    """transformers' gradient checkpointing hooks the input embeddings so that their output requires grad
+    (``enable_input_require_grads``); a decode step compiled whole (``fullgraph``) cannot trace that
+    ``requires_grad_`` (torch 2.11 stops at a graph break, seen on an H100), and sampling needs no grads, so the
+    hooks are off while the static path decodes and back on for training."""
+    hooked = getattr(module, "_require_grads_hook", None) is not None or bool(getattr(module, "_require_grads_hooks", None))
+    if hooked:
+        module.disable_input_require_grads()
+    try:
+        yield
+    finally:
+        if hooked:
+            module.enable_input_require_grads()
+
+
 class HFSampler:
     """Batched sampling from the live policy (our own decode loop; works under every ZeRO stage)."""
 
@@ -200,13 +217,15 @@ class HFSampler:
             kv_cache = self.kv_cache(device, lockstep)
             if kv_cache == "static" and self._step[0] is not module:
                 self._step = (module, decode_step(module, device))
-            return sample_groups(
-                module, [(list(p), num, s) for p, s in zip(prompts, seeds)],
-                max_new_tokens=self.cfg.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
-                pad_token_id=self.tokenizer.pad_token_id, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                greedy=greedy, stop=self.cfg.stop, tokenizer=self.tokenizer, lockstep=lockstep, device=device,
-                kv_cache=kv_cache, step=self._step[1] if kv_cache == "static" else None, pool=self._pool,
-            )
+            hooks_off = without_input_grad_hooks(module) if kv_cache == "static" else contextlib.nullcontext()
+            with hooks_off:
+                return sample_groups(
+                    module, [(list(p), num, s) for p, s in zip(prompts, seeds)],
+                    max_new_tokens=self.cfg.max_new_tokens, eos_token_id=self.tokenizer.eos_token_id,
+                    pad_token_id=self.tokenizer.pad_token_id, temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                    greedy=greedy, stop=self.cfg.stop, tokenizer=self.tokenizer, lockstep=lockstep, device=device,
+                    kv_cache=kv_cache, step=self._step[1] if kv_cache == "static" else None, pool=self._pool,
+                )
 
     def push_weights(self) -> None:
         """Generation reads the live policy weights: nothing to push."""

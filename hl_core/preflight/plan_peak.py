@@ -60,6 +60,26 @@ def _matrices_and_vectors(spec) -> Tuple[List[int], List[int]]:
     return matrices, vectors
 
 
+def zero3_largest_sub_group(spec, dp: int, sub_group_size: float) -> int:
+    """Elements of the largest optimizer sub-group on a ZeRO-3 rank. DeepSpeed steps each parameter group in
+    sub-groups (``_create_fp16_sub_groups`` in deepspeed/runtime/zero/stage3.py): a group no larger than
+    ``sub_group_size`` is one; a larger one is cut after each parameter that brings the running count (this rank's
+    partition of each, ``ceil(numel / dp)``, in the model's order) to ``sub_group_size``."""
+    largest = 0
+    for group in _matrices_and_vectors(spec):
+        sizes = [-(-n // dp) for n in group]
+        if sum(sizes) <= sub_group_size:
+            largest = max(largest, sum(sizes))
+            continue
+        running = 0
+        for size in sizes:
+            running += size
+            if running >= sub_group_size:
+                largest, running = max(largest, running), 0
+        largest = max(largest, running)
+    return largest
+
+
 def _overlapping(sizes: List[int], dp: int, rank: int) -> int:
     """Elements of the tensors (each whole) that overlap rank ``rank``'s 1/dp of their concatenation."""
     part = -(-sum(sizes) // dp)

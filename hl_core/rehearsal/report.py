@@ -23,7 +23,10 @@ def memory_rows(result: Dict) -> List[Tuple[str, int, float, str]]:
     cpu = result["device"] == "CPU" and result["engine"] != "megatron"
     cpu_step = 2 * 4 * m.get("largest_stepped_numel", 0) if cpu else 0
     step_note = " (plan + 2 float32 temporaries of the largest stepped tensor: the CPU step)" if cpu_step else ""
-    peak_plan = max(plan["total"], plan["resident"] + plan["backward_gradients"] + plan["step_gradients"] + cpu_step)
+    # the torch step on the CPU comes after ZeRO-3's flat copies are freed: the larger of the two phases
+    step_plan = max(plan["step_gradients"], plan.get("master_gradients", plan["step_gradients"]) + cpu_step) \
+        if cpu_step else plan["step_gradients"]
+    peak_plan = max(plan["total"], plan["resident"] + plan["backward_gradients"] + step_plan)
     activations = plan["activations_checkpointed"] if result["plan"]["gradient_checkpointing"] else plan["activations_full"]
     process = "allocator max_memory_allocated" if result["device"] != "CPU" else "process VmHWM above the start"
     return [
@@ -34,7 +37,7 @@ def memory_rows(result: Dict) -> List[Tuple[str, int, float, str]]:
         ("  gradient buffers, other", m["kept_other"], kept, "every other live storage"),
         ("gradients during backward", m["backward_gradients"], plan["backward_gradients"],
          "storages made in backward, live after the last one"),
-        ("float32 gradients at step", m["step_gradients"], plan["step_gradients"] + cpu_step,
+        ("float32 gradients at step", m["step_gradients"], step_plan,
          "peak of storages made in the step" + step_note),
         ("gathered weights (ZeRO-3)", m["at_peak"].get("gathered", 0), plan.get("gathered_weights", 0.0),
          "whole parameters DeepSpeed held gathered at the peak"),

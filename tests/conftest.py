@@ -66,7 +66,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: plain pytest has no such hook
 def pytest_xdist_make_scheduler(config, log):
-    """``--dist loadfile``, with ``SAME_WORKER``'s files one unit each. (Not ``loadgroup`` and ``xdist_group``
+    """``--dist loadfile``, with each group of ``SAME_WORKER``'s files one unit. (Not ``loadgroup`` and ``xdist_group``
     marks: pytest-xdist 3.8 renames a marked test's ``item._nodeid``, which pytest 9 no longer reads, so the marks
     group nothing.) Any other ``--dist`` is pytest-xdist's own."""
     if config.getvalue("dist") != "loadfile":

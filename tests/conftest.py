@@ -8,6 +8,21 @@ import socket
 
 import pytest
 
+# Under pytest-xdist (`-n 2 --dist loadfile`, what `.ci/run` runs) a test file is one unit of work, so a module-scoped
+# fixture (a torchrun or a study grid shared by a file's tests) is built once, on one worker. Files that share more
+# than their own fixtures are one unit together (``SAME_WORKER``), and the units that take longest go out first
+# (``LONG_FIRST``, longest first, measured with `--durations`), so that they run side by side on the two workers
+# instead of one of them landing last on a worker that is otherwise done; the other files follow in collection order.
+SAME_WORKER = {
+    # the studies' session-scoped warm-up cache and worker pool (conftest's repro_cache, repro_pool): built once
+    **dict.fromkeys(("test_repro.py", "test_repro_fair.py", "test_repro_preference.py"), "repro studies"),
+    # real SLURM daemons (munged, slurmctld, slurmd) and network namespaces: one live cluster at a time
+    **dict.fromkeys(("test_slurm.py", "test_two_hosts.py"), "live SLURM"),
+}
+LONG_FIRST = ("test_repro.py", "test_repro_fair.py", "test_repro_preference.py", "test_reference_modes.py",
+              "test_gpu_check.py", "test_megatron_engine.py", "test_resume.py", "test_speed_modes.py",
+              "test_slurm.py", "test_two_hosts.py", "test_zero_stages.py", "test_token_budget.py")
+
 
 @pytest.fixture
 def no_network(monkeypatch):
@@ -41,3 +56,36 @@ def repro_pool(tmp_path_factory):
 
     with WorkerPool(max(1, os.cpu_count() or 1), tmp_path_factory.mktemp("repro-workers")) as pool:
         yield pool
+
+
+def pytest_collection_modifyitems(config, items):
+    """``LONG_FIRST``'s files at the front of the queue, in that order (stable: collection order otherwise)."""
+    rank = {name: i for i, name in enumerate(LONG_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(LONG_FIRST)))
+
+
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: plain pytest has no such hook
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist loadfile``, with each group of ``SAME_WORKER``'s files one unit. (Not ``loadgroup`` and ``xdist_group``
+    marks: pytest-xdist 3.8 renames a marked test's ``item._nodeid``, which pytest 9 no longer reads, so the marks
+    group nothing.) Any other ``--dist`` is pytest-xdist's own."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadScopeScheduling  # the plugin's: only a run under pytest-xdist gets here
+
+    class FilesAndSharedUnits(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            file = nodeid.split("::", 1)[0]
+            return SAME_WORKER.get(Path(file).name, file)
+
+    return FilesAndSharedUnits(config, log)
+
+
+def pytest_configure(config):
+    """A pytest-xdist worker (two of them on two cores) runs torch with one intra-op thread, as every test's
+    subprocess does (``helpers._env``), instead of two threads each competing for the same cores
+    (``HL_TEST_WORKER_THREADS=default`` keeps torch's default, to measure the difference)."""
+    if hasattr(config, "workerinput") and os.environ.get("HL_TEST_WORKER_THREADS") != "default":
+        import torch  # every test imports it anyway; only a worker needs it here
+
+        torch.set_num_threads(1)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -28,10 +29,24 @@ def start_model_overrides(path) -> list:
     return overrides
 
 
+# Ports for rendezvous come from a block of 1000 per pytest-xdist worker (``gw0`` 11000-11999, ``gw1`` 12000-12999,
+# no worker 10000-10999), below the kernel's ephemeral range (32768+ by default): two workers never pick the same
+# port, and no outgoing connection (gloo's pairs, another test's client) can take it between the pick and the bind.
+_PORT_BLOCK = 10000 + 1000 * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw-1")[2:]) + 1)
+_next_ports = itertools.count()
+
+
 def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
+    """The next port of this worker's block that nothing is bound to (each call a new one)."""
+    for _ in range(1000):
+        port = _PORT_BLOCK + next(_next_ports) % 1000
+        with socket.socket() as sock:
+            try:
+                sock.bind(("127.0.0.1", port))
+            except OSError:  # in use, or still in TIME_WAIT from an earlier run
+                continue
+            return port
+    raise RuntimeError(f"no free port in {_PORT_BLOCK}-{_PORT_BLOCK + 999}")
 
 
 def _env():

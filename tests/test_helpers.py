@@ -1,14 +1,18 @@
 """The test helpers' in-process worker runs (``run_script_in_process``, what ``run_worker`` uses for one process):
-a failing script is a failed run, and what a script patches or changes in the test process is put back."""
+a failing script is a failed run, and what a script patches or changes in the test process is put back; the
+rendezvous ports of two pytest-xdist workers never meet."""
 
+import os
+import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
 import hl_core.logprobs.packed as packing
 import hl_core.reference.store as store
-from helpers import run_script_in_process, run_worker
+from helpers import REPO, free_port, run_script_in_process, run_worker
 
 PATCHING = """
 import sys
@@ -41,3 +45,25 @@ def test_a_failing_script_is_a_failed_run(tmp_path, body, code):
     assert code != 1 or "ValueError: planted" in proc.stderr
     with pytest.raises(AssertionError):
         run_worker(script)
+
+
+def test_free_ports_are_this_workers_own_and_below_the_ephemeral_range():
+    """Each call a new port nothing is bound to, from this worker's block of 1000 (another worker's block never
+    overlaps it), below the ports the kernel hands to outgoing connections."""
+    ports = [free_port() for _ in range(3)]
+    worker = int(os.environ.get("PYTEST_XDIST_WORKER", "gw-1")[2:])
+    assert len(set(ports)) == 3 and all(10000 + 1000 * (worker + 1) <= p < 11000 + 1000 * (worker + 1) for p in ports)
+    ephemeral = Path("/proc/sys/net/ipv4/ip_local_port_range")
+    low = int(ephemeral.read_text().split()[0]) if ephemeral.exists() else 32768
+    assert max(ports) < low
+    for port in ports:
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", port))  # free: raises if anything holds it
+
+
+def test_two_workers_get_disjoint_ports():
+    """The blocks come from the worker's id (``gw0``, ``gw1``), read when ``helpers`` is imported."""
+    code = "import sys; sys.path.insert(0, 'tests'); from helpers import free_port; print(free_port())"
+    got = [int(subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
+                              env={**os.environ, "PYTEST_XDIST_WORKER": w}).stdout) for w in ("gw0", "gw1")]
+    assert got[0] // 1000 == 11 and got[1] // 1000 == 12

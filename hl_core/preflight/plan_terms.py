@@ -46,7 +46,7 @@ temporaries of the tensor being stepped, while the previous tensor's ``denom`` i
 
 from __future__ import annotations
 
-import importlib.util
+from ..config.checks import installed
 
 
 def norm_bytes(spec, pb: int) -> float:
@@ -109,13 +109,7 @@ def megatron_cpu_step_bytes(spec, pb: int, tp: int, pp: int, stage: int, dp: int
 
 def fused_adam_installed() -> bool:
     """Whether megatron-core will step with a fused Adam (transformer-engine's, else apex's), as it picks one."""
-    for module in ("transformer_engine.pytorch.optimizers", "apex.optimizers"):
-        try:
-            if importlib.util.find_spec(module) is not None:
-                return True
-        except ModuleNotFoundError:  # the parent package is missing
-            continue
-    return False
+    return installed("transformer_engine.pytorch.optimizers") or installed("apex.optimizers")
 
 
 def megatron_gpu_step_bytes(optimizer_elements: float) -> float:

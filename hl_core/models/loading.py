@@ -340,9 +340,11 @@ def _fill_partitions(model, std: float) -> None:
     with torch.no_grad():
         for param in model.parameters():
             part = getattr(param, "ds_tensor", None)
-            if part is not None and len(param.ds_shape) >= 2:
+            if part is None:
+                continue
+            if len(param.ds_shape) >= 2:
                 part.normal_(0.0, std)
-            elif part is not None:
+            else:
                 part.fill_(1.0)
 
 

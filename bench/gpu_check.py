@@ -51,7 +51,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import hashlib
-import importlib.util
 import json
 import os
 import subprocess
@@ -64,6 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import gpu_check_runs as runs_mod  # noqa: E402
+from hl_core.config.checks import installed  # noqa: E402
 
 # dense bf16 peak (TFLOP/s) by the name torch reports; --peak-tflops overrides
 PEAK_BF16_TFLOPS = (("H200", 989.4), ("H100 PCIe", 756.0), ("H100", 989.4), ("GH200", 989.4), ("A100", 312.0),
@@ -146,11 +146,7 @@ def batchable(run: dict) -> bool:
 def missing_package(run: dict):
     """Why ``run`` cannot run here (an optional package it needs is not installed), or None."""
     for module, label in run.get("needs", []):
-        try:
-            found = importlib.util.find_spec(module) is not None
-        except ModuleNotFoundError:  # the parent package is missing
-            found = False
-        if not found:
+        if not installed(module):
             return f"{label} is not installed"
     return None
 

@@ -320,19 +320,41 @@ def test_copy_free_reference_holds_no_weights():
         assert plan["bytes"]["total"] == pytest.approx(copy["bytes"]["total"] - copy["bytes"]["reference"])
 
 
-def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gathers_up_to_the_reuse_distance():
-    """What --rehearse measured of DeepSpeed's ZeRO-3 (docs/perf/rehearse_cpu_*.md): at rest the 16-bit partition,
-    not a gathered layer, plus the 5e8-element reduce bucket; within an update every parameter reused within 1e9
-    elements stays gathered. One rank (dp = 1) is not changed (not rehearsed: nothing is partitioned)."""
+def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gathers_the_prefetch_window():
+    """What --rehearse measured of DeepSpeed's ZeRO-3 (docs/perf/rehearse_*.md): at rest the 16-bit partition, not a
+    gathered layer, plus the 5e8-element reduce bucket; within an update the prefetcher's window of the parameters
+    used next, up to stage3_max_live_parameters (1e9) and the one crossing it (plan_peak.zero3_gathered_elements),
+    computed here by hand from the shapes. One rank (dp = 1) is not changed (not rehearsed: nothing is partitioned)."""
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
     plan = memory_plan(_recipe(name, "engine.zero_stage=3"), 8)
     by, P, L = plan["bytes"], plan["params"], plan["largest_layer_params"]
     assert by["weights_at_rest"] == pytest.approx(2 * P / 8) and by["weights"] == pytest.approx(2 * P / 8 + 2 * L)
     assert by["reduce_buckets"] == 2 * 5e8
-    assert by["gathered_weights"] == 2 * min(P, 1e9 + L) == 2 * (1e9 + L)  # an 8B model: the reuse distance binds
+    spec = resolve_spec(_recipe(name).model)
+    h, V, i, q, kv = spec.hidden_size, spec.vocab_size, spec.intermediate_size, spec.q_dim, spec.kv_dim
+    layer, down = 2 * h * q + 2 * h * kv + 3 * h * i, h * i  # norms (4096 elements) are persistent: not gathered
+    # log-prob backward: output layer + layers 31, 30 (9.6e8), layer 29's down projection crosses 1e9 (H100: 1.020e9)
+    assert V * h + 2 * layer < 1e9 <= V * h + 2 * layer + down
+    assert by["gathered_weights_logits"] == 2 * (V * h + 2 * layer + down)
+    # a layer's backward: the top layer but its (released) down projection, three more layers, then the next one's in
+    # backward order: without checkpointing down, up, gate, o (past 1e9); with it down, q, k, v, o, gate, up
+    assert not plan["gradient_checkpointing"]
+    assert by["gathered_weights_layers"] == 2 * (4 * layer + 2 * down + h * q)
+    ckpt = memory_plan(_recipe(name, "engine.zero_stage=3", "model.gradient_checkpointing=true"), 8)["bytes"]
+    assert ckpt["gathered_weights_layers"] == 2 * (5 * layer - down) and ckpt["gathered_weights_logits"] == by[
+        "gathered_weights_logits"]
+    assert by["phase_logits"] > by["phase_layers"] and by["gathered_weights"] == by["gathered_weights_logits"]
     assert by["resident"] == pytest.approx(2 * P / 8 + 12 * P / 8 + 2 * P / 8 + 2 * 5e8 + by["reference"])
     small = memory_plan(_recipe(name, "engine.zero_stage=3", "model.config_overrides={num_hidden_layers: 2}"), 8)
-    assert small["bytes"]["gathered_weights"] == 2 * small["params"]  # the whole (small) model stays gathered
+    norms = 2 * spec.norms_per_layer * h + h
+    assert small["bytes"]["gathered_weights"] == 2 * (small["params"] - norms)  # every partitioned parameter
+    # Gemma 2 (tied embeddings): the output layer is the embedding (2.4e9 bytes, past 1e9 elements alone); a layer's
+    # backward holds two layers' worth (the H100 rehearsal of the 27B recipe, 46 layers: 1.132e9 elements)
+    g_recipe = load_recipe(REPO / "recipes" / "gemma2_27b_humanline_dpo_zero3.yaml")
+    gemma, g = memory_plan(g_recipe, 16)["bytes"], resolve_spec(g_recipe.model)
+    g_layer = 2 * g.hidden_size * (g.q_dim + g.kv_dim) + 3 * g.hidden_size * g.intermediate_size
+    assert gemma["gathered_weights_logits"] == 2 * g.vocab_size * g.hidden_size
+    assert gemma["gathered_weights_layers"] == 2 * 2 * g_layer
     one = memory_plan(_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
     assert one["reduce_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]
 

@@ -54,8 +54,9 @@ pairs), GRPO micro x group size (`rollout.num_generations` with rollouts; else
 the first row of a local .jsonl; else 2, as preference pairs become groups of two).
 ZeRO-3 over more than one rank, from ``--rehearse`` (hl_core/rehearsal: the tensors DeepSpeed allocated): at rest
 the partition only (``weights_at_rest``) plus DeepSpeed's reduce bucket (5e8 16-bit elements, ``reduce_buckets``);
-within an update the gathered parameters (``gathered_weights``): every parameter reused within
-``stage3_max_reuse_distance`` (1e9 elements) stays gathered, so up to ``min(P, 1e9 + L)`` 16-bit elements.
+within an update the gathered parameters (``gathered_weights``, in the peak's phase): the prefetcher's window of the
+parameters used next, up to ``stage3_max_live_parameters`` (1e9 elements) and the one crossing it
+(``plan_peak.zero3_gathered_elements``).
 ZeRO-1/2 over more than one rank (also measured by ``--rehearse``): within the backward, the gradient reduction
 bucket, 5e8 elements of the gradients' dtype (``backward_bucket``; DeepSpeed's contiguous_gradients without
 overlap_comm), allocated at the first gradient that is ready and freed at the end of each backward; ZeRO-2's
@@ -79,7 +80,8 @@ from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
 from .plan_lora import lora_terms
-from .plan_peak import checkpointed_activations, deepspeed_phases, zero2_gradient_elements, zero3_largest_sub_group
+from .plan_peak import (checkpointed_activations, deepspeed_phases, zero2_gradient_elements, zero3_gathered_elements,
+                        zero3_largest_sub_group)
 from .plan_terms import (layer_activation_bytes, logits_bytes, megatron_cpu_step_bytes, megatron_gpu_step_bytes,
                          megatron_softcap_logits_bytes, norm_bytes)
 
@@ -135,7 +137,7 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
 
 # DeepSpeed's ZeRO defaults that the engine leaves as they are (hl_core/engines/deepspeed_engine.py)
 REDUCE_BUCKET = 5e8  # reduce_bucket_size (elements), ZeRO 1-3
-ZERO3_MAX_REUSE_DISTANCE = 1e9  # stage3_max_reuse_distance (elements)
+ZERO3_MAX_LIVE_PARAMETERS = 1e9  # stage3_max_live_parameters (elements; stage3_max_reuse_distance is no larger)
 ZERO3_SUB_GROUP_SIZE = 1e9  # sub_group_size (elements): ZeRO-3 steps its optimizer one sub-group at a time
 
 
@@ -325,21 +327,24 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     logits = (megatron_softcap_logits_bytes(tokens_in_flight, V, pb, t, chunk) if engine == "megatron" and gemma2 else
               logits_bytes(1, tokens_in_flight, V, pb, t, chunk, softcap_copy=engine != "megatron" and gemma2))
     logits = logits if last_stage else 0.0
-    checkpointing = bool(recipe.model.gradient_checkpointing)
 
     model_states = weights + grads + optimizer
     # ZeRO-3 over dp > 1 (measured by --rehearse, hl_core/rehearsal): between updates only the partition is held,
     # plus the reduce bucket DeepSpeed allocates at start-up (reduce_bucket_size, 5e8 elements of the 16-bit
     # dtype: the engine leaves DeepSpeed's default); within an update the gathered parameters are not one layer
-    # but every parameter reused within stage3_max_reuse_distance (1e9 elements, the default) of its last use,
-    # as the backward and the recomputation reuse them: up to 1e9 + the largest layer
+    # but the prefetcher's window, up to stage3_max_live_parameters, per phase (plan_peak.zero3_gathered_elements)
     zero3 = engine == "deepspeed" and stage == 3 and dp > 1
     weights_at_rest = weights - pb * L if zero3 else weights
     buckets = pb * REDUCE_BUCKET if zero3 else 0.0
     # ZeRO-1/2 over dp > 1 (--rehearse, bf16 and fp32): a reduce bucket of the gradients' dtype made in the backward
     zero12 = engine == "deepspeed" and stage in (1, 2) and dp > 1
     backward_bucket = pb * REDUCE_BUCKET if zero12 else 0.0
-    gathered = pb * min(P, ZERO3_MAX_REUSE_DISTANCE + L) if zero3 else 0.0
+    checkpointing = bool(recipe.model.gradient_checkpointing)
+    persist = recipe.engine.zero3_param_persistence_threshold
+    gathered_in = {phase: pb * zero3_gathered_elements(spec, ZERO3_MAX_LIVE_PARAMETERS, persist, phase=phase,
+                                                       checkpointing=checkpointing) if zero3 else 0.0
+                   for phase in ("logits", "layers")}
+    gathered = max(gathered_in.values())  # reported: the peak's phase's (below), else the larger
     resident = weights_at_rest + optimizer + reference + resident_grads + buckets
     activations = activations_ckpt if checkpointing else activations_full
     other = activations_full if checkpointing else activations_ckpt
@@ -354,7 +359,8 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
     if engine == "deepspeed":  # DeepSpeed: the largest of the update's phases (plan_peak.py), not their sum
         lora_kept = tokens * lora["activation_bytes_per_token"] if lora else 0.0
         tied = pb * spec.vocab_size * h if spec.tie_word_embeddings and not lora else 0.0
-        phase_terms = dict(gathered=gathered, backward_bucket=backward_bucket, layer_inputs=layer_inputs,
+        phase_terms = dict(gathered_logits=gathered_in["logits"], gathered_layers=gathered_in["layers"],
+                           backward_bucket=backward_bucket, layer_inputs=layer_inputs,
                            final_norm=final_norm, logits=logits, tied_output_gradient=tied, step_gradients=step_grads)
         phases = deepspeed_phases(one_layer=per_layer + lora_kept / spec.num_layers, checkpointing=checkpointing,
                                   activations_full=activations_full, **phase_terms)
@@ -362,6 +368,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
                                         checkpointing=not checkpointing, activations_full=activations_full,
                                         **phase_terms)
         total = resident + backward_grads + max(phases.values())
+        gathered = gathered_in.get(max(phases, key=phases.get), gathered)
         total_other = resident + backward_grads + max(other_phases.values())
     gpu_gib = float(recipe.cluster.gpu_memory_gb)
     if engine == "megatron" and pp > 1:
@@ -385,6 +392,7 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
         activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
         total=total, total_other_checkpointing=total_other,
         tied_output_gradient=tied, **{f"phase_{name}": value for name, value in phases.items()},
+        **{f"gathered_weights_{name}": value for name, value in gathered_in.items()},
     )
     return dict(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,

@@ -136,11 +136,11 @@ def run_workers(runs: list, workdir: Path, timeout: float) -> list:
 
 
 def batchable(run: dict) -> bool:
-    """A dry run starts one process for all consecutive DeepSpeed runs (each its own trainer; the process start-up
-    and imports are most of a toy run's time), the runs it skips in between not breaking the batch: megatron (its
-    parallel state) and TRL (its own launcher state) keep a process each. A run that switches TF32 off joins too
-    (``_train_run`` switches it back after the run)."""
-    return run["kind"] in ("train", "online") and "engine.name=megatron" not in run["overrides"]
+    """A dry run starts one process for all consecutive runs of ours, DeepSpeed and megatron (each its own trainer,
+    megatron's parallel state torn down at its close; the process start-up and imports are most of a toy run's
+    time), the runs it skips in between not breaking the batch; TRL (its own launcher state) keeps a process. A run
+    that switches TF32 off joins too (``_train_run`` switches it back after the run)."""
+    return run["kind"] in ("train", "online")
 
 
 def missing_package(run: dict):

@@ -3,6 +3,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import gc
 import os
 import socket
 
@@ -79,6 +80,14 @@ def pytest_xdist_make_scheduler(config, log):
             return SAME_WORKER.get(Path(file).name, file)
 
     return FilesAndSharedUnits(config, log)
+
+
+def pytest_collection_finish(session):
+    """Every test module is imported (torch, DeepSpeed, transformers, hl_core with them): their objects leave the
+    garbage collector's view (``gc.freeze``), so that the full collection each engine's ``close`` makes after a
+    run in this process scans only what the tests made since (about half a second less per run)."""
+    gc.collect()
+    gc.freeze()
 
 
 def pytest_configure(config):

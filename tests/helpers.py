@@ -49,8 +49,11 @@ def free_port() -> int:
     raise RuntimeError(f"no free port in {_PORT_BLOCK}-{_PORT_BLOCK + 999}")
 
 
-def _env():
-    env = dict(os.environ)
+_BASE_ENV = dict(os.environ)  # before any test's monkeypatching: what the zygotes start with
+
+
+def _env(base=None):
+    env = dict(os.environ if base is None else base)
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
                PYTHONPATH=str(REPO))
     return env
@@ -113,10 +116,14 @@ def run_study(args, pool) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
-def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0) -> subprocess.CompletedProcess:
-    """Run a recipe to its end; its exit code must be ``expect``."""
+def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0,
+               torchrun: bool = False) -> subprocess.CompletedProcess:
+    """Run a recipe to its end; its exit code must be ``expect``. Several processes: their ranks forked from the
+    zygotes (``run_ranks``), or the real ``torchrun`` with ``torchrun=True`` (or ``HL_TEST_ZYGOTES=0``)."""
     if nproc == 1 and IN_PROCESS:
         proc = run_in_process([recipe, *overrides, "logging.progress_bar=false"])
+    elif nproc > 1 and ZYGOTES and not torchrun:
+        proc = run_ranks(recipe_command(recipe, overrides, 1)[1:], nproc, timeout)
     else:
         proc = subprocess.run(recipe_command(recipe, overrides, nproc), cwd=REPO, env=_env(), capture_output=True,
                               text=True, timeout=timeout)
@@ -132,10 +139,42 @@ def start_recipe(recipe, overrides=(), nproc: int = 1, log=None, **env) -> subpr
                             stderr=subprocess.STDOUT, text=True, start_new_session=True)
 
 
+# Several processes, or one fresh one: each forked from a zygote that has torch, DeepSpeed, transformers and
+# megatron-core imported (tests/zygote.py: ~14 CPU seconds less per two-process run than torchrun's agent and fresh
+# interpreters); HL_TEST_ZYGOTES=0 runs them under the real torchrun / a fresh interpreter instead. The launcher's own
+# tests start torchrun themselves.
+ZYGOTES = os.environ.get("HL_TEST_ZYGOTES", "") != "0"
+_ranks = []  # this test process's zygotes (tests/zygote.Ranks), started at its first run that needs them
+
+
+def run_ranks(argv, nproc: int, timeout: float, rendezvous: bool = True) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node NPROC ARGV``'s job (``rendezvous``; else ``python ARGV``, one process), its
+    processes forked from this test process's zygotes."""
+    from zygote import Ranks  # only a run in processes of its own needs it
+
+    if not _ranks:
+        _ranks.append(Ranks(_env(_BASE_ENV), str(REPO)))
+    return _ranks[0].run(argv, _env(), nproc, free_port() if rendezvous else None, timeout)
+
+
+def run_fresh(argv, timeout: float = 300) -> subprocess.CompletedProcess:
+    """``python ARGV`` (a script and its arguments) in a process of its own, its exit code as it is: forked from a
+    zygote, or a fresh interpreter under ``HL_TEST_ZYGOTES=0``. For a test whose state is process-wide."""
+    if ZYGOTES:
+        return run_ranks(argv, 1, timeout, rendezvous=False)
+    return subprocess.run([sys.executable, *map(str, argv)], cwd=REPO, env=_env(), capture_output=True, text=True,
+                          timeout=timeout)
+
+
 def run_torchrun(script: Path, args=(), nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
-           str(script), *map(str, args)]
-    proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
+    """``torchrun --nproc_per_node NPROC SCRIPT ARGS``: its ranks forked from the zygotes (``run_ranks``) unless
+    ``HL_TEST_ZYGOTES=0``; must exit 0."""
+    if ZYGOTES:
+        proc = run_ranks([script, *args], nproc, timeout)
+    else:
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
+               f"--master_port={free_port()}", str(script), *map(str, args)]
+        proc = subprocess.run(cmd, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{script.name} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return proc
@@ -225,7 +264,6 @@ def run_worker(script: Path, args=(), nproc: int = 1, timeout: int = 900,
         proc = run_script_in_process(script, args)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
         return proc
-    proc = subprocess.run([sys.executable, str(script), *map(str, args)], cwd=REPO, env=_env(), capture_output=True,
-                          text=True, timeout=timeout)
+    proc = run_fresh([script, *args], timeout)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
     return proc

@@ -3,20 +3,19 @@ the real engines at toy size with --dry-run (TRL's DPOTrainer too, when trl is i
 skip with their reasons), and the FLOP count behind its MFU against torch's own counter."""
 
 import json
-import subprocess
 import sys
 
 import pytest
 import torch
 
-from helpers import REPO
+from helpers import REPO, run_fresh
 
 sys.path.insert(0, str(REPO))
 from bench.gpu_check import SECTIONS, main, missing_package  # noqa: E402
 from bench.gpu_check_runs import COMPARED, NO_DRY_RUN, plan_runs  # noqa: E402
 from bench.shapes import forward_flops_per_token, spec_of, write_model_dir  # noqa: E402
 
-CHECK = [sys.executable, str(REPO / "bench" / "gpu_check.py")]
+CHECK = REPO / "bench" / "gpu_check.py"
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusal is for machines without a GPU")
@@ -29,8 +28,7 @@ def test_without_a_gpu_it_exits_2_with_one_line(tmp_path, capsys):
 
 def test_dry_run_exercises_every_section(tmp_path):
     out, table = tmp_path / "r.jsonl", tmp_path / "r.md"
-    proc = subprocess.run([*CHECK, "--dry-run", "--out", str(out), "--markdown", str(table)],
-                          cwd=REPO, capture_output=True, text=True, timeout=900)
+    proc = run_fresh([CHECK, "--dry-run", "--out", out, "--markdown", table], timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     env, results = rows[0], rows[1:]

@@ -1,6 +1,7 @@
 """The test helpers' in-process worker runs (``run_script_in_process``, what ``run_worker`` uses for one process):
 a failing script is a failed run, and what a script patches or changes in the test process is put back; the
-rendezvous ports of two pytest-xdist workers never meet."""
+rendezvous ports of two pytest-xdist workers never meet; the zygotes' runs (``run_ranks``, ``run_fresh``) behave as
+torchrun's and python's."""
 
 import os
 import socket
@@ -12,7 +13,7 @@ import pytest
 
 import hl_core.logprobs.packed as packing
 import hl_core.reference.store as store
-from helpers import REPO, free_port, run_script_in_process, run_worker
+from helpers import REPO, ZYGOTES, free_port, run_fresh, run_ranks, run_script_in_process, run_worker
 
 PATCHING = """
 import sys
@@ -67,3 +68,56 @@ def test_two_workers_get_disjoint_ports():
     got = [int(subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True,
                               env={**os.environ, "PYTEST_XDIST_WORKER": w}).stdout) for w in ("gw0", "gw1")]
     assert got[0] // 1000 == 11 and got[1] // 1000 == 12
+
+
+# ------------------------------------------------------------------------------------------ the zygotes
+RANK_SCRIPT = r"""
+import os, sys, time
+rank = int(os.environ["RANK"])
+print("rank", rank, "of", os.environ["WORLD_SIZE"], "port", os.environ["MASTER_PORT"], "hash", hash("humanline"))
+left_open = open(sys.argv[1] + f".rank{rank}", "w")
+left_open.write("written, never closed")  # a normal exit flushes it: so must a zygote's child
+if sys.argv[2] == "fail" and rank == 1:
+    sys.exit(5)
+if sys.argv[2] in ("fail", "hang"):
+    time.sleep(600)
+import torch.distributed as dist
+dist.init_process_group("gloo")
+t = __import__("torch").tensor([rank + 1.0])
+dist.all_reduce(t)
+print(f"sum {t.item()}\n", end="")  # one write: the ranks share one stdout, as under torchrun
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.skipif(not ZYGOTES, reason="HL_TEST_ZYGOTES=0: every run starts a fresh interpreter")
+def test_zygote_ranks_are_processes_of_one_job_each_with_its_own_hash_seed(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    proc = run_ranks([script, tmp_path / "out", "ok"], 2, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    lines = sorted(line.split() for line in proc.stdout.splitlines() if line.startswith("rank"))
+    assert [(w[1], w[3]) for w in lines] == [("0", "2"), ("1", "2")] and lines[0][5] == lines[1][5]  # one job, one port
+    assert lines[0][7] != lines[1][7]  # two interpreters' hash seeds, as under torchrun
+    assert proc.stdout.count("sum 3.0") == 2  # a real gloo all-reduce between the two processes
+    assert all((tmp_path / f"out.rank{r}").read_text() == "written, never closed" for r in (0, 1))
+
+
+@pytest.mark.skipif(not ZYGOTES, reason="HL_TEST_ZYGOTES=0: every run starts a fresh interpreter")
+def test_a_failing_rank_stops_the_others_and_a_timeout_kills_them(tmp_path):
+    script = tmp_path / "ranks.py"
+    script.write_text(RANK_SCRIPT)
+    proc = run_ranks([script, tmp_path / "out", "fail"], 2, timeout=120)  # rank 0 sleeps: stopped, not waited for
+    assert proc.returncode == 1 and "rank 1 exited with code 5" in proc.stderr and "rank 0 exited with code -15" in \
+        proc.stderr, proc.stderr
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_ranks([script, tmp_path / "out", "hang"], 2, timeout=3)
+    proc = run_ranks([script, tmp_path / "out", "ok"], 2, timeout=120)  # the zygotes serve the next job
+    assert proc.returncode == 0 and proc.stdout.count("sum 3.0") == 2, proc.stderr
+
+
+def test_a_fresh_process_has_its_own_exit_code_and_no_rendezvous(tmp_path):
+    script = tmp_path / "fresh.py"
+    script.write_text("import os, sys\nprint('RANK' in os.environ, sys.argv[1:])\nraise SystemExit(4)\n")
+    proc = run_fresh([script, "a", 1])
+    assert proc.returncode == 4 and proc.stdout.split() == ["False", "['a',", "'1']"], proc.stderr

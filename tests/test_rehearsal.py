@@ -8,12 +8,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from helpers import REPO, TINY_HUMANLINE, _env
+from helpers import REPO, TINY_HUMANLINE, _env, run_fresh
 
 from hl_core.rehearsal.memory import TensorLedger
 from hl_core.rehearsal.report import memory_rows
@@ -34,9 +36,9 @@ def _tiny_params() -> int:
 def _rehearse(tmp_path, recipe, rank, *overrides):
     out_dir = tmp_path / "run"
     report = tmp_path / "rehearsal.json"
-    command = [sys.executable, str(REPO / "launchers" / "run.py"), str(recipe), f"output_dir={out_dir}", *overrides,
-               "--rehearse-rank", str(rank), "--rehearse-json", str(report)]
-    proc = subprocess.run(command, cwd=REPO, env=_env(), capture_output=True, text=True, timeout=300)
+    command = [REPO / "launchers" / "run.py", recipe, f"output_dir={out_dir}", *overrides, "--rehearse-rank", rank,
+               "--rehearse-json", report]
+    proc = run_fresh(command)  # a process of its own: the fake process group is process-wide
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     assert not out_dir.exists(), "a rehearsal wrote into the recipe's output_dir"
     assert "nothing written" in proc.stdout
@@ -115,8 +117,9 @@ def test_zero2_rank_of_four_reduces_every_micro_batch_and_the_plan_counts_its_bu
 
 def _in_fresh_process(script: str) -> str:
     """Run ``script`` in a Python process of its own (the fake process group is process-wide); its stdout."""
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=_env(), capture_output=True, text=True,
-                          timeout=300)
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / "script.py").write_text(script)
+        proc = run_fresh([Path(tmp) / "script.py"])
     assert proc.returncode == 0, proc.stderr[-3000:]
     return proc.stdout
 

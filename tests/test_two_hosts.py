@@ -126,9 +126,10 @@ def two_hosts():
 
 @pytest.fixture(scope="module")
 def one_host_metrics(tmp_path_factory):
-    """The reference: the same two processes on one host (torchrun --nproc_per_node 2)."""
+    """The reference: the same two processes on one host, under the real torchrun (--nproc_per_node 2) as on the
+    two hosts."""
     out = tmp_path_factory.mktemp("one_host") / "run"
-    run_recipe(TINY_HUMANLINE, [*OVERRIDES, f"output_dir={out}"], nproc=2, timeout=600)
+    run_recipe(TINY_HUMANLINE, [*OVERRIDES, f"output_dir={out}"], nproc=2, timeout=600, torchrun=True)
     return _metrics(out)
 
 

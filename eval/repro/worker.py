@@ -67,6 +67,10 @@ def main() -> int:
     os.dup2(stderr_fd, 1)
     _FAULTS.append(os.fdopen(os.dup(stderr_fd), "w"))
     faulthandler.enable(file=_FAULTS[0])  # a fatal signal still says where Python was
+    import hl_core.trainer  # noqa: F401 - every run's imports (torch, DeepSpeed, transformers), done before ...
+
+    gc.collect()
+    gc.freeze()  # ... their objects leave the collector's view: the collections between runs scan only the runs'
     for line in sys.stdin:
         if line.strip():
             answers.write(json.dumps(run_task(json.loads(line), stderr_fd)) + "\n")

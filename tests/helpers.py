@@ -116,6 +116,36 @@ def run_study(args, pool) -> subprocess.CompletedProcess:
     return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
 
 
+def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: Path):
+    """A study's pinned values for the CPU kernels that computed ``actual`` (``kernels``: the result's
+    ``environment.kernel_fingerprint``, eval/repro/kernels.py), and the hint a mismatch prints.
+
+    ``pin`` holds one entry per set of kernels (``{"pins": [{"kernels", "pinned", "values"}]}``): a warm-up of a few
+    hundred updates turns one rounding difference into another model, so values compare only where the kernels
+    computed the same bytes. The file written beside the test (``tmp_path/pin.name``) is ``pin`` with this machine's
+    entry set to ``actual``: copying it over ``pin`` re-pins this machine, or adds it. With no entry for these
+    kernels the test is skipped, saying which kinds of kernel differ from each pinned machine's."""
+    import datetime
+
+    import pytest
+
+    from eval.repro.kernels import describe, differing
+
+    entries = json.loads(pin.read_text())["pins"] if pin.exists() else []
+    mine = [e for e in entries if not differing(e["kernels"], kernels)]
+    others = [e for e in entries if differing(e["kernels"], kernels)]
+    fresh = tmp_path / pin.name
+    entry = {"kernels": kernels, "pinned": datetime.date.today().isoformat(), "values": actual}
+    fresh.write_text(json.dumps({"pins": others + [entry]}, indent=1) + "\n")
+    if not mine:
+        why = "; ".join(f"{describe(e['kernels'])}: {', '.join(differing(e['kernels'], kernels))}" for e in entries)
+        pytest.skip(f"no pin for this machine's kernels ({describe(kernels)}); "
+                    + (f"the pinned machines' differ in {why}" if entries else "no machine is pinned yet")
+                    + f". To pin this machine too: cp {fresh} {pin}")
+    hint = f"results moved: if on purpose, re-run the stored studies (README, 'Does it work?') and cp {fresh} {pin}"
+    return mine[0]["values"], hint
+
+
 def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0,
                torchrun: bool = False) -> subprocess.CompletedProcess:
     """Run a recipe to its end; its exit code must be ``expect``. Several processes: their ranks forked from the

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import run_study
+from helpers import pinned_for_these_kernels, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 PIN = REPO / "tests" / "fixtures" / "repro_quick_pin.json"
@@ -50,16 +50,13 @@ def test_pinned_curve(quick, tmp_path):
     commit: a change that moves results is noticed here, and the stored study is then re-run on purpose.
     Update 0's gradient norm (after the warm-up and the first sampled groups) to 1e-3 relative; held-out accuracy
     within 2 of the 64 problems and each update's mean rollout reward within 2 of 32 samples (room for another
-    CPU's rounding to flip a sample). The runs use AVX2 kernels on every x86-64 CPU (`eval.repro.runs.CPU_KERNELS`)."""
+    CPU's rounding to flip a sample). Compared with the pin of the machine whose CPU kernels compute the same bytes
+    (`helpers.pinned_for_these_kernels`: skipped, with the way to pin it, where they differ from every pinned one's)."""
     _, result = quick
     run = next(r for r in result["runs"] if r["arm"] == "online" and r["warmup"] == 0 and r["seed"] == 0)
     actual = {"steps": run["steps"], "accuracy": run["values"], "first_grad_norm": run["grad_norms"][0],
               "reward_means": run["reward_means"]}
-    pinned = json.loads(PIN.read_text())
-    fresh = tmp_path / PIN.name
-    fresh.write_text(json.dumps(actual, indent=1) + "\n")
-    hint = (f"results moved: if on purpose, re-run the stored studies (README, 'Does it work?') and "
-            f"cp {fresh} {PIN}")
+    pinned, hint = pinned_for_these_kernels(PIN, actual, result["environment"]["kernel_fingerprint"], tmp_path)
     assert actual["steps"] == pinned["steps"], hint
     assert actual["accuracy"] == pytest.approx(pinned["accuracy"], abs=2 / 64 + 1e-9), hint
     assert actual["first_grad_norm"] == pytest.approx(pinned["first_grad_norm"], rel=1e-3), hint
@@ -77,6 +74,9 @@ def test_result_files_record_versions_threads_and_statistics(quick):
     env = result["environment"]
     for key in ("torch", "transformers", "deepspeed", "python", "threads_per_process", "cpu_count", "cpu_kernels"):
         assert env[key], key
+    from eval.repro.kernels import KINDS  # what the runs' kernels computed: hashes of 16 hex digits per kind
+
+    assert all(len(env["kernel_fingerprint"][k]) == 16 for k in KINDS) and env["kernel_fingerprint"]["cpu"]
     assert all(r["torch_threads"] == 1 and r["deterministic"] is True for r in result["runs"])
     arms = result["summary"]["arms"]
     assert {"online", "sparse", "humanline_sparse_k1", "offline", "offline_humanline", "humanline_online_k1"} <= set(arms)

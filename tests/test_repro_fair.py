@@ -12,7 +12,7 @@ import pytest
 
 from eval.repro import fair
 from eval.repro.studies import FULL, QUICK
-from helpers import run_study
+from helpers import pinned_for_these_kernels, run_study
 
 REPO = Path(__file__).resolve().parents[1]
 PIN = REPO / "tests" / "fixtures" / "repro_fair_quick_pin.json"
@@ -144,18 +144,14 @@ def test_pinned_humanline_dpo_curve(quick, tmp_path):
     included, against values stored from an earlier commit: its learning rate and max grad norm (the tuning's
     choice, in the arm's name), held-out reward within 2/64 per evaluation, every update's loss and update 0's
     gradient norm to 1e-3 relative (offline DPO samples nothing while training, so the losses are exact here).
-    The runs use AVX2 kernels on every x86-64 CPU (`eval.repro.runs.CPU_KERNELS`)."""
+    Compared with the pin of the machine whose CPU kernels compute the same bytes (`helpers.pinned_for_these_kernels`:
+    skipped, with the way to pin it, on a machine whose kernels differ from every pinned one's)."""
     _, result, _ = quick
     arm = result["roles"]["dpo"]["humanline"]
     run = next(r for r in result["runs"] if r["arm"] == arm and r["warmup"] == 0 and r["seed"] == 0)
     actual = {"arm": arm, "steps": run["steps"], "reward": run["values"], "losses": run["losses"],
               "first_grad_norm": run["grad_norms"][0]}
-    fresh = tmp_path / PIN.name
-    fresh.write_text(json.dumps(actual, indent=1) + "\n")
-    hint = (f"results moved: if on purpose, re-run the stored studies (README, 'Does it work?') and "
-            f"cp {fresh} {PIN}")
-    assert PIN.exists(), hint
-    pinned = json.loads(PIN.read_text())
+    pinned, hint = pinned_for_these_kernels(PIN, actual, result["environment"]["kernel_fingerprint"], tmp_path)
     assert actual["arm"] == pinned["arm"] and actual["steps"] == pinned["steps"], hint
     assert actual["reward"] == pytest.approx(pinned["reward"], abs=2 / 64 + 1e-9), hint
     assert actual["losses"] == pytest.approx(pinned["losses"], rel=1e-3), hint

@@ -74,7 +74,7 @@ def sweep(study: Study, grid: Grid, models, out: Path, seeds, pool: WorkerPool, 
             labels[f"{arm.name}@{name}"] = f"{arm.label}, {name}"
     runs = run_all(runs, pool, "sweep")
     meta = {"mode": "sweep", "grid": regime(study, grid), "warmups": sorted(models), "seeds": list(seeds),
-            "environment": environment(pool.jobs), "wall_s": time.perf_counter() - start}
+            "environment": environment(pool), "wall_s": time.perf_counter() - start}
     references = {r.arm: f"{study.choose_by[0]}@{r.arm.partition('@')[2]}" for r in runs}  # the same regime's
     result = write_report(out, study, runs, labels, meta, f"Regime sweep ({study.name} study)", references=references)
     choice = choose_regime(study, runs)
@@ -168,7 +168,7 @@ def run_study(args, study: Study, grid: Grid, out: Path, cache: Path, pool: Work
         repeat = next(r for r in runs if r.arm == repeat.arm)
         runs = [r for r in runs if r is not repeat]
     meta = {"mode": mode, "grid": regime(study, grid), "warmups": sorted(models), "warmup_acceptance": warmup_table,
-            "seeds": list(seeds), "environment": environment(pool.jobs), "wall_s": time.perf_counter() - start}
+            "seeds": list(seeds), "environment": environment(pool), "wall_s": time.perf_counter() - start}
     if data:
         meta["offline_data"] = json.loads(data["meta"].read_text())
     checks = study.checks(runs, repeat) if study.checks else {}

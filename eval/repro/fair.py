@@ -330,7 +330,7 @@ def run_fair(args, grid, out: Path, cache: Path, pool: WorkerPool) -> int:
     meta = {"mode": "quick" if grid.shortened else "study", "design": {**asdict(fg), "online_lrs": fg.online_lrs,
             "rule": RULE, "reported_seeds": seeds, "tuning_warmups": sorted(ctx.tuning_models)}, "plan": plan,
             "warmups": sorted(models), "warmup_acceptance": warmup_table, "seeds": seeds, "sources": metas,
-            "environment": environment(pool.jobs), "stage_wall_s": ctx.stage_s, "wall_s": time.perf_counter() - start}
+            "environment": environment(pool), "stage_wall_s": ctx.stage_s, "wall_s": time.perf_counter() - start}
     checks = fair_checks(runs + ([repeat] if repeat else []), repeat, data, metas)
     write_fair_report(out, PREFERENCE_FAIR.title, fg.sync_periods, runs, ctx.tuning, tuning_table, chosen, by_role,
                       meta, checks)

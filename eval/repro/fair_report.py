@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import stats
+from .kernels import describe
 from .report import clamp_binding, curves_of, generation_s, per_run
 from .runs import Run
 
@@ -291,5 +292,6 @@ def markdown(result: dict, labels: Dict[str, str]) -> List[str]:
                   f"{stage} {s / 60:.1f} min" for stage, s in result["stage_wall_s"].items()) + f". {len(result['runs'])}"
               f" reported runs and {len(result['tuning_runs'])} tuning runs; {env['cpu_count']} CPUs, "
               f"{env['parallel_jobs']} runs at a time, 1 thread each, deterministic algorithms; torch {env['torch']}, "
-              f"transformers {env['transformers']}, deepspeed {env['deepspeed']}; commit {env['git_commit']}.", ""]
+              f"transformers {env['transformers']}, deepspeed {env['deepspeed']}; commit {env['git_commit']}; "
+              f"{describe(env.get('kernel_fingerprint'))}.", ""]
     return lines

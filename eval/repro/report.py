@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
 from . import stats
+from .kernels import describe
 from .runs import Run
 from .studies import RECIPES, Grid, Study
 
@@ -87,7 +88,8 @@ def write_report(out: Path, study: Study, runs: Sequence[Run], labels: Dict[str,
               f"held-out prompt. {len(meta['warmups'])} warm-up model(s) x {len(meta['seeds'])} RL seed(s) per arm. "
               f"{env['cpu_count']} CPUs, {env['parallel_jobs']} runs at a time, 1 thread each, deterministic "
               f"algorithms; torch {env['torch']}, transformers {env['transformers']}, deepspeed {env['deepspeed']}; "
-              f"commit {env['git_commit']}; study wall-clock {meta['wall_s'] / 60:.1f} min.", ""]
+              f"commit {env['git_commit']}; {describe(env.get('kernel_fingerprint'))}; study wall-clock "
+              f"{meta['wall_s'] / 60:.1f} min.", ""]
     (out / "results.md").write_text("\n".join(lines))
     stats.plot_curves(curves, out / "curves.png", labels=labels, title=title, ylabel=study.metric)
     print("\n".join(lines))

@@ -44,9 +44,12 @@ class Run:
     estimate_s: float = 0.0  # expected wall-clock (scheduling: longest first); 0 when unknown
 
 
-# The same CPU kernels on every x86-64 CPU with AVX2: ATen's own, MKL's (its conditional numerical
+# The same CPU kernels on every Intel x86-64 CPU with AVX2: ATen's own, MKL's (its conditional numerical
 # reproducibility mode) and oneDNN's. Without them an AVX-512 machine rounds differently, and a warm-up of a few
 # hundred updates amplifies that into another model (the quick grid's start accuracy moved from 0.17 to 0.13).
+# MKL honours its AVX2 branch on Intel CPUs only (elsewhere it falls back to the CPU's own branch; only COMPATIBLE,
+# SSE2, is common to all vendors, and it made the warm-up's updates 1.8x slower here), so every result records what
+# the kernels computed (``kernel_fingerprint``, eval/repro/kernels.py) and curves are compared only under the same.
 CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
 
 
@@ -98,6 +101,7 @@ class WorkerPool:
         self.started = 0
         self.lock = threading.Lock()
         self.subprocess = os.environ.get("HL_REPRO_SUBPROCESS", "") == "1"
+        self.kernels: Optional[Dict[str, str]] = None  # kernel_fingerprint(), once taken
 
     def ask(self, task: dict) -> dict:
         with self.lock:
@@ -261,8 +265,25 @@ def accepted_warmups(cache: Path, grid, count: int, pool: WorkerPool) -> Tuple[D
     return models, table
 
 
-def environment(jobs: int) -> dict:
-    """Versions, CPU count, parallel jobs and the git commit: what every result file records."""
+def kernel_fingerprint(pool: "WorkerPool") -> Dict[str, str]:
+    """What the runs' CPU kernels compute (``eval.repro.kernels``), measured once per pool in the runs' own
+    environment (a worker task, or ``python -m eval.repro.kernels`` under ``HL_REPRO_SUBPROCESS=1``)."""
+    if pool.kernels is None:
+        if pool.subprocess:
+            proc = subprocess.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO, env=child_env(),
+                                  capture_output=True, text=True)
+            pool.kernels = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
+        else:
+            answer = pool.ask({"call": "eval.repro.kernels:fingerprint", "log": str(pool.log_dir / "kernels.log")})
+            pool.kernels = answer["result"] if answer["code"] == 0 else {}
+        if not pool.kernels:
+            raise RunFailed(f"the CPU kernels' fingerprint could not be taken; see {pool.log_dir}")
+    return pool.kernels
+
+
+def environment(pool: "WorkerPool") -> dict:
+    """Versions, CPU count, parallel jobs, the git commit and the kernels' fingerprint: what every result file
+    records. Two results are comparable to the last bit only where ``kernel_fingerprint`` is the same."""
     import deepspeed
     import numpy
     import torch
@@ -275,7 +296,8 @@ def environment(jobs: int) -> dict:
     return {
         "python": platform.python_version(), "platform": platform.platform(), "cpu_count": os.cpu_count(),
         "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__,
-        "numpy": numpy.__version__, "git_commit": commit or None, "parallel_jobs": jobs,
+        "numpy": numpy.__version__, "git_commit": commit or None, "parallel_jobs": pool.jobs,
         "threads_per_process": 1, "deterministic_algorithms": True,
         "cpu_kernels": " ".join(f"{k}={v}" for k, v in CPU_KERNELS.items()),
+        "kernel_fingerprint": kernel_fingerprint(pool),
     }

@@ -44,7 +44,12 @@ def rehearse(recipe: str, layers: int, micro_batches: int, extra: list) -> list:
         proc = subprocess.run(command, cwd=REPO)
         if proc.returncode != 0:
             raise SystemExit(f"{recipe}: exit {proc.returncode}")
-        return json.loads(out.read_text())
+        results = json.loads(out.read_text())
+        skipped = [r["rank"] for r in results if r["skipped_updates"]]
+        if skipped:  # a skipped step leaves the optimizer's memory (and, in the warm-up, its states) out
+            raise SystemExit(f"{recipe}: rank(s) {skipped} skipped an update (a non-finite loss or statistic): "
+                             "its memory terms are not a real update's; nothing tabled. Re-run it.")
+        return results
 
 
 def _pp(recipe: str) -> int:
@@ -90,7 +95,9 @@ def table(results: list) -> str:
         times = projected_seconds(result)
         lines += ["", f"humanline sync: {result['sync_bytes'] / GIB:.3f} GiB through collectives (reference log-probs: "
                   f"{result['reference_mode']}); communication per update at the stated bandwidths (a model): "
-                  f"{times['communication_s']:.2f} s; notes: {'; '.join(result['notes'])}", ""]
+                  f"{times['communication_s']:.2f} s; notes: {'; '.join(result['notes'])}"
+                  + (f"; {len(result['zeroed_gradients'])} gradient tensor(s) held NaN or inf and were zeroed so the "
+                     "step ran" if result.get("zeroed_gradients") else ""), ""]
     return "\n".join(lines)
 
 

@@ -33,10 +33,10 @@ def _tiny_params() -> int:
     return v * h + layers * layer + h + v * h
 
 
-def _rehearse(tmp_path, recipe, rank, *overrides):
+def _rehearse(tmp_path, recipe, rank, *overrides, script=REPO / "launchers" / "run.py"):
     out_dir = tmp_path / "run"
     report = tmp_path / "rehearsal.json"
-    command = [REPO / "launchers" / "run.py", recipe, f"output_dir={out_dir}", *overrides, "--rehearse-rank", rank,
+    command = [script, recipe, f"output_dir={out_dir}", *overrides, "--rehearse-rank", rank,
                "--rehearse-json", report]
     proc = run_fresh(command)  # a process of its own: the fake process group is process-wide
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
@@ -212,6 +212,19 @@ def test_ledger_counts_a_recomputed_autograd_function_as_an_activation():
     assert forward == (False, "forward")  # the first forward: its phase
     assert recomputed == (False, "activation")  # gradients off, yet recomputed for the backward
     assert backward == ("backward", "backward")  # the backward function's gradient
+
+
+def test_a_nonfinite_gradient_is_zeroed_so_the_step_and_its_memory_are_rehearsed(tmp_path):
+    """A gradient full of NaN in the warm-up update (fake collectives and unfilled buffers can leave garbage) is
+    zeroed, named in the result and the report, and the update steps: the optimizer states are there at rest (a
+    skipped warm-up step would leave them out, 0 bytes) and no update is skipped."""
+    result, stdout = _rehearse(tmp_path, TINY_HUMANLINE, 0, "engine.zero_stage=0", "cluster.gpus_per_node=2",
+                               "humanline.reference=copy", script=REPO / "tests" / "distributed" / "rehearse_poisoned.py")
+    assert result["skipped_updates"] == 0
+    (event,) = result["zeroed_gradients"]
+    assert event["update"] == 0 and event["dtype"] == "float32" and event["shape"]
+    assert result["memory"]["optimizer"] == pytest.approx(2 * _tiny_params() * FP32, rel=0.01)  # AdamW's 2 moments
+    assert "1 gradient tensor(s) held NaN or inf" in stdout
 
 
 def test_zero0_rank_of_four_all_reduces_the_gradients_once_per_update(tmp_path):

@@ -115,7 +115,8 @@ class Engine:
       (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
     * ``local_grads_finite()`` (at an accumulation boundary, before ``step``) and ``local_weights_finite()``: this
-      rank's own gradient and weight shards hold no NaN/inf (local checks; the trainer shares the answers).
+      rank's own gradient and weight shards hold no NaN/inf (local checks; the trainer shares the answers);
+      ``local_grads()``: those gradient tensors.
     * ``skip_step()``: end the update at a boundary without changing weights, optimizer or reference; returns
       ``{"lr": ..., "grad_norm": nan}``.
     * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints (every file
@@ -216,8 +217,14 @@ class Engine:
     def sync_reference(self, mix: float = 1.0) -> None:
         raise NotImplementedError
 
-    def local_grads_finite(self) -> bool:
+    def local_grads(self) -> list:
+        """This rank's gradient tensors at an accumulation boundary, before the step (each engine's own storage)."""
         raise NotImplementedError
+
+    @torch.no_grad()
+    def local_grads_finite(self) -> bool:
+        grads = self.local_grads()  # the norm (fused per dtype, no copies) is finite iff every element is
+        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
 
     def local_weights_finite(self) -> bool:
         raise NotImplementedError

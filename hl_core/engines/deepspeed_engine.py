@@ -277,7 +277,7 @@ class DeepSpeedEngine(Engine):
         norm = float(norm.item() if torch.is_tensor(norm) else norm)
         return {"lr": lr, "grad_norm": norm}
 
-    def _local_grads(self):
+    def local_grads(self):
         """This rank's gradient storage at an accumulation boundary, before the step: the module's ``.grad``
         (ZeRO-0), the ZeRO optimizer's reduced partitions (ZeRO-1/2/3), or bf16's fp32 accumulators."""
         opt = self.policy.optimizer
@@ -289,11 +289,6 @@ class DeepSpeedEngine(Engine):
         if not grads and hasattr(opt, "fp32_groups_gradients_flat"):
             grads = [g for g in opt.fp32_groups_gradients_flat if g is not None]
         return grads
-
-    @torch.no_grad()
-    def local_grads_finite(self) -> bool:
-        grads = self._local_grads()  # the norm (fused per dtype, no copies) is finite iff every element is
-        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
 
     @torch.no_grad()
     def local_weights_finite(self) -> bool:

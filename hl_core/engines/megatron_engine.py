@@ -331,12 +331,11 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         norm = float("nan") if norm is None else float(norm)
         return {"lr": lr, "grad_norm": norm}
 
-    @torch.no_grad()
-    def local_grads_finite(self) -> bool:
+    def local_grads(self):
+        """Megatron's main grads (GPU: DDP's float32 buffer views), else ``.grad`` (the CPU path)."""
         grads = [getattr(p, "main_grad", None) if getattr(p, "main_grad", None) is not None else p.grad
                  for p in self.policy_module.parameters()]
-        grads = [g for g in grads if g is not None]
-        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
+        return [g for g in grads if g is not None]
 
     @torch.no_grad()
     def local_weights_finite(self) -> bool:

@@ -118,6 +118,12 @@ def render(result: Dict) -> str:
         lines.append(f"time per update: compute {times['compute_s']:.2f} s on {result['device']} (a lower bound: no "
                      f"communication) + communication {times['communication_s']:.2f} s at {bandwidth} = "
                      f"{times['update_s']:.2f} s projected (a model)")
+    if result.get("zeroed_gradients"):
+        events = result["zeroed_gradients"]
+        lines.append(f"  note: {len(events)} gradient tensor(s) held NaN or inf (garbage of the fake world) and were "
+                     "zeroed so that the optimizer step ran: " + ", ".join(
+                         f"update {e['update']} {e['dtype']}{tuple(e['shape'])}" for e in events[:6])
+                     + (" ..." if len(events) > 6 else ""))
     if result["skipped_updates"]:
         lines.append(f"  note: {result['skipped_updates']} update(s) had non-finite values (fake collectives) and skipped "
                      "their optimizer step")

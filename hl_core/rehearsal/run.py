@@ -33,6 +33,32 @@ from .world import CollectiveTraffic, join_fake_world, skip_cross_rank_checks
 PER_MICRO_BATCH = ("forward", "reference", "backward")  # phases that run once per micro-batch
 
 
+class ZeroedGradients:
+    """A rehearsal's gradients are meaningless, and now and then one holds a NaN or inf (a buffer no faked rank
+    filled: seen once in about 17 CPU rehearsals of the Gemma-2-27B megatron stage 0, never reproduced). The
+    trainer's guard would then skip that update's optimizer step, and with it the step's memory and, after a
+    skipped warm-up, the optimizer states at rest. So the engine's ``local_grads_finite`` is wrapped: a gradient
+    tensor whose norm is not finite is zeroed where it is not finite (in place: nothing allocated) and recorded
+    (``events``: update, shape, dtype), and the guard sees finite gradients. A real run never gets here."""
+
+    def __init__(self, engine):
+        self.events: List[Dict] = []
+        self.checks = 0
+        self._engine, self._original = engine, engine.local_grads_finite
+        engine.local_grads_finite = self
+
+    @torch.no_grad()
+    def __call__(self) -> bool:
+        update, self.checks = self.checks, self.checks + 1
+        if self._original():
+            return True
+        for grad in self._engine.local_grads():
+            if not bool(torch.linalg.vector_norm(grad).isfinite()):
+                torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
+                self.events.append(dict(update=update, shape=list(grad.shape), dtype=str(grad.dtype).split(".")[-1]))
+        return bool(self._original())
+
+
 class RehearsalMode(TorchDispatchMode):
     """Sees every operation: collectives go to the traffic counter (and the receive shim), new storages to the
     memory ledger (an output whose storage is one of the inputs' is a view or an in-place result, not new)."""
@@ -173,6 +199,7 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             ledger = TensorLedger(_vocab_widths(engine, spec.vocab_size), device, gathers_weights=zero3)
             phases = Phases(ledger, traffic, device)
             phases.instrument(trainer)
+            zeroed = ZeroedGradients(engine)
             if hasattr(trainer.source, "sampler"):
                 trainer.source.sampler = SyntheticSampler(4, rehearsed.rollout.max_new_tokens, rehearsed.data.max_length)
             stack.enter_context(RehearsalMode(traffic, ledger))
@@ -217,6 +244,7 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             sync_bytes=sum(r.payload for r in traffic.by_kind(("sync",)).values()),
             reference_mode=trainer.reference.mode, timed=timed and scaled_time(timed, measured_micro, layout["accumulation"]),
             skipped_updates=sum(bool(r.get("skipped")) for r in rows), losses=[r.get("loss") for r in rows],
+            zeroed_gradients=zeroed.events,
         )
     finally:
         if trainer is not None:

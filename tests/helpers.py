@@ -131,14 +131,14 @@ def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: P
 
     from eval.repro.kernels import describe, differing
 
-    entries = json.loads(pin.read_text())["pins"] if pin.exists() else []
-    mine = [e for e in entries if not differing(e["kernels"], kernels)]
-    others = [e for e in entries if differing(e["kernels"], kernels)]
+    stored = json.loads(pin.read_text())["pins"] if pin.exists() else []
+    entries = [(e, differing(e["kernels"], kernels)) for e in stored]  # each pinned machine and how it differs
+    mine = [e for e, kinds in entries if not kinds]
     fresh = tmp_path / pin.name
     entry = {"kernels": kernels, "pinned": datetime.date.today().isoformat(), "values": actual}
-    fresh.write_text(json.dumps({"pins": others + [entry]}, indent=1) + "\n")
+    fresh.write_text(json.dumps({"pins": [e for e, kinds in entries if kinds] + [entry]}, indent=1) + "\n")
     if not mine:
-        why = "; ".join(f"{describe(e['kernels'])}: {', '.join(differing(e['kernels'], kernels))}" for e in entries)
+        why = "; ".join(f"{describe(e['kernels'])}: {', '.join(kinds)}" for e, kinds in entries)
         pytest.skip(f"no pin for this machine's kernels ({describe(kernels)}); "
                     + (f"the pinned machines' differ in {why}" if entries else "no machine is pinned yet")
                     + f". To pin this machine too: cp {fresh} {pin}")

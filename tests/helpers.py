@@ -55,7 +55,7 @@ _BASE_ENV = dict(os.environ)  # before any test's monkeypatching: what the zygot
 def _env(base=None):
     env = dict(os.environ if base is None else base)
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
-               PYTHONPATH=str(REPO))
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))  # tests/: run_callbacks
     return env
 
 

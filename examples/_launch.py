@@ -1,14 +1,48 @@
-"""Start ``main(args)`` on ``nproc`` local processes (gloo on CPU) when the script was not started by a launcher;
-under torchrun / deepspeed / srun (``RANK`` set) it runs in the calling process. The processes die with this one:
-each asks the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path."""
+"""What the examples share: their command line (``parser``), the model (``load_model``), and ``launch``, which starts
+``main(args)`` on ``nproc`` local processes (gloo on CPU) when the script was not started by a launcher; under
+torchrun / deepspeed / srun (``RANK`` set) it runs in the calling process. The processes die with this one: each asks
+the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path."""
 
+import argparse
 import ctypes
 import os
 import signal
 import socket
 import sys
+from pathlib import Path
 
+import torch
 import torch.multiprocessing as mp
+from transformers import AutoConfig, AutoModelForCausalLM
+
+TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
+
+
+def load_model(path, seed):
+    """The model's weights, fp32; a directory with only a config (the tiny model) gets a seeded random init."""
+    if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(seed)  # the tiny model ships as a config: a random init, the same on every rank
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The examples' shared options: model and data, the schedule, humanline's k and bounds."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(TINY / "model"), help="a model directory or hub name")
+    p.add_argument("--data", default=str(TINY / "prefs" / "train.jsonl"), help="preference pairs (jsonl)")
+    p.add_argument("--nproc", type=int, default=2, help="processes to start when not under a launcher")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8, help="pairs per data-parallel rank per update")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--sync-every", type=int, default=2, help="humanline's k")
+    p.add_argument("--clip", type=float, nargs=2, default=(-1.5, 1.5), metavar=("LOG_EPS_P", "LOG_EPS_R"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--max-prompt-length", type=int, default=32)
+    return p
 
 
 def _rank_main(rank, main, args, nproc, port):

@@ -5,28 +5,19 @@ log-ratios and a shard-local reference sync between backward and ``engine.step()
     deepspeed --num_gpus 8 examples/deepspeed_dpo.py --model meta-llama/Meta-Llama-3-8B-Instruct --data pairs.jsonl
 """
 
-import argparse
 import warnings
-from pathlib import Path
 
 import deepspeed
 import torch
 import torch.nn.functional as F
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoTokenizer
 
-from _launch import launch
+from _launch import launch, load_model
+from _launch import parser as example_parser
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
 from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule, pair_parameters
 
 warnings.filterwarnings("ignore", category=FutureWarning)  # torch's deprecation notes on DeepSpeed's calls
-TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
-
-
-def load_model(path, seed):
-    if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(seed)  # the tiny model ships as a config: a random init, the same on every rank
-    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
 
 
 def token_logps(model, batch):
@@ -80,20 +71,8 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(TINY / "model"))
-    parser.add_argument("--data", default=str(TINY / "prefs" / "train.jsonl"))
-    parser.add_argument("--nproc", type=int, default=2, help="processes to start when not under a launcher")
+    parser = example_parser(__doc__)
     parser.add_argument("--zero", type=int, default=3, choices=[0, 1, 2, 3])
     parser.add_argument("--persist-below", type=int, default=1000, help="ZeRO-3: smaller parameters stay whole")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=8, help="pairs per rank per update")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--beta", type=float, default=0.1)
-    parser.add_argument("--sync-every", type=int, default=2)
-    parser.add_argument("--clip", type=float, nargs=2, default=(-1.5, 1.5), metavar=("LOG_EPS_P", "LOG_EPS_R"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--max-prompt-length", type=int, default=32)
-    launch(main, parser.parse_args(), parser.parse_args().nproc)
+    args = parser.parse_args()
+    launch(main, args, args.nproc)

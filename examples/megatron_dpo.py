@@ -5,7 +5,6 @@ adds a clip on the per-token log-ratios and a shard-local sync of each rank's TP
     torchrun --nproc_per_node 8 examples/megatron_dpo.py --tp 8 --model DIR --data pairs.jsonl   # on GPUs
 """
 
-import argparse
 import warnings
 
 import torch
@@ -14,8 +13,8 @@ from megatron.core import parallel_state as ps
 from megatron.core import tensor_parallel
 from transformers import AutoConfig, AutoTokenizer
 
-from _launch import launch
-from deepspeed_dpo import TINY, load_model
+from _launch import launch, load_model
+from _launch import parser as example_parser
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
 from hl_core.engines import megatron_cpu
 from hl_core.engines.megatron_convert import hf_state_dict, hf_to_mcore
@@ -103,19 +102,7 @@ def main(args):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", default=str(TINY / "model"))
-    parser.add_argument("--data", default=str(TINY / "prefs" / "train.jsonl"))
+    parser = example_parser(__doc__)
     parser.add_argument("--tp", type=int, default=2)
-    parser.add_argument("--nproc", type=int, default=2, help="processes to start when not under a launcher")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--batch", type=int, default=8, help="pairs per data-parallel rank per update")
-    parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--warmup", type=int, default=2)
-    parser.add_argument("--beta", type=float, default=0.1)
-    parser.add_argument("--sync-every", type=int, default=2)
-    parser.add_argument("--clip", type=float, nargs=2, default=(-1.5, 1.5), metavar=("LOG_EPS_P", "LOG_EPS_R"))
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--max-length", type=int, default=64)
-    parser.add_argument("--max-prompt-length", type=int, default=32)
-    launch(main, parser.parse_args(), parser.parse_args().nproc)
+    args = parser.parse_args()
+    launch(main, args, args.nproc)

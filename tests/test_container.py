@@ -237,5 +237,8 @@ def test_entrypoint_commands():
     assert bad.returncode == 2 and "train.lr" in bad.stderr
     no_module = _entry("eval")
     assert no_module.returncode == 2 and "usage: eval MODULE" in no_module.stderr
+    slurm = _entry("slurm", "recipes/tiny/humanline_dpo.yaml", "--dry-run")  # container paths, no sbatch: refused
+    assert slurm.returncode == 2 and "login node" in slurm.stderr and "--container" in slurm.stderr
+    assert len(slurm.stderr.strip().splitlines()) == 1
     passthrough = _entry("python", "-c", "import os; print(os.getcwd())")
     assert passthrough.returncode == 0 and passthrough.stdout.strip() == str(REPO)

@@ -5,7 +5,8 @@
 # stand-in base instead: a Debian bookworm root file system made by mmdebstrap, with a venv at /opt/venv first on
 # PATH and the CPU torch wheel the suite runs (BASE_IMAGE contract: `python` on PATH, pip may install into its
 # environment, torch already installed). Then, inside the image, with outputs on a mounted volume and no network:
-#   validate recipes/tiny/humanline_dpo.yaml; a 4-update train; eval data_quality on the run's final/.
+#   validate recipes/tiny/humanline_dpo.yaml; a 4-update train; eval data_quality on the run's final/; and the sbatch
+#   script launchers/slurm.py renders for pyxis, run with a stub srun that starts the container as pyxis would.
 #
 # Skips (prints the reason, exits 0) where podman cannot run: not root, no apt-get and no podman, the packages do
 # not install, the runtime refuses to start a container, the torch wheel or the Debian archive cannot be fetched.
@@ -54,7 +55,7 @@ fi
 
 # --- podman configuration: storage in the cache, runc, limits this host allows -------------------------------------
 WORK="$(mktemp -d)"
-mkdir -p "$CACHE/storage" "$CACHE/run" "$CACHE/wheels"
+mkdir -p "$CACHE/storage" "$CACHE/run"
 # crun (podman's default) and podman's raised default limits fail in containers without CAP_SYS_RESOURCE; runc with
 # the host's own hard limits works wherever podman can run at all.
 nofile="$(ulimit -Hn)"; [ "$nofile" = unlimited ] && nofile=1048576
@@ -117,9 +118,9 @@ if ! podman image exists "$BASE_IMAGE"; then
   if [ -z "$wheel" ]; then
     step "fetching the torch==$TORCH_PIN wheel"
     python3 -m pip download -q --no-deps --only-binary :all: --python-version 3.11 \
-      --platform manylinux_2_28_x86_64 -d "$CACHE/wheels" "torch==$TORCH_PIN" >/dev/null 2>&1 \
+      --platform manylinux_2_28_x86_64 -d "$WORK/wheels" "torch==$TORCH_PIN" >/dev/null 2>&1 \
       || skip "no torch==$TORCH_PIN wheel (set HL_TORCH_WHEEL, or PIP_EXTRA_INDEX_URL=https://download.pytorch.org/whl/cpu)"
-    wheel="$(find "$CACHE/wheels" -name "torch-${TORCH_PIN}-cp311-*.whl" | head -n 1)"
+    wheel="$(find "$WORK/wheels" -name "torch-${TORCH_PIN}-cp311-*.whl" | head -n 1)"
   fi
   [ -f "$wheel" ] || skip "the torch wheel \`$wheel\` is not a file"
   step "base image $BASE_IMAGE"
@@ -170,5 +171,46 @@ run eval eval data_quality tests/fixtures/tiny/prefs/eval.jsonl --model /out/run
   >"$WORK/eval.log" 2>&1 || { tail -n 30 "$WORK/eval.log"; fail "eval in the image"; }
 [ -f "$OUT/dq/data_quality.json" ] || fail "eval wrote no data_quality.json on the volume"
 grep -h -m 1 -i "data quality\|data_quality" "$WORK/eval.log" || true
-echo "container step passed: validate, train (4 updates, final/ on the volume), eval on final/ in $IMAGE" \
-  "(total $((SECONDS - T0)) s)"
+
+# --- 5. the SLURM script launchers/slurm.py renders for pyxis, run as pyxis would run it -----------------------------
+# A stub `srun` turns --container-image/--container-mounts/--container-workdir into `podman run` (pyxis has no
+# podman backend; enroot runs the same image, the same mounts and the job's environment). The job runs the image's
+# own launchers/run.py on this checkout's recipe, and must leave final/ in output_dir on the host.
+step "pyxis-style SLURM job (rendered by launchers/slurm.py)"
+mkdir -p "$WORK/stubs" "$WORK/hf"
+cat > "$WORK/stubs/srun" <<'EOF'
+#!/usr/bin/env bash
+# srun stand-in: pyxis's --container-* options -> podman run (image REGISTRY#IMAGE -> REGISTRY/IMAGE)
+set -euo pipefail
+image="" mounts="" workdir=""
+while [ "$#" -gt 0 ]; do
+  case "$1" in
+    --container-image=*) image="${1#*=}"; image="${image/\#//}" ;;
+    --container-mounts=*) mounts="${1#*=}" ;;
+    --container-workdir=*) workdir="${1#*=}" ;;
+    --*) ;;
+    *) break ;;
+  esac
+  shift
+done
+volumes=()
+IFS=, read -r -a pairs <<<"$mounts"
+for pair in "${pairs[@]}"; do volumes+=(-v "$pair"); done
+exec nice -n 10 podman run --rm --name hl-ci-pyxis --network none --entrypoint "$1" "${volumes[@]}" -w "$workdir" \
+  -e MASTER_ADDR -e MASTER_PORT -e HF_HOME -e HF_HUB_OFFLINE=1 -e CUDA_VISIBLE_DEVICES "$image" "${@:2}"
+EOF
+printf '#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && echo localhost\n' > "$WORK/stubs/scontrol"
+chmod +x "$WORK/stubs/srun" "$WORK/stubs/scontrol"
+CONTAINERS+=(hl-ci-pyxis)
+HF_HOME="$WORK/hf" python3 launchers/slurm.py recipes/tiny/humanline_dpo.yaml --nodes 1 --gpus-per-node 1 --cpu \
+  --container "localhost#${IMAGE#localhost/}" --script "$WORK/job.sh" --dry-run \
+  train.max_steps=4 eval.every=null "output_dir=$OUT/pyxis" >/dev/null 2>"$WORK/render.log" \
+  || { cat "$WORK/render.log"; fail "launchers/slurm.py could not render the pyxis script"; }
+grep -q '^RUN_PY=/workspace/humanline/launchers/run.py$' "$WORK/job.sh" || fail "the script does not run the image's code"
+PATH="$WORK/stubs:$PATH" SLURM_JOB_ID=4242 SLURM_JOB_NODELIST=localhost SLURM_JOB_NUM_NODES=1 \
+  bash "$WORK/job.sh" >"$WORK/pyxis.log" 2>&1 || { tail -n 30 "$WORK/pyxis.log"; fail "the pyxis-style job"; }
+[ -f "$OUT/pyxis/final/model.safetensors" ] || fail "the pyxis-style job left no final/ in output_dir on the host"
+[ "$(wc -l < "$OUT/pyxis/metrics.jsonl")" = 4 ] || fail "the pyxis-style job's metrics.jsonl does not have 4 rows"
+
+echo "container step passed: validate, train (4 updates, final/ on the volume), eval on final/, and a pyxis-style" \
+  "SLURM job (the image's code, output_dir mounted) in $IMAGE (total $((SECONDS - T0)) s)"

@@ -367,3 +367,22 @@ def test_every_page_is_in_the_site_nav():
     nav = _text(REPO / "mkdocs.yml")
     listed = set(re.findall(r":\s*([\w./-]+\.md)\s*$", nav, re.M))
     assert {str(p.relative_to(REPO / "docs")) for p in DOCS} == listed
+
+
+def test_the_generated_cli_reference_covers_every_parser_flag():
+    import sys
+
+    sys.path.insert(0, str(REPO / "tools"))
+    try:
+        import docs_hooks
+    finally:
+        sys.path.pop(0)
+    page = docs_hooks.on_page_markdown(_page("reference/cli.md"))
+    assert "<!-- argparse:" not in page
+    import argparse
+    import importlib
+
+    for module in ("launchers.run", "launchers.slurm", "eval.__main__"):
+        shown = {opt for action in importlib.import_module(module).build_parser()._actions
+                 if action.help != argparse.SUPPRESS for opt in action.option_strings}
+        assert len(shown) > 5 and shown - set(re.findall(r"--?[a-z][a-z0-9-]*", page)) == set(), module

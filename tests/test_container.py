@@ -234,11 +234,11 @@ def _ignored(path: str, patterns) -> bool:
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
     patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
     for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config/__init__.py",
-                   "launchers/run.py", "launchers/slurm.py", "recipes/tiny/humanline_dpo.yaml",
+                   "launchers/run.py", "launchers/slurm.py", "launchers/containers.py", "recipes/tiny/humanline_dpo.yaml",
                    "tests/fixtures/tiny/model/config.json", "eval/__init__.py"):
         assert not _ignored(needed, patterns), needed
     for dropped in (".git/config", "runs/tiny/metrics.jsonl", "hl_core/__pycache__/x.pyc", "x.egg-info/PKG-INFO",
-                    ".pytest_cache/v"):
+                    ".pytest_cache/v", "site/index.html"):
         assert _ignored(dropped, patterns), dropped
 
 

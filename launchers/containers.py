@@ -104,6 +104,15 @@ def parse_image(ref: str, workdir: Path, check_files: bool = True) -> Image:
     return Image("pyxis", text)
 
 
+def image_notes(image: Image) -> List[str]:
+    """Notes worth printing at submission for an accepted reference (not errors)."""
+    if image.runtime == "pyxis" and not image.ref.startswith("/") and "#" not in image.ref:
+        return [f"note: `--container {image.ref}` names no registry, so pyxis/enroot pulls it from Docker Hub on every "
+                "node. For an image of your own registry write `REGISTRY#IMAGE:TAG`, or import it once into a `.sqsh` "
+                "file (`enroot import`) and pass that path."]
+    return []
+
+
 def hf_cache_dir(env: Optional[Dict[str, str]] = None) -> Path:
     """The Hugging Face cache the job should use: ``HF_HOME``, else ``$XDG_CACHE_HOME/huggingface``, else
     ``~/.cache/huggingface`` (huggingface_hub's own order)."""

@@ -385,7 +385,11 @@ def main(argv=None) -> int:
 
         recipe = load_recipe(args.recipe, args.overrides)
         world = (args.nodes or recipe.cluster.nodes) * (args.gpus_per_node or recipe.cluster.gpus_per_node)
-        for note in submission_notes(recipe, world):
+        notes = submission_notes(recipe, world)
+        container = args.container if args.container is not None else recipe.cluster.container
+        if container:  # already accepted by render_sbatch
+            notes += containers.image_notes(containers.parse_image(container, Path.cwd(), check_files=False))
+        for note in notes:
             print(note, file=sys.stderr)
         if args.dry_run:
             print(script, end="")

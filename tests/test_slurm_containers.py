@@ -196,3 +196,15 @@ def test_mount_and_use_checkout_need_a_container(layout):
     roots, overrides, _ = layout
     with pytest.raises(UserError, match="container job only"):
         _render(roots, overrides, use_checkout=True)
+
+
+def test_a_docker_hub_reference_is_accepted_with_a_note(layout, tmp_path):
+    roots, overrides, _ = layout
+    base = [sys.executable, str(SLURM_PY), str(roots["recipes"] / "tiny" / "humanline_dpo.yaml"), *overrides, "--dry-run"]
+    env = _stub_sbatch(tmp_path)
+    hub = subprocess.run(base + ["--container", "humanline:0.1"], cwd=roots["work"], env=env, capture_output=True,
+                         text=True)
+    assert hub.returncode == 0 and "pulls it from Docker Hub" in hub.stderr and "--container-image=humanline:0.1" in hub.stdout
+    registry = subprocess.run(base + ["--container", "nvcr.io#acme/humanline:0.1"], cwd=roots["work"], env=env,
+                              capture_output=True, text=True)
+    assert registry.returncode == 0 and "Docker Hub" not in registry.stderr

@@ -142,7 +142,7 @@ def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: P
         pytest.skip(f"no pin for this machine's kernels ({describe(kernels)}); "
                     + (f"the pinned machines' differ in {why}" if entries else "no machine is pinned yet")
                     + f". To pin this machine too: cp {fresh} {pin}")
-    hint = f"results moved: if on purpose, re-run the stored studies (README, 'Does it work?') and cp {fresh} {pin}"
+    hint = f"results moved: if on purpose, re-run the stored studies (docs/results/reproduction.md) and cp {fresh} {pin}"
     return mine[0]["values"], hint
 
 

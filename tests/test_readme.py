@@ -238,9 +238,13 @@ def _parser_flags(module: str):
 
 @lru_cache(maxsize=None)
 def _source_text(target: str) -> str:
-    """The source of a script (`bench/x.py`) or a module (`eval.repro`: its package's files)."""
+    """The source of a script (`bench/x.py`, with the sibling modules it imports: `examples/_launch.py`) or a module
+    (`eval.repro`: its package's files)."""
     if target.endswith(".py"):
-        return _text(REPO / target)
+        text = _text(REPO / target)
+        siblings = (REPO / target).parent
+        return "\n".join([text, *(_text(siblings / f"{name}.py") for name in re.findall(r"^from (\w+) import", text, re.M)
+                                   if (siblings / f"{name}.py").is_file())])
     spec = importlib.util.find_spec(target)
     assert spec is not None and spec.origin, f"no module {target}"
     origin = Path(spec.origin)

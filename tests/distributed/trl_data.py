@@ -1,0 +1,56 @@
+"""The humanline TRL trainers on the tiny fixtures, fed the token ids the pack's own data code produces (same
+tokenization, truncation, order), configured to compute the pack's objective: fp32, AdamW as the pack's, a constant
+learning rate, gradient clipping at 1.0, rows in file order."""
+
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+REPO = Path(__file__).resolve().parents[2]
+TINY = REPO / "tests" / "fixtures" / "tiny"
+MAX_LENGTH, MAX_PROMPT_LENGTH, LR = 64, 32, 1e-3
+
+
+def common_config(steps: int, batch: int, deepspeed=None) -> dict:
+    import tempfile
+
+    return dict(output_dir=tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch, max_steps=steps,
+                learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
+                weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[],
+                train_sampling_strategy="sequential", seed=0, bf16=False, gradient_checkpointing=False,
+                disable_tqdm=True, deepspeed=deepspeed)
+
+
+def load(model_dir: Path):
+    return AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32, attn_implementation="eager")
+
+
+def dpo_rows(tokenizer) -> Dataset:
+    """``prompt_ids``, ``chosen_ids``, ``rejected_ids`` of the tiny pairs, as ``hl_core.data`` tokenizes them."""
+    from hl_core.data import load_preference_records, tokenize_preference
+
+    rows = {"prompt_ids": [], "chosen_ids": [], "rejected_ids": []}
+    for record in load_preference_records(path=str(TINY / "prefs" / "train.jsonl")):
+        pair = tokenize_preference(record, tokenizer, MAX_LENGTH, MAX_PROMPT_LENGTH)
+        start = pair["chosen_completion_mask"].index(1)
+        rows["prompt_ids"].append(pair["chosen_input_ids"][:start])
+        rows["chosen_ids"].append(pair["chosen_input_ids"][start:])
+        rows["rejected_ids"].append(pair["rejected_input_ids"][start:])
+    return Dataset.from_dict(rows)
+
+
+def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None):
+    """A humanline TRL trainer of ``kind``."""
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if kind == "dpo":
+        from trl import DPOConfig
+
+        from hl_core.integrations.trl import HumanlineDPOTrainer
+
+        config = DPOConfig(**common_config(steps, 8, deepspeed), beta=0.1, max_length=None)
+        return HumanlineDPOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
+                                   train_dataset=dpo_rows(tokenizer), processing_class=tokenizer,
+                                   transform=transform, schedule=schedule)
+    raise ValueError(kind)

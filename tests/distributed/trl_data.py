@@ -13,14 +13,30 @@ TINY = REPO / "tests" / "fixtures" / "tiny"
 MAX_LENGTH, MAX_PROMPT_LENGTH, LR = 64, 32, 1e-3
 
 
-def common_config(steps: int, batch: int, deepspeed=None) -> dict:
+def common_config(steps: int, batch: int, deepspeed=None, out=None) -> dict:
     import tempfile
 
-    return dict(output_dir=tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch, max_steps=steps,
+    return dict(output_dir=out or tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch, max_steps=steps,
                 learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
                 weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[],
                 train_sampling_strategy="sequential", seed=0, bf16=False, gradient_checkpointing=False,
-                disable_tqdm=True, deepspeed=deepspeed)
+                disable_tqdm=True, deepspeed=deepspeed, **cpu_deepspeed_state(deepspeed))
+
+
+def cpu_deepspeed_state(deepspeed) -> dict:
+    """Under DeepSpeed, accelerate 1.15 picks a process-group backend only for an accelerator device: on CPU it
+    counts 1 process although DeepSpeed runs 2 (no data sharding, gathers fail). A state set up beforehand with
+    ``backend="gloo"`` and used as configured counts them right (``use_configured_state``)."""
+    import os
+
+    if not deepspeed or torch.cuda.is_available():
+        return {}
+    from accelerate import PartialState
+
+    os.environ["ACCELERATE_USE_DEEPSPEED"] = "true"
+    PartialState(backend="gloo")
+    del os.environ["ACCELERATE_USE_DEEPSPEED"]
+    return {"accelerator_config": {"use_configured_state": True}}
 
 
 def load(model_dir: Path):
@@ -41,7 +57,7 @@ def dpo_rows(tokenizer) -> Dataset:
     return Dataset.from_dict(rows)
 
 
-def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None):
+def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None):
     """A humanline TRL trainer of ``kind``."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if kind == "dpo":
@@ -49,7 +65,7 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineDPOTrainer
 
-        config = DPOConfig(**common_config(steps, 8, deepspeed), beta=0.1, max_length=None)
+        config = DPOConfig(**common_config(steps, 8, deepspeed, out), beta=0.1, max_length=None)
         return HumanlineDPOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
                                    train_dataset=dpo_rows(tokenizer), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)

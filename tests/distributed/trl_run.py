@@ -15,6 +15,7 @@ import warnings
 from pathlib import Path
 
 import torch
+from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
@@ -36,6 +37,7 @@ parser.add_argument("--clip", type=float, nargs=2, default=(-0.05, 0.05))
 parser.add_argument("--zero", type=int, default=None)
 parser.add_argument("--persist-below", type=int, default=1000)
 parser.add_argument("--late", action="store_true")
+parser.add_argument("--out", default=None)
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -81,7 +83,51 @@ if args.zero is not None:
     deepspeed = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
                  "gradient_clipping": "auto", "zero_optimization": {
                      "stage": args.zero, "stage3_param_persistence_threshold": args.persist_below}}
+
+
+class HookProbe(TrainerCallback):
+    """A checksum of this rank's policy weights (ZeRO-3: its partitions) at each point where a sync could run:
+    the update's start and end, ``on_pre_optimizer_step``, the adapter's sync and every call of a torch step
+    pre-hook on the optimizer that really steps (inside the DeepSpeed engine, if any)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def checksum(self):
+        return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in trainer.model.parameters())
+
+    def mark(self, key):
+        if self.rows:
+            self.rows[-1].setdefault(key, []).append(self.checksum())
+
+    def on_train_begin(self, a, state, control, **kwargs):
+        engine = trainer.model_wrapped if trainer.is_deepspeed_enabled else None
+        inner = engine.optimizer.optimizer if engine is not None else trainer.optimizer.optimizer
+        inner.register_step_pre_hook(lambda *_: self.mark("torch_step_pre_hook"))
+
+    def on_step_begin(self, a, state, control, **kwargs):
+        self.rows.append({"begin": self.checksum()})
+
+    def on_pre_optimizer_step(self, a, state, control, **kwargs):
+        self.mark("on_pre_optimizer_step")
+
+    def on_step_end(self, a, state, control, **kwargs):
+        self.mark("end")
+
+
+probe = HookProbe()
+base_sync = HumanlineSyncCallback.before_optimizer_step
+
+
+def probed_sync(self):
+    probe.mark("adapter_sync")
+    return base_sync(self)
+
+
+HumanlineSyncCallback.before_optimizer_step = probed_sync
 trainer = build(args.trainer, Path(args.model), args.steps, ClipTransform(*args.clip),
-                SyncSchedule(every=args.sync_every), deepspeed=deepspeed)
+                SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out)
+trainer.add_callback(probe)
 trainer.train()
-Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls}))
+Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,
+                                                              "hooks": probe.rows}))

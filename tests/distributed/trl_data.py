@@ -57,6 +57,27 @@ def dpo_rows(tokenizer) -> Dataset:
     return Dataset.from_dict(rows)
 
 
+def kto_rows(tokenizer, per_update: int) -> Dataset:
+    """The tiny pairs as KTO examples (each pair: its chosen, then its rejected completion), as ``hl_core.data``
+    tokenizes them, with the pack's mismatched (KL) completion of each: ``collate_unpaired`` over each update's
+    examples (one process, one micro-batch per update)."""
+    from hl_core.data import load_unpaired_records, tokenize_unpaired
+    from hl_core.data.unpaired import collate_unpaired
+
+    features = [tokenize_unpaired(r, tokenizer, MAX_LENGTH, MAX_PROMPT_LENGTH)
+                for r in load_unpaired_records(path=str(TINY / "prefs" / "train.jsonl"))]
+    rows = {"prompt_ids": [], "completion_ids": [], "label": [], "KL_completion_ids": []}
+    for start in range(0, len(features) - per_update + 1, per_update):
+        update = features[start:start + per_update]
+        batch = collate_unpaired(update, tokenizer.pad_token_id, rows=list(range(per_update)))
+        for f, ids, mask in zip(update, batch["kl_input_ids"], batch["kl_completion_mask"]):
+            rows["prompt_ids"].append(f["prompt_ids"])
+            rows["completion_ids"].append(f["completion_ids"])
+            rows["label"].append(bool(f["desirable"]))
+            rows["KL_completion_ids"].append(ids[mask.bool()].tolist())
+    return Dataset.from_dict(rows)
+
+
 def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None):
     """A humanline TRL trainer of ``kind``."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -68,5 +89,14 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
         config = DPOConfig(**common_config(steps, 8, deepspeed, out), beta=0.1, max_length=None)
         return HumanlineDPOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
                                    train_dataset=dpo_rows(tokenizer), processing_class=tokenizer,
+                                   transform=transform, schedule=schedule)
+    if kind == "kto":
+        from trl import KTOConfig
+
+        from hl_core.integrations.trl import HumanlineKTOTrainer
+
+        config = KTOConfig(**common_config(steps, 16, deepspeed, out), beta=0.1, max_length=None)
+        return HumanlineKTOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
+                                   train_dataset=kto_rows(tokenizer, 16), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
     raise ValueError(kind)

@@ -78,6 +78,24 @@ def kto_rows(tokenizer, per_update: int) -> Dataset:
     return Dataset.from_dict(rows)
 
 
+def grpo_rows(tokenizer) -> Dataset:
+    """The tiny prompt groups (4 scored completions each) as ``hl_core.data`` tokenizes them: one row per
+    completion, a group's rows consecutive."""
+    from hl_core.data.grouped import identical_group, load_group_records, tokenize_group
+
+    rows = {"prompt_ids": [], "completion_ids": [], "score": []}
+    for record in load_group_records(path=str(TINY / "groups" / "train.jsonl")):
+        group = tokenize_group(record, tokenizer, MAX_LENGTH, MAX_PROMPT_LENGTH)
+        if identical_group(group):
+            continue
+        for ids, mask, score in zip(group["input_ids"], group["completion_mask"], group["scores"]):
+            start = mask.index(1)
+            rows["prompt_ids"].append(ids[:start])
+            rows["completion_ids"].append(ids[start:])
+            rows["score"].append(score)
+    return Dataset.from_dict(rows)
+
+
 def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None):
     """A humanline TRL trainer of ``kind``."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -99,4 +117,18 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
         return HumanlineKTOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
                                    train_dataset=kto_rows(tokenizer, 16), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
+    if kind == "grpo":
+        from trl import GRPOConfig
+
+        from hl_core.integrations.trl import HumanlineGRPOTrainer
+
+        config = GRPOConfig(**common_config(steps, 8, deepspeed, out), beta=0.0, epsilon=0.2, loss_type="bnpo",
+                            num_generations=4, temperature=1.0)
+        return HumanlineGRPOTrainer(load(model_dir), reward_funcs=unused_reward, args=config,
+                                    train_dataset=grpo_rows(tokenizer), processing_class=tokenizer,
+                                    transform=transform, schedule=schedule)
     raise ValueError(kind)
+
+
+def unused_reward(completions, **kwargs):
+    raise AssertionError("offline groups carry their scores: nothing is generated or scored")

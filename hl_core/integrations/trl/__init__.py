@@ -13,12 +13,14 @@ See "TRL" in ``docs/howto/own-loop.md``. Another TRL version whose internals dif
 
 from .compat import TESTED_TRL, HumanlineTrlSettingError, UnsupportedTrlError, check_trl
 from .dpo import HumanlineDPOTrainer
+from .grpo import HumanlineGRPOTrainer
 from .kto import HumanlineKTOTrainer
 from .sync import HumanlineSyncCallback
 
 __all__ = [
     "TESTED_TRL",
     "HumanlineDPOTrainer",
+    "HumanlineGRPOTrainer",
     "HumanlineKTOTrainer",
     "HumanlineSyncCallback",
     "HumanlineTrlSettingError",

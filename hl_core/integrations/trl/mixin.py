@@ -33,6 +33,7 @@ class HumanlineMixin:
         check_settings(settings, clipping=not isinstance(self.humanline_transform, NoTransform))
         self._humanline_update: Dict[str, object] = {}
         super().__init__(*args, **kwargs)
+        self._ensure_reference()
         if getattr(self, "ref_model", None) is None:
             raise HumanlineTrlSettingError(
                 f"{type(self).__name__} has no reference model: with a PEFT model (or `precompute_ref_log_probs`) "
@@ -41,6 +42,9 @@ class HumanlineMixin:
             )
         self.humanline_sync = HumanlineSyncCallback(self, schedule)
         self.add_callback(self.humanline_sync)
+
+    def _ensure_reference(self) -> None:
+        """Build a reference where the TRL trainer keeps none (GRPO at ``beta=0``)."""
 
     @property
     def humanline_history(self):

@@ -40,6 +40,9 @@ setup(
         # `model.kernels: liger` and Liger's fused linear cross-entropy under `train.fused_logprobs` (GPU only: Triton)
         "gpu": ["liger-kernel>=0.8"],
         "bench": ["trl>=1.16"],  # bench/gpu_check.py section 7: TRL's DPOTrainer side by side
+        # hl_core.integrations.trl: humanline on TRL's DPO/KTO/GRPO trainers, written against TRL's internals of this
+        # version (another version whose internals differ is refused)
+        "trl": ["trl==1.16.0"],
     },
     package_data={"eval.math500": ["tasks/*.yaml"]},
     entry_points={"console_scripts": ["hl-run=launchers.run:main", "hl-slurm=launchers.slurm:main"]},

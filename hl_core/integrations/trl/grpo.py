@@ -39,11 +39,15 @@ def _pad(rows, value, side):
                          + ([value] * (width - len(r)) if side == "right" else []) for r in rows])
 
 
+def _scores_in_the_data(completions, **kwargs):
+    raise AssertionError("offline groups carry their scores: nothing is generated or scored")
+
+
 class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
     """TRL's ``GRPOTrainer`` with humanline clipping (``transform``) and syncing (``schedule``).
 
     Extra keyword arguments: ``ref_model`` (the reference; default: a copy of the policy) and ``advantage_eps``
-    (offline groups' advantages, default 1e-4).
+    (offline groups' advantages, default 1e-4). Offline groups need no reward function (``reward_funcs=[]``).
     """
 
     _trl_trainer = "GRPOTrainer"
@@ -64,6 +68,8 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
             )
         self.advantage_eps = advantage_eps
         self._humanline_ref = ref_model
+        if not kwargs.get("reward_funcs", True) and self._offline(kwargs.get("train_dataset")):
+            kwargs["reward_funcs"] = [_scores_in_the_data]  # offline groups: TRL wants a reward source all the same
         super().__init__(*args, **kwargs)
 
     def _ensure_reference(self) -> None:

@@ -7,7 +7,7 @@ engine's step."""
 
 import pytest
 
-from helpers import TINY_HUMANLINE
+from helpers import REPO, TINY_HUMANLINE
 from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
 from trl_common import max_diff, check_equal, pack_losses, trl_run
 
@@ -37,3 +37,10 @@ def test_dpo_under_zero3_through_accelerate_equals_the_pack_without_collectives(
             assert row["on_pre_optimizer_step"] == row["end"] != [row["begin"]]  # after the engine stepped
             hooks = row["torch_step_pre_hook"]  # once per parameter sub-group, the later ones on updated weights
             assert len(hooks) > 1 and hooks[0] == row["begin"] and hooks[-1] != row["begin"]
+
+
+def test_dpo_with_humanline_sampling_equals_the_pack(weights, tmp_path):  # noqa: F811
+    """``SampleTransform`` (seed 0, as the pack's rank 0) draws for the same positions: the adapter hands it TRL's
+    log-probs in the layout of ``input_ids``, so the rejected tokens, and so the losses, are the pack's."""
+    pack = pack_losses(REPO / "recipes" / "tiny" / "humanline_sample_dpo.yaml", weights, tmp_path)
+    check_equal(trl_run("dpo", weights, tmp_path, "--sample"), pack, "dpo, humanline sampling, one process")

@@ -24,7 +24,7 @@ os.environ.setdefault("TQDM_DISABLE", "1")
 from sync_harness import CountCollectives  # noqa: E402
 from trl_data import build  # noqa: E402
 
-from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule  # noqa: E402
+from hl_core.humanline import ClipTransform, ReferenceSync, SampleTransform, SyncSchedule  # noqa: E402
 from hl_core.integrations.trl import HumanlineSyncCallback  # noqa: E402
 
 parser = argparse.ArgumentParser()
@@ -38,6 +38,7 @@ parser.add_argument("--zero", type=int, default=None)
 parser.add_argument("--persist-below", type=int, default=1000)
 parser.add_argument("--late", action="store_true")
 parser.add_argument("--out", default=None)
+parser.add_argument("--sample", action="store_true", help="humanline sampling (SampleTransform, seed 0)")
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -125,7 +126,8 @@ def probed_sync(self):
 
 
 HumanlineSyncCallback.before_optimizer_step = probed_sync
-trainer = build(args.trainer, Path(args.model), args.steps, ClipTransform(*args.clip),
+transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
+trainer = build(args.trainer, Path(args.model), args.steps, transform,
                 SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out)
 trainer.add_callback(probe)
 trainer.train()

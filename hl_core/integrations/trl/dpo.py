@@ -65,7 +65,7 @@ class HumanlineDPOTrainer(HumanlineMixin, DPOTrainer):
         policy_logps = outputs.log_probs[:, -mask.shape[1]:]
         with torch.no_grad():
             ref_logps = self.ref_model(**model_kwargs, labels=labels, fused_lm_head=True).log_probs[:, -mask.shape[1]:]
-        log_ratios, metrics = self._humanline_log_ratios(policy_logps, ref_logps, mask)
+        log_ratios, metrics, _ = self._humanline_log_ratios(policy_logps, ref_logps, mask)
         chosen, rejected = log_ratios.sum(-1).chunk(2)
         loss = -F.logsigmoid(self.beta * (chosen - rejected)).mean()
 

@@ -128,7 +128,7 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         policy_logps = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, keep)[0]
         with torch.no_grad():
             ref_logps = self._get_per_token_logps_and_entropies(self.ref_model, input_ids, attention_mask, keep)[0]
-        log_ratios, metrics = self._humanline_log_ratios(policy_logps, ref_logps, mask)
+        log_ratios, metrics, _ = self._humanline_log_ratios(policy_logps, ref_logps, mask, lead=0)
         aggregation = AGGREGATIONS[self.loss_type]
         tokens_per_rank, scale = None, 1.0
         if aggregation == "dapo":  # TRL's normaliser: the generation batch's tokens per process, per accumulation step

@@ -59,12 +59,12 @@ class HumanlineKTOTrainer(HumanlineMixin, KTOTrainer):
         with torch.no_grad():  # z0 first, as the pack does (a sampling transform draws in the same order)
             kl_policy, kl_mask = self._token_logps(model, inputs, "KL_")
             kl_ref, _ = self._token_logps(self.ref_model, inputs, "KL_")
-            kl_ratios, _ = self.humanline_transform(kl_policy, kl_ref, kl_mask)
+            kl_ratios, _, kl_mask = self._humanline_log_ratios(kl_policy, kl_ref, kl_mask, count=False)
             z0 = kto_reference_point(kl_ratios, kl_mask)
         policy_logps, mask = self._token_logps(model, inputs)
         with torch.no_grad():
             ref_logps, _ = self._token_logps(self.ref_model, inputs)
-        log_ratios, metrics = self._humanline_log_ratios(policy_logps, ref_logps, mask)
+        log_ratios, metrics, mask = self._humanline_log_ratios(policy_logps, ref_logps, mask)
         loss, kto_metrics = kto_loss(log_ratios, mask, inputs["label"].bool(), z0, beta=self.beta,
                                      desirable_weight=self.desirable_weight,
                                      undesirable_weight=self.undesirable_weight)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import torch
+import torch.nn.functional as F
 
 from hl_core.humanline import ClipTransform, LogRatioTransform, NoTransform, SyncSchedule
 
@@ -57,11 +58,18 @@ class HumanlineMixin:
         update["loss"] = update.get("loss", 0.0) + loss.detach().to(torch.float64)
         return loss
 
-    def _humanline_log_ratios(self, policy_logps, ref_logps, mask):
-        """The transform, with the fraction of counted tokens it changed kept for this update's row."""
+    def _humanline_log_ratios(self, policy_logps, ref_logps, mask, count: bool = True, lead: int = 1):
+        """The transform, with the fraction of counted tokens it changed kept for this update's row (``count``).
+
+        TRL's per-token log-probs are shifted (``[B, T - 1]``: position ``t`` scores token ``t + 1``); ``lead``
+        zero columns in front give the layout of ``input_ids`` (``[B, T]``, 0 at position 0), which our trainer
+        uses, so that a sampling transform draws its random numbers for the same positions. Sums are unchanged.
+        """
+        if lead:
+            policy_logps, ref_logps, mask = (F.pad(x, (lead, 0)) for x in (policy_logps, ref_logps, mask))
         log_ratios, metrics = self.humanline_transform(policy_logps, ref_logps, mask)
-        if self.model.training:
+        if count and self.model.training:
             update = self._humanline_update
             update["clipped"] = update.get("clipped", 0.0) + (1.0 - metrics["unclamped_frac"]).detach()
             update["micro"] = update.get("micro", 0) + 1
-        return log_ratios, metrics
+        return log_ratios, metrics, mask

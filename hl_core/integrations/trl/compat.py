@@ -10,6 +10,10 @@ from __future__ import annotations
 import inspect
 from typing import List
 
+import transformers
+import trl
+from trl.trainer import utils as trl_utils
+
 from hl_core.errors import UserError
 
 TESTED_TRL = "1.16.0"
@@ -40,10 +44,6 @@ _METHODS = {
 
 def missing_internals(trainer: str) -> List[str]:
     """The internals of ``trl.<trainer>`` the adapter relies on that the installed TRL lacks (empty: all there)."""
-    import transformers
-    import trl
-    from trl.trainer import utils as trl_utils
-
     missing = []
     cls = getattr(trl, trainer, None)
     if cls is None:
@@ -67,8 +67,6 @@ def check_trl(trainer: str) -> None:
     Raises:
         UnsupportedTrlError: one paragraph naming the installed version, what is missing and the fix.
     """
-    import trl
-
     missing = missing_internals(trainer)
     if missing:
         raise UnsupportedTrlError(

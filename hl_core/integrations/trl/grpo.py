@@ -22,7 +22,7 @@ import torch
 from torch.utils.data import SequentialSampler
 from trl import GRPOTrainer
 from trl.models.utils import prepare_deepspeed
-from trl.trainer.utils import add_fused_lm_head, disable_dropout_in_model
+from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
 
 from hl_core.objectives.grpo import grpo_loss, group_advantages
 
@@ -78,8 +78,15 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         self._humanline_ref = None
 
     def _build_reference(self, ref_model):
-        """The reference TRL builds at ``beta != 0``, here at any beta: prepared as TRL prepares its own."""
-        ref = copy.deepcopy(self.model) if ref_model is None else ref_model
+        """The reference TRL builds at ``beta != 0``, here at any beta: prepared as TRL prepares its own. Under
+        ZeRO-3 the policy may be partitioned already (loaded under ``zero.Init``), so the reference is loaded as TRL
+        loads its own, from the policy's checkpoint; otherwise it is a copy of the policy."""
+        ref = ref_model
+        if ref is None and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
+            ref = create_model_from_path(get_config_model_id(self.model.config), dtype=self.model.dtype,
+                                         attn_implementation=self.model.config._attn_implementation)
+        elif ref is None:
+            ref = copy.deepcopy(self.model)
         ref.requires_grad_(False)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref)

@@ -37,9 +37,11 @@ class HumanlineMixin:
         self._ensure_reference()
         if getattr(self, "ref_model", None) is None:
             raise HumanlineTrlSettingError(
-                f"{type(self).__name__} has no reference model: with a PEFT model (or `precompute_ref_log_probs`) "
-                "TRL keeps none, but humanline syncs and clips against a separate reference. Fix: pass a full "
-                "model and `ref_model=` a second copy of it (or leave `ref_model` out and let TRL load one)."
+                f"{type(self).__name__} has no reference model: TRL keeps none for a PEFT model (it disables the "
+                "adapter instead), but humanline syncs and clips against a separate reference, and the TRL adapter "
+                "does not cover PEFT. Fix: train the full model with `ref_model=` a second copy of it (or leave "
+                "`ref_model` out and TRL loads one), or use our trainer's LoRA (`model.lora`, whose reference "
+                "adapter is synced)."
             )
         self.humanline_sync = HumanlineSyncCallback(self, schedule)
         self.add_callback(self.humanline_sync)

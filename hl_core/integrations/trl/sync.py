@@ -1,6 +1,6 @@
 """The reference sync on TRL's trainers: :class:`HumanlineSyncCallback`.
 
-Where it fires (measured by ``tests/test_trl_hooks.py`` with trl 1.16, transformers 5.23, accelerate 1.15,
+Where it fires (measured by ``tests/test_trl_dpo.py`` with trl 1.16, transformers 5.23, accelerate 1.15,
 DeepSpeed 0.19):
 
 * **without DeepSpeed** (one process, DDP): transformers' ``on_pre_optimizer_step`` runs after the update's last

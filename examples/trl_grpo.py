@@ -1,0 +1,79 @@
+"""Humanline GRPO on TRL's own GRPOTrainer, on offline groups (prompt, scored completions): the ratio is exp() of
+the clipped log-ratio against a reference synced every k updates, then PPO-clipped. Nothing is generated.
+
+    python examples/trl_grpo.py                # CPU, the tiny model and groups, 8 updates
+    accelerate launch --config_file zero3.yaml examples/trl_grpo.py --model Qwen/Qwen2.5-1.5B-Instruct \
+        --data groups.jsonl --steps 1000 --clip -1.5 1.5 --sync-every 12
+"""
+
+import argparse
+import json
+import warnings
+from pathlib import Path
+
+import torch
+from datasets import Dataset
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+from trl import GRPOConfig
+
+from hl_core.humanline import ClipTransform, SyncSchedule
+from hl_core.integrations.trl import HumanlineGRPOTrainer
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
+
+
+def load_model(path, seed):
+    if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(seed)  # the tiny model ships as a config: a random init
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+
+
+def offline_groups(path, tokenizer, group_size):
+    """One row per completion (``prompt_ids``, ``completion_ids``, ``score``), a group's rows consecutive."""
+    rows = []
+    for line in filter(str.strip, Path(path).read_text().splitlines()):
+        group = json.loads(line)
+        assert len(group["completions"]) == group_size, "every group needs --group-size completions"
+        prompt = tokenizer.apply_chat_template([{"role": "user", "content": group["prompt"]}],
+                                               add_generation_prompt=True, tokenize=False)
+        prompt_ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+        for completion, score in zip(group["completions"], group["scores"]):
+            completion_ids = tokenizer(completion, add_special_tokens=False)["input_ids"] + [tokenizer.eos_token_id]
+            rows.append({"prompt_ids": prompt_ids, "completion_ids": completion_ids, "score": score})
+    return Dataset.from_list(rows)
+
+
+def main(args):
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    config = GRPOConfig(output_dir=args.output_dir, per_device_train_batch_size=args.groups * args.group_size,
+                        num_generations=args.group_size, max_steps=args.steps, learning_rate=args.lr, beta=0.0,
+                        epsilon=0.2, loss_type="bnpo", bf16=False, gradient_checkpointing=False, logging_steps=1,
+                        save_strategy="no", report_to=[], disable_tqdm=True, log_level="error")
+    trainer = HumanlineGRPOTrainer(
+        load_model(args.model, args.seed), reward_funcs=[], args=config, processing_class=tokenizer,
+        train_dataset=offline_groups(args.data, tokenizer, args.group_size),
+        transform=ClipTransform(*args.clip),  # the per-token log-ratio clamped before exp()
+        schedule=SyncSchedule(every=args.sync_every),  # reference <- pre-update policy every k updates, shard-local
+    )
+    trainer.remove_callback(PrinterCallback)  # TRL's own log lines; the rows below say what humanline did
+    trainer.train()
+    for row in trainer.humanline_history if trainer.accelerator.is_main_process else ():
+        print(f"update {row['update']}  loss {row['loss']:.8f}  clipped {row['clipped_frac']:.4f}  "
+              f"synced {row['synced']}", flush=True)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--model", default=str(TINY / "model"))
+    parser.add_argument("--data", default=str(TINY / "groups" / "train.jsonl"))
+    parser.add_argument("--output-dir", default="runs/trl_grpo")
+    parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=2, help="prompt groups per process per update")
+    parser.add_argument("--group-size", type=int, default=4)
+    parser.add_argument("--lr", type=float, default=1e-3)
+    parser.add_argument("--sync-every", type=int, default=2)
+    parser.add_argument("--clip", type=float, nargs=2, default=(-0.05, 0.05), metavar=("LOG_EPS_P", "LOG_EPS_R"))
+    parser.add_argument("--seed", type=int, default=0)
+    main(parser.parse_args())

@@ -1,0 +1,135 @@
+"""Train with a humanline TRL trainer (``hl_core.integrations.trl``) on the tiny fixtures' token ids, as the pack
+tokenizes them, and write what happened to ``REPORT.rank<r>.json``: one row per update (``update``, ``loss``,
+``clipped_frac``, ``synced``) and, per sync call, the collectives that ran during it.
+
+usage: trl_run.py REPORT --trainer dpo|kto|grpo --model DIR [--zero 3] [--late] [...]
+
+``--late`` moves the sync to TRL's ``on_step_end`` (after the optimizer step: the post-update weights), the timing
+the comparison must reject."""
+
+import argparse
+import json
+import os
+import sys
+import warnings
+from pathlib import Path
+
+import torch
+from transformers import TrainerCallback
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+warnings.filterwarnings("ignore")
+os.environ.setdefault("TQDM_DISABLE", "1")
+
+from sync_harness import CountCollectives  # noqa: E402
+from trl_data import build  # noqa: E402
+
+from hl_core.humanline import ClipTransform, ReferenceSync, SampleTransform, SyncSchedule  # noqa: E402
+from hl_core.integrations.trl import HumanlineSyncCallback  # noqa: E402
+
+parser = argparse.ArgumentParser()
+parser.add_argument("report")
+parser.add_argument("--trainer", choices=["dpo", "kto", "grpo"], default="dpo")
+parser.add_argument("--model", required=True)
+parser.add_argument("--steps", type=int, default=8)
+parser.add_argument("--sync-every", type=int, default=2)
+parser.add_argument("--clip", type=float, nargs=2, default=(-0.05, 0.05))
+parser.add_argument("--zero", type=int, default=None)
+parser.add_argument("--persist-below", type=int, default=1000)
+parser.add_argument("--late", action="store_true")
+parser.add_argument("--out", default=None)
+parser.add_argument("--sample", action="store_true", help="humanline sampling (SampleTransform, seed 0)")
+args = parser.parse_args()
+rank = int(os.environ.get("RANK", "0"))
+
+calls = []
+original = ReferenceSync.before_optimizer_step
+
+
+def counted(self, updates_done):
+    import torch.distributed as dist
+
+    modules = [dist]
+    try:
+        import deepspeed.comm
+
+        modules.append(deepspeed.comm)
+    except ImportError:
+        pass
+    with CountCollectives(modules) as counter:
+        record = original(self, updates_done)
+    calls.append({"update": updates_done, "synced": record.synced, "sync_collectives": counter.count})
+    if dist.is_initialized() and not any(c.get("probe") for c in calls):  # the counter can see one
+        with CountCollectives(modules) as probe:
+            dist.barrier()
+        calls[-1]["probe"] = probe.count
+    return record
+
+
+ReferenceSync.before_optimizer_step = counted
+if args.late:  # the sync after the optimizer step, at TRL's on_step_end
+    HumanlineSyncCallback.on_pre_optimizer_step = lambda self, *a, **k: None
+    HumanlineSyncCallback._wrap_engine_step = lambda self, engine: None
+    base_step_end = HumanlineSyncCallback.on_step_end
+
+    def late_step_end(self, a, state, control, **kwargs):
+        if self.sync is not None:
+            self.records.append(self.sync.before_optimizer_step(state.global_step - 1))
+        return base_step_end(self, a, state, control, **kwargs)
+
+    HumanlineSyncCallback.on_step_end = late_step_end
+
+deepspeed = None
+if args.zero is not None:
+    deepspeed = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
+                 "gradient_clipping": "auto", "zero_optimization": {
+                     "stage": args.zero, "stage3_param_persistence_threshold": args.persist_below}}
+
+
+class HookProbe(TrainerCallback):
+    """A checksum of this rank's policy weights (ZeRO-3: its partitions) at each point where a sync could run:
+    the update's start and end, ``on_pre_optimizer_step``, the adapter's sync and every call of a torch step
+    pre-hook on the optimizer that really steps (inside the DeepSpeed engine, if any)."""
+
+    def __init__(self):
+        self.rows = []
+
+    def checksum(self):
+        return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in trainer.model.parameters())
+
+    def mark(self, key):
+        if self.rows:
+            self.rows[-1].setdefault(key, []).append(self.checksum())
+
+    def on_train_begin(self, a, state, control, **kwargs):
+        engine = trainer.model_wrapped if trainer.is_deepspeed_enabled else None
+        inner = engine.optimizer.optimizer if engine is not None else trainer.optimizer.optimizer
+        inner.register_step_pre_hook(lambda *_: self.mark("torch_step_pre_hook"))
+
+    def on_step_begin(self, a, state, control, **kwargs):
+        self.rows.append({"begin": self.checksum()})
+
+    def on_pre_optimizer_step(self, a, state, control, **kwargs):
+        self.mark("on_pre_optimizer_step")
+
+    def on_step_end(self, a, state, control, **kwargs):
+        self.mark("end")
+
+
+probe = HookProbe()
+base_sync = HumanlineSyncCallback.before_optimizer_step
+
+
+def probed_sync(self):
+    probe.mark("adapter_sync")
+    return base_sync(self)
+
+
+HumanlineSyncCallback.before_optimizer_step = probed_sync
+transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
+trainer = build(args.trainer, Path(args.model), args.steps, transform,
+                SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out)
+trainer.add_callback(probe)
+trainer.train()
+Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,
+                                                              "hooks": probe.rows}))

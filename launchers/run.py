@@ -19,6 +19,7 @@ import argparse
 import faulthandler
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Dict
 
@@ -84,6 +85,7 @@ def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
 
 
 def main(argv=None) -> int:
+    started = time.time()  # a STOP file older than this is stale (hl_core/loop/lifecycle.py)
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after flags
     rank = os.environ.get("RANK", "0").strip()
     rank = int(rank) if rank.isdigit() else 0  # only says who prints; the trainer refuses a malformed RANK
@@ -110,8 +112,10 @@ def main(argv=None) -> int:
 
             return rehearse(args.recipe, args.overrides, args.rehearse_rank, args.rehearse_kernels,
                             args.rehearse_micro_batches, args.rehearse_json)
+        from hl_core.loop.lifecycle import note_run_start
         from hl_core.trainer import run
 
+        note_run_start(started)
         return run(recipe, after_training=post_training_eval).get("exit_code", 0)
     except UserError as exc:
         if rank == 0 or isinstance(exc, LaunchError):  # a bad RANK: no process knows that it is rank 0

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from hl_core import children
+
 from .._common import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,14 +64,15 @@ def child_env() -> Dict[str, str]:
 
 
 class Worker:
-    """One ``python -m eval.repro.worker`` process (``child_env()``): runs tasks one after another."""
+    """One ``python -m eval.repro.worker`` process (``child_env()``): runs tasks one after another. It ends with
+    the driver (``hl_core.children``: its own process group, the death signal, the lifeline it watches)."""
 
     def __init__(self, log: Path):
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         with log.open("a") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO, env=child_env(),
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.proc = children.popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO, env=child_env(),
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
 
     def ask(self, task: dict) -> dict:
         """The task's answer; a worker that died is code -1 (its last words are in ``self.log``)."""
@@ -85,9 +88,13 @@ class Worker:
         return json.loads(line)
 
     def close(self) -> None:
+        """Idle: its input ends and it exits; then (or busy, or stuck) its process group is ended."""
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait()
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        children.end(self.proc)
 
 
 class WorkerPool:
@@ -99,6 +106,7 @@ class WorkerPool:
         self.jobs, self.log_dir = jobs, log_dir
         self.idle: "queue.Queue[Worker]" = queue.Queue()
         self.started = 0
+        self.workers: List[Worker] = []  # every worker started, idle or busy: `close` ends them all
         self.lock = threading.Lock()
         self.subprocess = os.environ.get("HL_REPRO_SUBPROCESS", "") == "1"
         self.kernels: Optional[Dict[str, str]] = None  # kernel_fingerprint(), once taken
@@ -107,21 +115,34 @@ class WorkerPool:
         with self.lock:
             if self.idle.empty() and self.started < self.jobs:
                 self.started += 1
-                self.idle.put(Worker(self.log_dir / f"worker{self.started}.log"))
+                self.workers.append(Worker(self.log_dir / f"worker{self.started}.log"))
+                self.idle.put(self.workers[-1])
         worker = self.idle.get()
         try:
             answer = worker.ask(task)
         finally:
-            if worker.proc.poll() is None:
-                self.idle.put(worker)
-            else:
-                with self.lock:
+            with self.lock:
+                if worker in self.workers and worker.proc.poll() is None:
+                    self.idle.put(worker)
+                elif worker in self.workers:  # it died: a fresh one replaces it (not one `close` ended)
+                    self.workers.remove(worker)
                     self.started -= 1
+                    children.end(worker.proc)
         return answer
 
     def close(self) -> None:
+        """Every worker ends, busy ones too (their runs are cut short): on every way out of a study."""
         while not self.idle.empty():
-            self.idle.get().close()
+            self.idle.get()
+        with self.lock:
+            workers, self.workers, self.started = self.workers, [], 0
+        for worker in workers:  # idle ones see their input end and exit at once
+            if worker.proc.poll() is None:
+                try:
+                    worker.proc.stdin.close()
+                except OSError:
+                    pass
+        children.end_all([worker.proc for worker in workers])  # busy ones: SIGTERM, SIGKILL 2 s later
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -141,7 +162,7 @@ def run_one(run: Run, pool: WorkerPool) -> Run:
     log = run.output_dir / "driver.log"
     start = time.perf_counter()
     if pool.subprocess:
-        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+        proc = children.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
         log.write_text(proc.stdout + proc.stderr)
         answer = {"code": proc.returncode}
     else:
@@ -175,13 +196,19 @@ def run_all(runs: Sequence[Run], pool: WorkerPool, title: str, bar=None) -> List
         with ThreadPoolExecutor(max_workers=pool.jobs) as executor:
             ordered = sorted(runs, key=lambda r: -r.estimate_s)
             futures = {executor.submit(run_one, r, pool): r for r in ordered}
-            for future in as_completed(futures):
-                run = future.result()
-                done.append(run)
-                if run.curve[1]:
-                    bar.write(f"  {run.arm:<30} warm-up {run.warmup} seed {run.seed}: {run.wall_s:5.1f}s, held-out "
-                              f"{run.curve[1][0]:.3f} -> {run.curve[1][-1]:.3f}")
-                bar.update(1)
+            try:
+                for future in as_completed(futures):
+                    run = future.result()
+                    done.append(run)
+                    if run.curve[1]:
+                        bar.write(f"  {run.arm:<30} warm-up {run.warmup} seed {run.seed}: {run.wall_s:5.1f}s, "
+                                  f"held-out {run.curve[1][0]:.3f} -> {run.curve[1][-1]:.3f}")
+                    bar.update(1)
+            except BaseException:  # a failed run, Ctrl-C, SIGTERM: the workers end first, so the threads that wait
+                for future in futures:  # on them return and the executor can close
+                    future.cancel()
+                pool.close()
+                raise
     finally:
         if own_bar:
             bar.close()
@@ -270,8 +297,8 @@ def kernel_fingerprint(pool: "WorkerPool") -> Dict[str, str]:
     environment (a worker task, or ``python -m eval.repro.kernels`` under ``HL_REPRO_SUBPROCESS=1``)."""
     if pool.kernels is None:
         if pool.subprocess:
-            proc = subprocess.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO, env=child_env(),
-                                  capture_output=True, text=True)
+            proc = children.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO, env=child_env(),
+                                capture_output=True, text=True)
             pool.kernels = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
         else:
             answer = pool.ask({"call": "eval.repro.kernels:fingerprint", "log": str(pool.log_dir / "kernels.log")})

@@ -4,11 +4,13 @@
 import argparse
 import sys
 
+from ..children import watch_parent
 from ..errors import EXIT_USER_ERROR, UserError
 from . import KERNELS, rehearse
 
 
 def main(argv=None) -> int:
+    watch_parent()  # started by `--rehearse`: end with it, however it ends
     parser = argparse.ArgumentParser(prog="python -m hl_core.rehearsal", description=__doc__)
     parser.add_argument("recipe")
     parser.add_argument("overrides", nargs="*")

@@ -10,7 +10,8 @@ Examples::
 Exit codes: 0 finished (or stopped by a STOP file / ``train.stop_after``), 1 failure, 2 bad input (one
 paragraph, no traceback), 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a
 resumable checkpoint (a second signal: 143 / 130 at once; a signal during the post-training evaluations:
-143 / 130 once they stopped). See ``hl_core/loop/guard.py``.
+143 / 130 once they stopped), 5 the disk filled while writing (one paragraph: the file, the last complete
+checkpoint, free space and rerun). See ``hl_core/loop/guard.py``.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from hl_core.errors import EXIT_USER_ERROR, LaunchError, UserError  # noqa: E402
+from hl_core.errors import EXIT_DISK_FULL, EXIT_USER_ERROR, LaunchError, UserError  # noqa: E402
 from hl_core.loop.guard import NonFiniteStop  # noqa: E402
 
 
@@ -89,6 +90,7 @@ def main(argv=None) -> int:
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after flags
     rank = os.environ.get("RANK", "0").strip()
     rank = int(rank) if rank.isdigit() else 0  # only says who prints; the trainer refuses a malformed RANK
+    recipe = None
     try:
         from hl_core.config import load_recipe, recipe_to_yaml
 
@@ -125,6 +127,13 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 (a full disk is reported; anything else is re-raised as it was)
+        from hl_core.storage.disk_full import disk_full_message, is_disk_full  # imported here: only on a failure
+
+        if recipe is None or not is_disk_full(exc, recipe.output_dir):
+            raise
+        print(f"error: {disk_full_message(recipe.output_dir, exc)}", file=sys.stderr, flush=True)  # every rank: its own disk
+        return EXIT_DISK_FULL
 
 
 def exit_after_teardown(code: int) -> None:

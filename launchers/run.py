@@ -32,6 +32,16 @@ from hl_core.errors import EXIT_DISK_FULL, EXIT_USER_ERROR, LaunchError, UserErr
 from hl_core.loop.guard import NonFiniteStop  # noqa: E402
 
 
+def micro_batches_arg(text: str):
+    """``--rehearse-micro-batches``: a whole number, or ``all`` (the recipe's own count)."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor `all`") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="run.py", description="Train one humanline recipe (DPO/KTO/GRPO on DeepSpeed).",
@@ -49,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rehearse-rank", type=int, default=None, help="with --rehearse: only this rank, in this process")
     parser.add_argument("--rehearse-kernels", choices=("auto", "real", "shapes"), default="auto",
                         help="with --rehearse: real kernels, or shape-only matrix products (auto: shapes on a CPU)")
-    parser.add_argument("--rehearse-micro-batches", type=int, default=None,
-                        help="with --rehearse: at most this many micro-batches per update (time and traffic scaled)")
+    parser.add_argument("--rehearse-micro-batches", type=micro_batches_arg, default=None,
+                        help="with --rehearse: at most this many micro-batches per update (time and traffic scaled), "
+                             "or `all`; default: 4 on a CPU (at least the pipeline's stages), all on a GPU")
     parser.add_argument("--rehearse-json", default=None, help="with --rehearse: also write the results here (JSON)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser

@@ -53,13 +53,18 @@ class Run:
 # SSE2, is common to all vendors, and it made the warm-up's updates 1.8x slower here), so every result records what
 # the kernels computed (``kernel_fingerprint``, eval/repro/kernels.py) and curves are compared only under the same.
 CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# The code paths every x86-64 CPU of any vendor takes alike: ATen's unvectorised kernels, MKL's COMPATIBLE branch
+# (SSE2; the one MKL honours on every vendor's CPU) and oneDNN capped at SSE4.1. Slower (MKL 1.8x on the warm-up),
+# so only the short vendor-neutral pin runs under them (tests/test_repro_neutral_pin.py).
+NEUTRAL_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
-def child_env() -> Dict[str, str]:
-    """One thread per process, fixed hashing, AVX2 kernels: the deterministic settings of every run."""
+def child_env(kernels: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """One thread per process, fixed hashing, AVX2 kernels (or ``kernels``): the deterministic settings of every
+    run."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false",
-               **CPU_KERNELS)
+               **(CPU_KERNELS if kernels is None else kernels))
     return env
 
 
@@ -67,11 +72,12 @@ class Worker:
     """One ``python -m eval.repro.worker`` process (``child_env()``): runs tasks one after another. It ends with
     the driver (``hl_core.children``: its own process group, the death signal, the lifeline it watches)."""
 
-    def __init__(self, log: Path):
+    def __init__(self, log: Path, kernels: Optional[Dict[str, str]] = None):
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         with log.open("a") as err:
-            self.proc = children.popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO, env=child_env(),
+            self.proc = children.popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO,
+                                       env=child_env(kernels),
                                        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
 
     def ask(self, task: dict) -> dict:
@@ -102,8 +108,9 @@ class WorkerPool:
     DeepSpeed and transformers per worker, not per run). A worker that died is replaced by a fresh one.
     ``HL_REPRO_SUBPROCESS=1`` runs every training run in its own ``launchers/run.py`` process instead."""
 
-    def __init__(self, jobs: int, log_dir: Path):
+    def __init__(self, jobs: int, log_dir: Path, kernels: Optional[Dict[str, str]] = None):
         self.jobs, self.log_dir = jobs, log_dir
+        self.cpu_kernels = kernels  # the kernel switches of its workers (None: CPU_KERNELS)
         self.idle: "queue.Queue[Worker]" = queue.Queue()
         self.started = 0
         self.workers: List[Worker] = []  # every worker started, idle or busy: `close` ends them all
@@ -115,7 +122,7 @@ class WorkerPool:
         with self.lock:
             if self.idle.empty() and self.started < self.jobs:
                 self.started += 1
-                self.workers.append(Worker(self.log_dir / f"worker{self.started}.log"))
+                self.workers.append(Worker(self.log_dir / f"worker{self.started}.log", self.cpu_kernels))
                 self.idle.put(self.workers[-1])
         worker = self.idle.get()
         try:
@@ -162,7 +169,7 @@ def run_one(run: Run, pool: WorkerPool) -> Run:
     log = run.output_dir / "driver.log"
     start = time.perf_counter()
     if pool.subprocess:
-        proc = children.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+        proc = children.run(cmd, cwd=REPO, env=child_env(pool.cpu_kernels), capture_output=True, text=True)
         log.write_text(proc.stdout + proc.stderr)
         answer = {"code": proc.returncode}
     else:
@@ -297,7 +304,8 @@ def kernel_fingerprint(pool: "WorkerPool") -> Dict[str, str]:
     environment (a worker task, or ``python -m eval.repro.kernels`` under ``HL_REPRO_SUBPROCESS=1``)."""
     if pool.kernels is None:
         if pool.subprocess:
-            proc = children.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO, env=child_env(),
+            proc = children.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO,
+                                env=child_env(pool.cpu_kernels),
                                 capture_output=True, text=True)
             pool.kernels = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
         else:
@@ -325,6 +333,6 @@ def environment(pool: "WorkerPool") -> dict:
         "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__,
         "numpy": numpy.__version__, "git_commit": commit or None, "parallel_jobs": pool.jobs,
         "threads_per_process": 1, "deterministic_algorithms": True,
-        "cpu_kernels": " ".join(f"{k}={v}" for k, v in CPU_KERNELS.items()),
+        "cpu_kernels": " ".join(f"{k}={v}" for k, v in (pool.cpu_kernels or CPU_KERNELS).items()),
         "kernel_fingerprint": kernel_fingerprint(pool),
     }

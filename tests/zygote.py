@@ -208,7 +208,8 @@ def _running(pid: int) -> bool:
     """``pid`` is alive (a zombie its zygote has not reaped yet is not)."""
     try:
         os.kill(pid, 0)
-        state = open(f"/proc/{pid}/stat").read().rpartition(")")[2].split()[0]
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rpartition(")")[2].split()[0]
     except (ProcessLookupError, FileNotFoundError):
         return False
     except (PermissionError, OSError, IndexError):

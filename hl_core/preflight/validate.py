@@ -31,9 +31,10 @@ from ..storage.checkpoints import resume_target
 
 def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     """The report printed by ``--validate``; every problem raises a ``UserError`` (one paragraph, exit 2)."""
-    check_launch_environment()  # RANK=abc, RANK >= WORLD_SIZE, ...: what training refuses at its start
     world = world_size or recipe.cluster.nodes * recipe.cluster.gpus_per_node
     check_recipe(recipe, world)
+    # RANK=abc, RANK >= WORLD_SIZE, ...: what training refuses at its start, after the recipe's checks as there
+    check_launch_environment()
     check_layout(recipe, world)
     check_model_config(recipe.model)
     check_weights_load(recipe.model)  # a local model's config.json and safetensors headers (no weights read)

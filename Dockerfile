@@ -7,7 +7,10 @@
 #   docker run --gpus all --ipc=host -v "$PWD/runs:/workspace/humanline/runs" humanline:0.1 train recipes/X.yaml
 #   docker run --gpus all humanline:0.1 plan recipes/X.yaml
 #   docker run --gpus all humanline:0.1 eval data_quality --help
-# On SLURM: python launchers/slurm.py recipes/X.yaml --container humanline:0.1  (pyxis/enroot or a .sif)
+# podman/buildah: add `--format docker` (their OCI default drops SHELL). The base ships torch 2.8.0; the suite and CI's
+# build of this file (.ci/container.sh, on a CPU base) use torch 2.13.0: docs/howto/clusters.md.
+# On SLURM (from the login node): python launchers/slurm.py recipes/X.yaml --container nvcr.io#acme/humanline:0.1
+#   (pyxis/enroot: REGISTRY#IMAGE:TAG or a .sqsh file; Apptainer: a .sif file)
 ARG BASE_IMAGE=pytorch/pytorch:2.8.0-cuda12.8-cudnn9-devel
 FROM ${BASE_IMAGE}
 

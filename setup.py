@@ -40,6 +40,8 @@ setup(
         # `model.kernels: liger` and Liger's fused linear cross-entropy under `train.fused_logprobs` (GPU only: Triton)
         "gpu": ["liger-kernel>=0.8"],
         "bench": ["trl>=1.16"],  # bench/gpu_check.py section 7: TRL's DPOTrainer side by side
+        # the documentation site (mkdocs.yml): `mkdocs build --strict`, API pages from the docstrings
+        "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"],
     },
     package_data={"eval.math500": ["tasks/*.yaml"]},
     entry_points={"console_scripts": ["hl-run=launchers.run:main", "hl-slurm=launchers.slurm:main"]},

@@ -87,7 +87,7 @@ def phase_memory(trainer, probe, base: int = 0) -> Dict[str, Dict[str, float]]:
 
         return instrumented
 
-    names = [n for n in ("token_logps", "backward", "step", "sync_reference") if hasattr(engine, n)]
+    names = [n for n in ("token_logps", "backward", "step") if hasattr(engine, n)]
     for name in names:
         setattr(engine, name, wrap(name, getattr(engine, name)))
     try:

@@ -46,6 +46,7 @@ sys.path.insert(0, str(REPO))
 
 from bench.memprobe import CPU_ALLOCATOR_ENV, GIB, RssProbe  # noqa: E402
 from hl_core import children  # noqa: E402 (each mode's process ends with this script)
+from hl_core.humanline import ParameterPairs  # noqa: E402
 
 MODES = ("sft", "copy_humanline_dpo", "lookahead_humanline_dpo", "lora_humanline_dpo", "frozen_dpo_copy",
          "frozen_dpo_cached")
@@ -119,15 +120,17 @@ def run_mode(mode: str, workdir: Path, updates: int, micro: int) -> dict:
     setup_s = time.perf_counter() - setup_start
     engine = trainer.engine
     module = engine.policy.module
+    pairs = engine.reference_pairs() if engine.has_reference else ParameterPairs([])
     counts = {
         "params": sum(p.numel() for p in module.parameters()),
         "trainable_params": sum(p.numel() for p in module.parameters() if p.requires_grad),
         "reference_params": (sum(p.numel() for p in engine.reference.module.parameters())
-                             if engine.reference is not None else sum(r.numel() for _, _, r in engine._pairs)),
+                             if engine.reference is not None else sum(r.numel() for _, _, r in pairs)),
     }
     trainer.train_step()  # allocates the optimizer states: not timed
     at_rest = probe.current()
-    seconds, losses, sync_bytes = [], [], engine.last_sync_bytes
+    seconds, losses = [], []
+    sync_bytes = pairs.shard_bytes() if trainer.recipe.humanline.sync_every else 0
     for _ in range(updates):
         start = time.perf_counter()
         row = trainer.train_step()

@@ -4,7 +4,7 @@
 #                                  or a single rank when already inside a distributed launch (RANK is set)
 #   validate RECIPE [...]          launchers/run.py RECIPE --validate (no GPU, no download)
 #   plan RECIPE [...]              launchers/run.py RECIPE --plan (world layout, per-GPU memory estimate)
-#   slurm RECIPE [...]             launchers/slurm.py (render / submit an sbatch script)
+#   slurm                          (not here: render SLURM scripts on the login node; says how)
 #   eval MODULE [args ...]         python -m eval.MODULE, e.g. `eval data_quality --help`
 #   lm_eval [args ...]             lm-eval's own command line
 #   help                           this text
@@ -35,7 +35,11 @@ case "$cmd" in
     exec python launchers/run.py "$@" --plan
     ;;
   slurm)
-    exec python launchers/slurm.py "$@"
+    echo "error: SLURM scripts are rendered and submitted on the login node, not in this image (it has no sbatch, and" \
+      "its paths are the container's). Fix: on the login node, from a checkout or an install of this package, run" \
+      "\`python launchers/slurm.py RECIPE --container IMAGE\` (pyxis: REGISTRY#IMAGE:TAG or a .sqsh file;" \
+      "Apptainer: a .sif file); the job then runs this image's code." >&2
+    exit 2
     ;;
   eval)
     if [ "$#" -eq 0 ]; then

@@ -18,7 +18,7 @@ import math
 import os
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
@@ -27,10 +27,10 @@ from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
 from .engines import build_engine
 from .engines.base import check_launch_environment
-from .humanline import SyncRecord, build_transform
-from .loop.guard import (
-    EXIT_INTERRUPTED, SLOW_UPDATES_ENV, GuardFlags, SkipCounter, StopSignals, first_nonfinite, pause_for_test,
-)
+from .humanline import SyncRecord
+from .humanline.recipe import build_transform
+from .callbacks import CallbackList, TrainerCallback, UpdateContext, build_callbacks
+from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, first_nonfinite
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
 from .loop.lifecycle import already_complete, begin_run
@@ -49,9 +49,12 @@ STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): ch
 
 
 class Trainer(TrainerSafety):
-    def __init__(self, recipe: Recipe):
+    """The loop; ``callbacks`` (``hl_core.callbacks.TrainerCallback``) run after the reference's and the recipe's."""
+
+    def __init__(self, recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
         self.recipe = recipe
         self.output_dir = Path(recipe.output_dir)
+        self.extra_callbacks = list(callbacks)
 
     # ---------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -144,7 +147,8 @@ class Trainer(TrainerSafety):
             cache=cache_location(recipe, self.engine) if mode == "cached" else None, show_progress=self.is_main,
             bars=self.bars,
         )
-        self.sync_hook = self.reference.sync_hook  # before each optimizer step: sync, or compute ahead
+        # the reference's sync (or its look-ahead) first, then the recipe's callbacks and the caller's
+        self.callbacks = CallbackList([self.reference.callback, *build_callbacks(recipe.train.callbacks), *self.extra_callbacks])
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
     def _resume(self) -> None:
@@ -191,6 +195,7 @@ class Trainer(TrainerSafety):
             row = self.train_step()
             times.add(row)
             self.report.update(row)
+            self.callbacks.after_update(self.context(), row)
             self._after_nonfinite_check(row)
             if self._evaluates_at(self.updates_done):
                 self._evaluate()
@@ -267,12 +272,11 @@ class Trainer(TrainerSafety):
         nonfinite = seen.nonfinite()
         if nonfinite is None:
             # after the last backward (gradient clipping happens inside step), before the optimizer step
-            sync = self.sync_hook.before_optimizer_step(engine, n)
+            sync = self.callbacks.before_optimizer_step(self.context())
             stepped = engine.step()
         else:  # no optimizer step, reference untouched (`stop` ends the run after logging this row)
             sync, stepped = SyncRecord(False, 0.0), engine.skip_step()
         engine.synchronize()
-        pause_for_test(SLOW_UPDATES_ENV)
         step_time = time.perf_counter() - step_start
         self.updates_done += 1
         acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})
@@ -289,6 +293,10 @@ class Trainer(TrainerSafety):
             row["rollout"] = bool(rollout_metrics["rollout"])
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
         return row
+
+    def context(self) -> UpdateContext:
+        """What a callback is told: the updates done so far, the engine, the output directory."""
+        return UpdateContext(self.updates_done, self.engine, self.output_dir)
 
     def _loss(self, batch, train: bool):
         """Token log-probs of both models -> humanline transform -> the objective's loss and metrics."""
@@ -368,12 +376,13 @@ class Trainer(TrainerSafety):
             lock.release()
 
 
-def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None) -> Dict[str, float]:
+def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None,
+        callbacks: Sequence[TrainerCallback] = ()) -> Dict[str, float]:
     """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a
     ``final/`` model and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher
     passes the post-training evals; ``loop.post_training``); its result goes into the returned summary as
-    ``post_training_eval``. The ``output_dir`` lock is held until then."""
-    trainer = Trainer(recipe)
+    ``post_training_eval``. The ``output_dir`` lock is held until then. ``callbacks``: see :class:`Trainer`."""
+    trainer = Trainer(recipe, callbacks)
     try:
         trainer.setup()
         summary = trainer.train()

@@ -3,7 +3,8 @@
 Examples::
 
     python launchers/slurm.py recipes/X.yaml --nodes 2 --gpus-per-node 8 --partition gpu --time 24:00:00
-    python launchers/slurm.py recipes/X.yaml --container nvcr.io/acme/humanline:0.1 --dry-run   # print only
+    python launchers/slurm.py recipes/X.yaml --container nvcr.io#acme/humanline:0.1 --dry-run   # pyxis, print only
+    python launchers/slurm.py recipes/X.yaml --container /images/humanline.sif                   # Apptainer
     python launchers/slurm.py recipes/tiny/humanline_dpo.yaml --nodes 1 --gpus-per-node 1 --cpu  # CPU ranks
 
 The job runs one ``torchrun`` per node (``srun --ntasks-per-node=1``) with c10d rendezvous on the first
@@ -18,6 +19,10 @@ exits 4 (``hl_core/loop/guard.py``) within SLURM's KillWait grace, and the reque
 Logs: ``<output_dir>/slurm/<job name>-<job id>.out`` (appended across requeues). Values from the recipe and
 the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
 must be plain tokens and are rejected otherwise.
+
+With ``--container`` the job runs in an image (``launchers/containers.py``: pyxis/enroot or Apptainer, the image's own
+code unless ``--use-checkout``), with ``output_dir``, the recipe's data and model paths and the Hugging Face cache
+mounted; a path outside every mount is refused before submission.
 
 Defaults come from the recipe's ``cluster:`` group; the command-line flags win. User mistakes print one
 paragraph and exit with code 2.
@@ -41,6 +46,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from hl_core.errors import EXIT_USER_ERROR, UserError  # noqa: E402
+from launchers import containers  # noqa: E402
 
 STOP_FILE_NAME = "STOP"
 DEFAULT_STOP_BEFORE_S = 600
@@ -206,6 +212,8 @@ def render_sbatch(
     sbatch_args: Sequence[str] = (),
     workdir: Optional[str] = None,
     check: bool = True,
+    mounts: Sequence[str] = (),
+    use_checkout: bool = False,
 ) -> str:
     """The sbatch script text. Raises ``UserError`` for bad recipes or values."""
     from hl_core.config import check_recipe, load_recipe
@@ -214,6 +222,7 @@ def render_sbatch(
               ("`--time`", time_limit), ("`--container`", container), ("`--account`", account), ("`--mem`", mem),
               ("`--job-name`", job_name), ("`--python`", python), ("This repository's path", REPO_ROOT),
               ("The python interpreter path", None if python or container else sys.executable)]
+    values += [("`--mount`", m) for m in mounts]
     values += [(f"The override `{o.partition('=')[0]}`", o) for o in overrides]
     values += [("`--sbatch-arg`", a) for a in sbatch_args]
     for what, value in values:
@@ -291,20 +300,20 @@ def render_sbatch(
 
     run_args = [str(recipe_abs), *overrides, "checkpoint.resume=auto"]
     srun_extra, env_exports = "", []
-    mounts = [str(workdir)] + ([str(REPO_ROOT)] if REPO_ROOT != workdir else [])
+    run_py = str(REPO_ROOT / "launchers" / "run.py")
     if container:
-        if container.endswith(".sif"):  # Apptainer / Singularity image file
-            launcher = " ".join(
-                ["apptainer exec", *([] if cpu else ["--nv"]), "--bind", shlex.quote(",".join(mounts)),
-                 "--pwd", shlex.quote(str(workdir)), shlex.quote(container), shlex.quote(python or "python")]
-            )
-        else:  # an OCI image through the pyxis/enroot srun plugin
-            srun_extra = (
-                f" \\\n  --container-image={shlex.quote(container)}"
-                f" --container-mounts={shlex.quote(','.join(f'{m}:{m}' for m in mounts))}"
-                f" --container-workdir={shlex.quote(str(workdir))}"
-            )
-            launcher = shlex.quote(python or "python")
+        image = containers.parse_image(str(container), workdir, check_files=check)
+        cplan = containers.plan(image, recipe, recipe_abs, workdir, explicit_mounts=mounts, use_checkout=use_checkout,
+                                checkout=REPO_ROOT, check=check)
+        for mount in cplan.mounts:
+            refuse_control_characters(mount, "A container mount")
+        srun_extra, launcher = containers.launch(cplan, workdir, python, cpu)
+        run_py = cplan.run_py
+        env_exports += [f"export HF_HOME={shlex.quote(cplan.hf_home)}  # mounted: the job's Hugging Face cache",
+                        'mkdir -p "$HF_HOME"']
+    elif mounts or use_checkout:
+        raise UserError("`--mount` and `--use-checkout` apply to a container job only. Fix: add `--container IMAGE` "
+                        "(or `cluster.container`), or drop them.")
     else:
         launcher = shlex.quote(python or sys.executable)
     if cpu:
@@ -318,7 +327,7 @@ def render_sbatch(
         output_dir_q=shlex.quote(str(output_dir)),
         log_dir_q=shlex.quote(str(log_dir)),
         nproc_q=shlex.quote(str(gpus)),
-        run_py_q=shlex.quote(str(REPO_ROOT / "launchers" / "run.py")),
+        run_py_q=shlex.quote(run_py),
         run_args="\n".join(f"  {shlex.quote(a)}" for a in run_args),
         env_exports="\n".join(env_exports),
         srun_extra=srun_extra,
@@ -337,7 +346,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-node", type=int, help="GPUs = ranks per node (default: cluster.gpus_per_node)")
     p.add_argument("--partition", help="SLURM partition (default: cluster.partition)")
     p.add_argument("--time", help="time limit, e.g. 24:00:00 (default: cluster.time)")
-    p.add_argument("--container", help="container image: OCI (pyxis `srun --container-image`) or a .sif (apptainer)")
+    p.add_argument("--container", help="container image: pyxis/enroot `[USER@][REGISTRY#]IMAGE[:TAG]` or a .sqsh file "
+                   "(`srun --container-image`), or Apptainer: a .sif file or a docker:// URI (default: cluster.container)")
+    p.add_argument("--mount", action="append", default=[], metavar="DIR",
+                   help="with --container: mount DIR (repeatable) instead of each path the recipe names; a recipe path "
+                   "outside every mount is refused")
+    p.add_argument("--use-checkout", action="store_true",
+                   help="with --container: run this checkout's launchers/run.py (mounted) instead of the image's code")
     p.add_argument("--dry-run", action="store_true", help="print the script instead of submitting it")
     p.add_argument("--cpu", action="store_true", help="request no GPUs; --gpus-per-node CPU ranks per node (gloo)")
     p.add_argument("--account", help="SLURM account")
@@ -362,7 +377,7 @@ def main(argv=None) -> int:
             partition=args.partition, time_limit=args.time, container=args.container, cpu=args.cpu,
             account=args.account, cpus_per_task=args.cpus_per_task, mem=args.mem, job_name=args.job_name,
             stop_before_s=args.stop_before, python=args.python, sbatch_args=args.sbatch_arg,
-            check=not args.no_check,
+            check=not args.no_check, mounts=args.mount, use_checkout=args.use_checkout,
         )
         if args.script:
             Path(args.script).write_text(script)
@@ -370,7 +385,11 @@ def main(argv=None) -> int:
 
         recipe = load_recipe(args.recipe, args.overrides)
         world = (args.nodes or recipe.cluster.nodes) * (args.gpus_per_node or recipe.cluster.gpus_per_node)
-        for note in submission_notes(recipe, world):
+        notes = submission_notes(recipe, world)
+        container = args.container if args.container is not None else recipe.cluster.container
+        if container:  # already accepted by render_sbatch
+            notes += containers.image_notes(containers.parse_image(container, Path.cwd(), check_files=False))
+        for note in notes:
             print(note, file=sys.stderr)
         if args.dry_run:
             print(script, end="")

@@ -55,7 +55,7 @@ _BASE_ENV = dict(os.environ)  # before any test's monkeypatching: what the zygot
 def _env(base=None):
     env = dict(os.environ if base is None else base)
     env.update(OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONUNBUFFERED="1", PYTHONFAULTHANDLER="1",
-               PYTHONPATH=str(REPO))
+               PYTHONPATH=os.pathsep.join([str(REPO), str(REPO / "tests")]))  # tests/: run_callbacks
     return env
 
 
@@ -142,7 +142,7 @@ def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: P
         pytest.skip(f"no pin for this machine's kernels ({describe(kernels)}); "
                     + (f"the pinned machines' differ in {why}" if entries else "no machine is pinned yet")
                     + f". To pin this machine too: cp {fresh} {pin}")
-    hint = f"results moved: if on purpose, re-run the stored studies (README, 'Does it work?') and cp {fresh} {pin}"
+    hint = f"results moved: if on purpose, re-run the stored studies (docs/results/reproduction.md) and cp {fresh} {pin}"
     return mine[0]["values"], hint
 
 

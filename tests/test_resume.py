@@ -2,30 +2,32 @@
 
 * one process (plain ``python``, ZeRO-0, humanline *sampling*, whose generator state must resume too): kill -9
   while a checkpoint save hangs before its completeness marker (the half-written ``step_4`` is ignored with a
-  notice and ``step_2`` is used), a torn last line of ``metrics.jsonl``, then SIGTERM at a random moment (exit
-  code 4, a checkpoint at the update reached), then the rest;
+  notice and ``step_2`` is used), a torn last line of ``metrics.jsonl``, then SIGTERM mid-run (exit code 4, a
+  checkpoint at the update reached), then the rest;
 * two processes (``torchrun``, ZeRO-3: optimizer partitions and each rank's reference shard resume): SIGTERM to
-  the whole process group at a random moment (each worker exits 4; torchrun, signalled too, reports its own
-  failure), then the rest;
+  the whole process group mid-run (each worker exits 4; torchrun, signalled too, reports its own failure), then
+  the rest;
 * one process, trained by `train.epochs` on a `data.train` mixture with soft reference updates
-  (`humanline.sync_mix`): SIGTERM at a random moment, then the rest.
+  (`humanline.sync_mix`): SIGTERM mid-run, then the rest.
+
+"Mid-run" is a state, not a moment: the run pauses after an update through a test callback
+(``run_callbacks.PauseAfterUpdate``), the signal is sent while every rank waits there, then the run goes on.
 """
 
 import json
 import os
-import random
 import signal
 import time
 
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, read_jsonl, run_recipe, start_recipe
+from run_callbacks import hang_before_complete, pause_after
 
 COMMON = [
     "train.max_steps=6", "train.lr_schedule=linear", "train.warmup_steps=1", "eval.every=null",
     "checkpoint.save_final=false", "humanline.sync_every=2",
 ]
-SLOW = {"HL_TEST_UPDATE_SLEEP_S": "0.25"}  # a window of about 1.5 s of updates for the signal to land in
 
 
 def _wait_for(condition, proc, what: str, timeout: float = 300.0) -> None:
@@ -36,19 +38,13 @@ def _wait_for(condition, proc, what: str, timeout: float = 300.0) -> None:
         time.sleep(0.05)
 
 
-def _logged_from(path, step: int):
-    """``metrics.jsonl`` holds whole rows only (a resumed run has rewritten it) and a row for ``step`` or later."""
-    def condition():
-        text = path.read_text() if path.exists() else ""
-        return text.endswith("\n") and any(json.loads(line)["step"] >= step for line in text.splitlines())
-    return condition
-
-
-def _sigterm_midrun(proc, metrics, first_new_step: int, log) -> str:
-    """SIGTERM to the run's process group at a random moment after its first new update; returns its output."""
-    _wait_for(_logged_from(metrics, first_new_step), proc, f"update {first_new_step}")
-    time.sleep(random.uniform(0.0, 0.4))
+def _sigterm_midrun(proc, out, update: int, log, nproc: int = 1) -> str:
+    """SIGTERM to the run's process group while every rank is paused after ``update`` (``pause_after``), then let it
+    go on; returns its output."""
+    _wait_for(lambda: all((out / f"paused_{update}_rank{r}").exists() for r in range(nproc)), proc,
+              f"the pause after update {update}")
     os.killpg(proc.pid, signal.SIGTERM)
+    (out / f"go_{update}").write_text("")
     proc.wait(timeout=300)
     log.seek(0)
     return log.read()
@@ -81,10 +77,8 @@ def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
 
     # 1. kill -9 while the save of step_4 hangs after every file and before its marker
     with open(tmp_path / "killed.log", "w+") as log:
-        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}"], log=log,
-                            HL_TEST_HANG_BEFORE_COMPLETE="step_4")
-        _wait_for(lambda: (ckpts / "step_4" / "reference_logps_rank00000.pt").exists(), proc, "the save of step_4")
-        time.sleep(0.5)
+        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}", hang_before_complete("step_4")], log=log)
+        _wait_for(lambda: (ckpts / "step_4" / "hanging").exists(), proc, "the save of step_4")
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
     assert (ckpts / "step_2" / "complete.json").is_file() and not (ckpts / "step_4" / "complete.json").exists()
@@ -92,10 +86,10 @@ def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
     with open(out / "metrics.jsonl", "a") as fh:
         fh.write('{"step": 4, "loss": 0.69')  # a row torn by a kill mid-write
 
-    # 2. resume: step_4 is ignored (one line), step_2 used; SIGTERM at a random moment -> exit 4 with a checkpoint
+    # 2. resume: step_4 is ignored (one line), step_2 used; SIGTERM mid-run -> exit 4 with a checkpoint
     with open(tmp_path / "sigterm.log", "w+") as log:
-        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}"], log=log, **SLOW)
-        output = _sigterm_midrun(proc, out / "metrics.jsonl", 2, log)
+        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}", pause_after(3)], log=log)
+        output = _sigterm_midrun(proc, out, 3, log)
     assert proc.returncode == 4, output[-3000:]
     assert "Ignoring incomplete checkpoint(s) step_4" in output and "resuming from `step_2`" in output
     assert f"Resumed from {ckpts}/step_2 at update 2" in output
@@ -113,8 +107,8 @@ def test_resume_after_sigterm_two_processes_zero3(tmp_path):
     straight, out = tmp_path / "straight", tmp_path / "run"
     run_recipe(TINY_HUMANLINE, overrides + [f"output_dir={straight}"], nproc=2)
     with open(tmp_path / "sigterm.log", "w+") as log:
-        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}"], nproc=2, log=log, **SLOW)
-        output = _sigterm_midrun(proc, out / "metrics.jsonl", 1, log)
+        proc = start_recipe(TINY_HUMANLINE, overrides + [f"output_dir={out}", pause_after(1)], nproc=2, log=log)
+        output = _sigterm_midrun(proc, out, 1, log, nproc=2)
     reached = _assert_checkpointed_at_reached_update(out, output)
     assert sorted(p.name for p in (out / "checkpoints" / f"step_{reached}").glob("reference_rank*.pt")) == [
         "reference_rank00000.pt", "reference_rank00001.pt"]
@@ -163,8 +157,8 @@ def test_resume_with_epochs_a_mixture_and_soft_syncing(tmp_path):
     assert [r["lr"] for r in rows] == pytest.approx([1e-3 * schedule(n) for n in range(6)], rel=1e-9)
     assert rows[-1]["lr"] < rows[1]["lr"] / 4  # decayed over the derived length, not a default one
     with open(tmp_path / "sigterm.log", "w+") as log:
-        proc = start_recipe(recipe, overrides + [f"output_dir={out}"], log=log, **SLOW)
-        output = _sigterm_midrun(proc, out / "metrics.jsonl", 1, log)
+        proc = start_recipe(recipe, overrides + [f"output_dir={out}", pause_after(2)], log=log)
+        output = _sigterm_midrun(proc, out, 2, log)
     reached = _assert_checkpointed_at_reached_update(out, output)
     last = run_recipe(recipe, overrides + [f"output_dir={out}"])
     assert f"Resumed from {out / 'checkpoints'}/step_{reached} at update {reached}" in last.stdout

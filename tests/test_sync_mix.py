@@ -11,7 +11,7 @@ from helpers import REPO, run_worker
 
 from hl_core.config import check_recipe, load_recipe
 from hl_core.errors import RecipeError
-from hl_core.humanline import ReferenceSyncHook, mix_into
+from hl_core.humanline import ParameterPairs, ReferenceSync, SyncSchedule, mix_into
 from hl_core.objectives import reference_mode
 from launchers.run import main
 
@@ -39,21 +39,15 @@ def test_mix_into_is_the_copy_at_one_and_the_formula_shard_by_shard(dtype):
     assert torch.equal(shards, whole)  # shard-local equals whole
 
 
-def test_hook_passes_the_mix_to_the_engine():
-    calls = []
-
-    class Engine:
-        def synchronize(self):
-            pass
-
-        def sync_reference(self, mix=1.0):
-            calls.append(mix)
-
-    hook = ReferenceSyncHook(2, 0, 0.25)
-    assert [hook.before_optimizer_step(Engine(), n).synced for n in range(4)] == [True, False, True, False]
-    assert calls == [0.25, 0.25]
+def test_reference_sync_mixes_on_its_schedule():
+    policy, reference = torch.full((3,), 2.0), torch.zeros(3)
+    sync = ReferenceSync(ParameterPairs([("w", policy, reference)]), SyncSchedule(every=2, offset=0, mix=0.25))
+    records = [sync.before_optimizer_step(n) for n in range(4)]
+    assert [r.synced for r in records] == [True, False, True, False] and sync.num_syncs == 2
+    assert torch.equal(reference, torch.full((3,), 2.0 * 0.25 + 0.5 * 0.75))  # two soft updates: 0.5, then 0.875
+    assert records[0].bytes == 12 and records[1].bytes == 0
     with pytest.raises(ValueError):
-        ReferenceSyncHook(1, 0, 0.0)
+        SyncSchedule(1, 0, 0.0)
 
 
 def test_lookahead_cannot_serve_a_mixed_reference():

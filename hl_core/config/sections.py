@@ -7,12 +7,12 @@ cluster) in ``sections_run.py``.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Dict, Literal, Optional, Tuple, Union
+from typing import Annotated, Any, Dict, List, Literal, Optional, Tuple, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from ..errors import did_you_mean
-from ..humanline import transform_names
+from ..humanline.recipe import transform_names
 from ..objectives.dpo_losses import LOSS_TYPES
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
@@ -326,6 +326,18 @@ class ParallelConfig(_Section):
     )
 
 
+class CallbackSpec(_Section):
+    """One trainer callback (``hl_core.callbacks``); a bare string is its ``path``."""
+
+    path: str = Field(description="`package.module:Name`: a `TrainerCallback` subclass or a factory returning one.")
+    args: Dict[str, Any] = Field(default_factory=dict, description="Keyword arguments it is built with.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _bare_path(cls, value):
+        return {"path": value} if isinstance(value, str) else value
+
+
 class TrainConfig(_Section):
     """Optimisation: steps, learning rate, batch sizes, clipping, seed."""
 
@@ -410,6 +422,13 @@ class TrainConfig(_Section):
         False, description="Regional compilation: `torch.compile` on each decoder layer (not the whole model), with "
         "dynamic shapes so varying lengths reuse one graph; generation runs the layers eagerly. The run summary "
         "reports compile time, graphs and recompiles. DeepSpeed engine, ZeRO 0-2 (ZeRO-3's parameter hooks recompile it).",
+    )
+    callbacks: List[CallbackSpec] = Field(
+        default_factory=list,
+        description="Your own trainer callbacks, run at three moments of each update: before the optimizer step "
+        "(after the last backward), after the update, and when a checkpoint's files are written (before it is marked "
+        "complete). Each entry is `package.module:Name` (importable from the run's working directory or "
+        "`PYTHONPATH`), or `{path: package.module:Name, args: {...}}`; see `hl_core/callbacks.py`.",
     )
     compile_backend: Literal["inductor", "aot_eager"] = Field(
         "inductor", description="The `torch.compile` backend of `train.compile`: `inductor` (generated kernels: the "

@@ -109,8 +109,8 @@ class Engine:
     * ``backward(loss)``: accumulate gradients of one micro-batch.
     * ``step()``: gradient clipping + optimizer + LR scheduler at an accumulation boundary; returns
       ``{"lr": ..., "grad_norm": ...}`` or ``None`` between boundaries.
-    * ``sync_reference(mix=1.0)``: copy (``mix`` 1) or mix (``humanline.mix_into``) each rank's shard of every
-      policy parameter into the matching reference shard (shard-local; never gathers).
+    * ``reference_pairs()``: the policy's and the reference's parameter pairs
+      (``hl_core.humanline.ParameterPairs``), which ``hl_core.humanline.ReferenceSync`` syncs shard-locally.
     * ``reference``: the frozen reference model, or None when the run never reads it
       (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
@@ -214,8 +214,11 @@ class Engine:
     def step(self) -> Optional[Dict[str, float]]:
         raise NotImplementedError
 
-    def sync_reference(self, mix: float = 1.0) -> None:
-        raise NotImplementedError
+    def reference_pairs(self):
+        """The ``hl_core.humanline.ParameterPairs`` humanline's sync writes (built with the engine: the engine's
+        models, or a LoRA model's adapters); an error when this run has no reference."""
+        self.require_reference()
+        return self._sync_pairs
 
     def local_grads(self) -> list:
         """This rank's gradient tensors at an accumulation boundary, before the step (each engine's own storage)."""

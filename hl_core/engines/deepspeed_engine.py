@@ -27,7 +27,7 @@ import torch
 
 from ..config import batch_layout
 from ..errors import RecipeError
-from ..humanline import mix_into
+from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions, sequence_token_logps
 from ..logprobs.hidden import fused_sequence_token_logps
 from ..logprobs.packed import packed_sequence_token_logps
@@ -93,13 +93,6 @@ def _init_distributed(backend: Optional[str]) -> None:
         ds_comm.build_shm_op = build
 
 
-def _holds_whole(param) -> bool:
-    """ZeRO-3 parameter currently gathered on this rank (``.data`` is the full tensor)."""
-    from deepspeed.runtime.zero.partition_parameters import ZeroParamStatus
-
-    return param.ds_status == ZeroParamStatus.AVAILABLE and param.data.numel() == param.ds_numel
-
-
 class DeepSpeedEngine(Engine):
     def __init__(self, recipe, tokenizer):
         import deepspeed
@@ -140,7 +133,7 @@ class DeepSpeedEngine(Engine):
         }
 
         self._lora_reference = reference_model_needed(recipe)  # LoRA: a reference adapter (copy mode only)
-        self.lora, self.last_sync_bytes = None, 0  # bytes the last sync copied on this rank
+        self.lora = None
         check_speed_options(recipe)  # model.kernels, train.fused_logprobs: before any weights are built
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
@@ -177,13 +170,13 @@ class DeepSpeedEngine(Engine):
         )
         self._torch_optimizer = optimizer  # the one DeepSpeed steps (inside its ZeRO wrapper, if any)
         self.policy.checkpoint_engine = safe_checkpoint_engine(self.policy._config)  # weights_only loads
-        self.reference, self._pairs = None, []
+        self.reference, self._sync_pairs = None, ParameterPairs([])
         if reference is not None:
             self.reference, _, _, _ = deepspeed.initialize(model=reference, config=reference_config)
             self.reference.eval()
-            self._pairs = self._parameter_pairs()
+            self._sync_pairs = pair_parameters(self.policy, self.reference)  # humanline's shard-local sync
         if self.lora is not None:
-            self._pairs = self.lora.pairs  # synced: (reference adapter name, policy tensor, reference tensor)
+            self._sync_pairs = self.lora.pairs  # synced: the reference adapter's tensors
         self._last_grad_norm = float("nan")
         # dropout draws from torch's global generator: seeded per rank, after every model is built and wrapped
         self.seed_rngs(train.seed + GLOBAL_SEED_OFFSET + self.rank)
@@ -192,13 +185,6 @@ class DeepSpeedEngine(Engine):
     @property
     def has_reference(self) -> bool:
         return self.reference is not None or (self.lora is not None and self._lora_reference)
-
-    def _parameter_pairs(self):
-        pol = list(self.policy.module.named_parameters())
-        ref = list(self.reference.module.named_parameters())
-        if [n for n, _ in pol] != [n for n, _ in ref]:
-            raise RuntimeError("policy and reference parameters differ in names or order")
-        return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
         engine = self.policy if model == "policy" else (self.require_reference() or self.policy)  # LoRA: one module
@@ -320,54 +306,15 @@ class DeepSpeedEngine(Engine):
 
     # -------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def sync_reference(self, mix: float = 1.0):
-        """Shard-local policy -> reference, a copy (``mix`` 1) or a soft update (``humanline.mix_into``): each rank
-        updates only what it holds, and never gathers. LoRA: the reference adapter's tensors.
-
-        ZeRO-3: the partition (``ds_tensor``) is always updated. A reference parameter that is currently
-        held whole (persistent parameters, ``ds_persist``, once DeepSpeed has traced the model) must
-        also be refreshed, or the next forward would use the stale whole copy: it is updated from the
-        policy's whole copy when the policy holds one too (the same elementwise arithmetic as its partition), and
-        otherwise released, so the next forward re-gathers it from the fresh partition.
-        """
-        self.require_reference()
-        copied = 0
-        for _, pol, ref in self._pairs:
-            if not hasattr(pol, "ds_tensor"):
-                mix_into(ref.data, pol.data, mix)
-                copied += ref.numel() * ref.element_size()
-                continue
-            mix_into(ref.ds_tensor.data, pol.ds_tensor.data, mix)
-            copied += ref.ds_tensor.numel() * ref.ds_tensor.element_size()
-            if _holds_whole(ref):
-                if _holds_whole(pol):
-                    mix_into(ref.data, pol.data, mix)
-                    copied += ref.numel() * ref.element_size()
-                else:
-                    ref.partition()
-        self.last_sync_bytes = copied
-
-    def _reference_shards(self) -> Dict[str, torch.Tensor]:
-        shards = {}
-        for name, _, ref in self._pairs:
-            if hasattr(ref, "ds_tensor"):
-                shards[name] = ref.ds_tensor.detach().cpu().clone()
-            else:
-                shards[name] = ref.data.detach().cpu().clone()
-        return shards
-
-    @torch.no_grad()
     def _load_reference_shards(self, shards: Dict[str, torch.Tensor]) -> None:
-        for name, _, ref in self._pairs:
+        for name, _, ref in self._sync_pairs:
             target = ref.ds_tensor if hasattr(ref, "ds_tensor") else ref
             if name not in shards or shards[name].shape != target.shape:
                 raise RecipeError(
                     f"The reference shards in the checkpoint do not match this run's layout (parameter `{name}`). "
                     "Fix: resume with the same number of processes and `engine.zero_stage` as the saved run."
                 )
-            target.data.copy_(shards[name])
-            if hasattr(ref, "ds_tensor") and _holds_whole(ref):
-                ref.partition()  # drop the stale whole copy; the next forward gathers the loaded partition
+        self._sync_pairs.load_reference_shards(shards)
 
     # -------------------------------------------------------------------------------------------
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
@@ -377,7 +324,7 @@ class DeepSpeedEngine(Engine):
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
         if self.has_reference and self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
-            torch.save(self._reference_shards(), path)
+            torch.save(self._sync_pairs.reference_shards(), path)
         self.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
@@ -388,7 +335,7 @@ class DeepSpeedEngine(Engine):
             rank = self.rank if self.zero_stage == 3 else 0
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
             if not path.exists() and wrote_lookahead(Path(directory) / tag):
-                self.sync_reference()  # a look-ahead checkpoint keeps no copy: start one from the policy
+                self._sync_pairs.sync()  # a look-ahead checkpoint keeps no copy: start one from the policy
                 self.resynced_at_resume = True
                 return client_state or {}
             if not path.exists():

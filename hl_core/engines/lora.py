@@ -17,39 +17,23 @@ from __future__ import annotations
 
 import contextlib
 from pathlib import Path
-from typing import List, Tuple
 
 import torch
 
 from ..errors import RecipeError
+from ..humanline import ParameterPairs, pair_lora_adapters
+from ..humanline.sync import LORA_LAYER_PARTS, adapter_tensors
 from ..models.loading import _fork_rng
 
 # Imports inside functions: PEFT is an optional extra (`pip install -e .[lora]`), loaded only for `model.lora`.
 
 POLICY, REFERENCE = "default", "reference"
-LORA_LAYER_PARTS = ("lora_A", "lora_B", "lora_embedding_A", "lora_embedding_B")
-
-
 def lora_config(lora):
     """PEFT's ``LoraConfig`` for the recipe's ``model.lora`` block."""
     from peft import LoraConfig
 
     return LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
                       bias="none", task_type="CAUSAL_LM")
-
-
-def _adapter_tensors(layer, adapter: str) -> List[Tuple[str, torch.nn.Parameter]]:
-    out = []
-    for part in LORA_LAYER_PARTS:
-        holder = getattr(layer, part, None)
-        if holder is None or adapter not in holder:
-            continue
-        item = holder[adapter]
-        if isinstance(item, torch.nn.Parameter):
-            out.append((part, item))
-        else:
-            out += [(f"{part}.{name}", p) for name, p in item.named_parameters()]
-    return out
 
 
 def wrap_lora(base, lora, synced: bool, seed: int, gradient_checkpointing: bool = False):
@@ -87,16 +71,9 @@ class LoraAdapters:
 
         self.model, self.synced = model, synced
         self.layers = [m for m in model.modules() if isinstance(m, BaseTunerLayer)]
-        names = {id(p): n for n, p in model.named_parameters()}
-        self.policy_params = [p for layer in self.layers for _, p in _adapter_tensors(layer, POLICY)]
-        # (reference name, policy tensor, reference tensor): the engine's sync / checkpoint pairs
-        self.pairs = []
-        if synced:
-            for layer in self.layers:
-                pol, ref = _adapter_tensors(layer, POLICY), _adapter_tensors(layer, REFERENCE)
-                if [n for n, _ in pol] != [n for n, _ in ref]:
-                    raise RuntimeError("the policy and reference adapters differ in layout")
-                self.pairs += [(names[id(r)], p, r) for (_, p), (_, r) in zip(pol, ref)]
+        self.policy_params = [p for layer in self.layers for _, p in adapter_tensors(layer, POLICY)]
+        # (reference name, policy tensor, reference tensor): humanline's sync pairs, and the checkpoint's
+        self.pairs = pair_lora_adapters(model, POLICY, REFERENCE) if synced else ParameterPairs([])
         with torch.no_grad():
             for _, pol, ref in self.pairs:
                 ref.requires_grad_(False)

@@ -95,7 +95,7 @@ class MegatronCheckpointing:
         self._copy_shard(self.policy_module, state["policy"])
         if self.has_reference and self.recipe.humanline.sync_every is not None:
             if "reference" not in state and wrote_lookahead(path):
-                self.sync_reference()  # a look-ahead checkpoint keeps no copy: start one from the policy
+                self._sync_pairs.sync()  # a look-ahead checkpoint keeps no copy: start one from the policy
                 self.resynced_at_resume = True
             elif "reference" not in state:
                 raise RecipeError(

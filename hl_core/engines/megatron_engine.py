@@ -51,7 +51,7 @@ import torch
 
 from ..config import batch_layout, pipeline_microbatches
 from ..errors import RecipeError
-from ..humanline import mix_into
+from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions
 from ..models.loading import DTYPES, build_causal_lm, rehearsing_weights
 from ..objectives import reference_model_needed
@@ -165,7 +165,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             self.reference = reference
         policy.train()
         self._build_optimizer(policy)  # sets self.policy (DDP-wrapped on GPU) and self.policy_module
-        self._pairs = self._parameter_pairs() if self.has_reference else []
+        # humanline's shard-local sync: each rank's TP/PP slices (torch DDP / megatron DDP unwrapped)
+        self._sync_pairs = pair_parameters(self.policy_module, self.reference) if self.has_reference else ParameterPairs([])
         self._pending: List[_PendingForward] = []
         self._micro_steps = 0
         self.updates_done = 0
@@ -215,13 +216,6 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             bf16=self.dtype == torch.bfloat16, params_dtype=self.dtype, use_distributed_optimizer=True,
         )
         self.optimizer = get_megatron_optimizer(opt_config, [self.policy], use_gloo_process_groups=self._gloo)
-
-    def _parameter_pairs(self):
-        pol = list(self.policy_module.named_parameters())
-        ref = list(self.reference.named_parameters())
-        if [n for n, _ in pol] != [n for n, _ in ref]:
-            raise RuntimeError("policy and reference parameters differ in names or order")
-        return [(name, p, r) for (name, p), (_, r) in zip(pol, ref)]
 
     # ------------------------------------------------------------------------------------------ forward
     def _attention_mask(self, seq_len: int):
@@ -388,15 +382,6 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    # ------------------------------------------------------------------------------------------ sync
-    @torch.no_grad()
-    def sync_reference(self, mix: float = 1.0) -> None:
-        """Shard-local: each rank copies (``mix`` 1) or mixes (``mix_into``) its own TP/PP slice of every policy
-        parameter into the matching reference slice. No collective, no gather."""
-        self.require_reference()
-        for _, pol, ref in self._pairs:
-            mix_into(ref.data, pol.data, mix)
-
     def _policy_module(self):
         return self.policy_module
 
@@ -412,7 +397,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
     def close(self, destroy_process_group: bool = True) -> None:
         self._pending = []
         self.policy = self.policy_module = self.reference = self.optimizer = None
-        self._pairs = []
+        self._sync_pairs = ParameterPairs([])
         gc.collect()  # free the engines' hooks and buffers while the process group still exists
         if torch.distributed.is_initialized():
             torch.distributed.barrier()

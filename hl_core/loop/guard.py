@@ -28,10 +28,6 @@ from typing import Dict, Iterable, List, Optional
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 EXIT_DISK_FULL = 5  # no space left on device while writing (hl_core.errors.DiskFull)
 DUPLICATE_SIGNAL_S = 1.0  # launchers forward the signal the process group already got: one request, not two
-# test hooks (tests/test_resume.py): hang the save of one checkpoint (`step_N`) after every rank's files and before
-# its completeness marker, so a kill lands there; sleep after each update, so a signal lands mid-run
-HANG_BEFORE_COMPLETE_ENV = "HL_TEST_HANG_BEFORE_COMPLETE"
-SLOW_UPDATES_ENV = "HL_TEST_UPDATE_SLEEP_S"
 
 
 class NonFiniteStop(Exception):
@@ -155,14 +151,3 @@ class StopSignals:
 
     def name(self) -> str:
         return signal.Signals(self.received).name if self.received else ""
-
-
-def pause_for_test(env: str, at: str = "") -> None:
-    """Test hooks: sleep ``$env`` seconds (``SLOW_UPDATES_ENV``), or an hour when ``$env`` names ``at``
-    (``HANG_BEFORE_COMPLETE_ENV``: the test kills the process meanwhile)."""
-    value = os.environ.get(env)
-    if value and at:
-        if value == at:
-            time.sleep(3600)
-    elif value:
-        time.sleep(float(value))

@@ -1,7 +1,8 @@
 """The trainer's safety side: what ends a run on a non-finite update, and how checkpoints and ``final/`` are
 written (complete or invisible, never with non-finite weights, nor untrained ones). ``Trainer`` inherits it; it
 uses the trainer's ``engine``, ``recipe``, ``output_dir``, ``is_main``, ``report``, ``skips``, ``updates_done``,
-``eval_history``, ``transform``, ``source``, ``reference`` and ``start`` (the run record)."""
+``eval_history``, ``transform``, ``source``, ``reference``, ``callbacks`` (``context()``) and ``start`` (the run
+record)."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import torch
 
 from ..storage import checkpoints as ckpt
 from ..storage.checkpoints import CHECKPOINT_PREFIX
-from .guard import HANG_BEFORE_COMPLETE_ENV, NonFiniteStop, nonfinite_message, pause_for_test
+from .guard import NonFiniteStop, nonfinite_message
 
 
 class TrainerSafety:
@@ -79,8 +80,8 @@ class TrainerSafety:
             torch.save(reference_state, ckpt_dir / tag / ckpt.reference_logps_file(self.engine.rank))
         torch.save(self.engine.rng_state(), ckpt_dir / tag / ckpt.rng_file(self.engine.rank))  # dropout's draws
         self.engine.barrier()
+        self.callbacks.on_save(self.context(), ckpt_dir / tag)  # every rank's files are written; not yet complete
         if self.is_main:
-            pause_for_test(HANG_BEFORE_COMPLETE_ENV, at=tag)
             ckpt.mark_complete(ckpt_dir / tag, self.updates_done, self.start.record)
             ckpt.rotate(ckpt_dir, self.recipe.checkpoint.keep_last)
         self.engine.barrier()

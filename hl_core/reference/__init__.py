@@ -1,6 +1,6 @@
 """Where the reference's per-token log-probs come from (``objectives.reference_mode``).
 
-* ``copy`` / ``none``: the engine's reference model (``ReferenceSyncHook`` overwrites it at each sync, or mixes the
+* ``copy`` / ``none``: the engine's reference model (``hl_core.humanline.ReferenceSync`` overwrites it at each sync, or mixes the
   policy into it: ``humanline.sync_mix``), or none.
 * ``cached`` (``train.cache_reference_logps``, frozen reference, offline data): the policy, before any update,
   computes the log-probs of every batch of the run and of the eval set once; they are stored on disk
@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, List, Optional
 
+from ..humanline.recipe import sync_schedule
 from .cache import CacheLocation, cache_location, cached_reference
 from .sources import LookaheadReference, ReferenceLogps, StoredReferenceLogps
 
@@ -40,8 +41,7 @@ def build_reference_logps(mode: str, reason: str, humanline, max_steps: int, eng
     if mode == "cached":
         return cached_reference(cache, max_steps, engine, reason, batches_of_update, eval_batches, show_progress,
                                 bars)
-    return ReferenceLogps(engine, mode, reason, humanline.sync_every, humanline.sync_offset,
-                          humanline.sync_mix)
+    return ReferenceLogps(engine, mode, reason, sync_schedule(humanline))
 
 
 __all__ = ["CacheLocation", "LookaheadReference", "ReferenceLogps", "StoredReferenceLogps", "build_reference_logps",

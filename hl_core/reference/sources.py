@@ -9,7 +9,8 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from ..humanline import ReferenceSyncHook, SyncRecord, should_sync
+from ..humanline import ReferenceSync, SyncRecord, SyncSchedule, should_sync
+from ..callbacks import ReferenceSyncCallback, TrainerCallback, UpdateContext
 from ..storage.checkpoints import reference_logps_file, safe_load
 from .store import LogpStore, forward_batches, forward_is_deterministic
 
@@ -18,12 +19,14 @@ class ReferenceLogps:
     """The engine's reference model (``copy``), or none (``none``); the base of the copy-free modes.
 
     ``logps(batch, temperature, policy_logps)`` serves the trainer, ``token_logps(batch, model)`` the objectives'
-    extra forwards (KTO's KL rows), and ``sync_hook.before_optimizer_step(engine, n)`` runs at every update."""
+    extra forwards (KTO's KL rows), and ``callback`` is the trainer callback that keeps it current: humanline's
+    ``ReferenceSync`` over the engine's ``reference_pairs()`` when ``schedule`` syncs, else one that does nothing."""
 
-    def __init__(self, engine, mode: str, reason: str, sync_every: Optional[int], sync_offset: int,
-                 sync_mix: float = 1.0):
+    def __init__(self, engine, mode: str, reason: str, schedule: Optional[SyncSchedule] = None):
         self.engine, self.mode, self.reason = engine, mode, reason
-        self.sync_hook = ReferenceSyncHook(sync_every, sync_offset, sync_mix)
+        self.callback: TrainerCallback = TrainerCallback()
+        if schedule is not None and schedule.every is not None:
+            self.callback = ReferenceSyncCallback(ReferenceSync(engine.reference_pairs(), schedule))
 
     @property
     def available(self) -> bool:
@@ -57,7 +60,7 @@ class StoredReferenceLogps(ReferenceLogps):
     """Log-probs the policy computed in place of a reference model, looked up by batch."""
 
     def __init__(self, engine, mode: str, reason: str, store: Optional[LogpStore] = None):
-        super().__init__(engine, mode, reason, None, 0)
+        super().__init__(engine, mode, reason)
         self.store = store or LogpStore()
         self.policy_is_reference = False  # before the first optimizer step (look-ahead): read the policy itself
         self.detach_is_exact = forward_is_deterministic(engine._policy_module())
@@ -82,8 +85,8 @@ class StoredReferenceLogps(ReferenceLogps):
         )
 
 
-class LookaheadReference(StoredReferenceLogps):
-    """Look-ahead syncing: ``sync_hook`` is this object; at each window start it replaces the stored log-probs
+class LookaheadReference(StoredReferenceLogps, TrainerCallback):
+    """Look-ahead syncing: ``callback`` is this object; at each window start it replaces the stored log-probs
     with the policy's for the batches up to the next sync (see the module docstring). A window is computed whole
     even where it reaches past ``max_steps`` (with the eval set), so a finished run extended to more updates
     continues exactly; a resume whose window the checkpoint does not cover starts a new window there."""
@@ -91,7 +94,7 @@ class LookaheadReference(StoredReferenceLogps):
     def __init__(self, engine, reason: str, humanline, max_steps: int, batches_of_update: Callable[[int], List[dict]],
                  eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool]):
         super().__init__(engine, "lookahead", reason)
-        self.sync_hook = self
+        self.callback = self
         self.sync_every, self.offset, self.max_steps = humanline.sync_every, humanline.sync_offset, max_steps
         self.batches_of_update, self.eval_batches, self.eval_at = batches_of_update, eval_batches, eval_at
         self.policy_is_reference = True  # until update 0's optimizer step (a resume loads its state instead)
@@ -114,7 +117,8 @@ class LookaheadReference(StoredReferenceLogps):
         return (self.eval_batches is not None
                 and any(self.eval_at(u) for u in range(first, min(last, self.max_steps) + 1)))
 
-    def before_optimizer_step(self, engine, updates_done: int) -> SyncRecord:
+    def before_optimizer_step(self, ctx: UpdateContext) -> SyncRecord:
+        engine, updates_done = ctx.engine, ctx.updates_done
         synced = should_sync(updates_done, self.sync_every, self.offset)
         if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
             return SyncRecord(False, 0.0)

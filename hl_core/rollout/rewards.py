@@ -6,7 +6,6 @@ Every reward maps ``(prompts, completions, references) -> list[float]`` (one sco
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import math
 import re
@@ -16,6 +15,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from ..data.prompts import last_boxed
+from ..callbacks import load_callable  # the one `package.module:name` loader (train.callbacks too)
 from ..errors import RecipeError
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -233,19 +233,6 @@ def check_reward_signature(fn: Callable, spec: str) -> None:
             "`rollout.reward.function` at a function of that signature, e.g. `def score(prompts, completions, "
             "references): return [1.0 if ... else 0.0 for c in completions]`."
         ) from None
-
-
-def load_callable(spec: Optional[str], key: str) -> Callable:
-    if not spec or ":" not in spec:
-        raise RecipeError(f"`{key}` must look like `package.module:function`, got {spec!r}.")
-    module_name, _, attr = spec.partition(":")
-    try:
-        fn = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as exc:
-        raise RecipeError(f"`{key}: {spec}` could not be imported ({exc}). Fix: check the module path and name.")
-    if not callable(fn):
-        raise RecipeError(f"`{key}: {spec}` is not callable.")
-    return fn
 
 
 REWARDS: Dict[str, Callable] = {"math": MathReward, "reward_model": RewardModelReward, "callable": CallableReward}

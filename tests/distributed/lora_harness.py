@@ -64,11 +64,12 @@ def synced_run(report):
         reference_trainable=any(r.requires_grad for _, _, r in lora.pairs),
     )
     records, pending = [], {}
-    original_step, original_sync = engine.step, engine.sync_reference
+    original_step, original_sync = engine.step, trainer.callbacks.before_optimizer_step
 
-    def sync(*mix):
-        original_sync(*mix)
-        pending["sync_bytes"] = engine.last_sync_bytes
+    def sync(ctx):
+        record = original_sync(ctx)
+        pending["sync_bytes"] = record.bytes
+        return record
 
     def step():
         boundary = engine.is_accumulation_boundary()
@@ -86,7 +87,7 @@ def synced_run(report):
                                 policy_moved=(logps(engine, batch, "policy") - pending["policy_logps"]).abs().max().item()))
         return out
 
-    engine.step, engine.sync_reference = step, sync
+    engine.step, trainer.callbacks.before_optimizer_step = step, sync
     trainer.train()
     final_policy = logps(engine, batch, "policy")
     trainer.close(destroy_process_group=False)
@@ -126,7 +127,7 @@ def frozen_run(report):
     policy = shifted(logps(engine, batch, "policy"))
     report.update(
         frozen_reference_engine=engine.reference is not None, frozen_has_reference=engine.has_reference,
-        frozen_pairs=len(engine._pairs),
+        frozen_pairs=len(engine.lora.pairs),
         frozen_extra_params=sum(p.numel() for p in engine.policy.module.parameters()) - base_params,
         frozen_adapter_params=sum(p.numel() for p in engine.lora.policy_params),
         frozen_ref_vs_base_before=(before - expected).abs().max().item(),

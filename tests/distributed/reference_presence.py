@@ -29,7 +29,7 @@ for spec in sys.argv[2:]:
              "policy_logps_shape": list(engine.token_logps(batch, "policy").shape)}
     for call in ("logps", "sync"):
         try:
-            engine.token_logps(batch, "reference") if call == "logps" else engine.sync_reference()
+            engine.token_logps(batch, "reference") if call == "logps" else engine.reference_pairs().sync()
             entry[f"reference_{call}_error"] = None
         except RuntimeError as exc:
             entry[f"reference_{call}_error"] = str(exc)

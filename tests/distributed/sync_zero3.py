@@ -46,7 +46,7 @@ def gather(module):
 
 
 persistent = []
-for _, pol, ref in engine._pairs:
+for _, pol, ref in engine.reference_pairs():
     if getattr(pol, "ds_persist", False) and pol.ds_numel <= 100:
         persistent.append(True)
 
@@ -62,7 +62,7 @@ rank = dist.get_rank()
 if rank == 0:
     Path(report_path).write_text(json.dumps({
         "records": records, "probe_gather_calls": gather_calls_seen_by_probe,
-        "num_persistent": sum(persistent), "num_params": len(engine._pairs),
+        "num_persistent": sum(persistent), "num_params": len(engine.reference_pairs()),
         "metrics": [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()],
     }))
 trainer.close()

@@ -1,0 +1,78 @@
+"""What the examples share: their command line (``parser``), the model (``load_model``), and ``launch``, which starts
+``main(args)`` on ``nproc`` local processes (gloo on CPU) when the script was not started by a launcher; under
+torchrun / deepspeed / srun (``RANK`` set) it runs in the calling process. The processes die with this one: each asks
+the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path."""
+
+import argparse
+import ctypes
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import torch
+import torch.multiprocessing as mp
+from transformers import AutoConfig, AutoModelForCausalLM
+
+TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
+
+
+def load_model(path, seed):
+    """The model's weights, fp32; a directory with only a config (the tiny model) gets a seeded random init."""
+    if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
+        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    torch.manual_seed(seed)  # the tiny model ships as a config: a random init, the same on every rank
+    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+
+
+def parser(doc: str) -> argparse.ArgumentParser:
+    """The examples' shared options: model and data, the schedule, humanline's k and bounds."""
+    p = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--model", default=str(TINY / "model"), help="a model directory or hub name")
+    p.add_argument("--data", default=str(TINY / "prefs" / "train.jsonl"), help="preference pairs (jsonl)")
+    p.add_argument("--nproc", type=int, default=2, help="processes to start when not under a launcher")
+    p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--batch", type=int, default=8, help="pairs per data-parallel rank per update")
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--beta", type=float, default=0.1)
+    p.add_argument("--sync-every", type=int, default=2, help="humanline's k")
+    p.add_argument("--clip", type=float, nargs=2, default=(-1.5, 1.5), metavar=("LOG_EPS_P", "LOG_EPS_R"))
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--max-length", type=int, default=64)
+    p.add_argument("--max-prompt-length", type=int, default=32)
+    return p
+
+
+def _rank_main(rank, main, args, nproc, port):
+    if sys.platform.startswith("linux"):
+        ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the parent, even on its SIGKILL
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))
+    main(args)
+
+
+def launch(main, args, nproc: int) -> None:
+    if "RANK" in os.environ or nproc == 1:
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("LOCAL_RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        return main(args)
+    context = mp.start_processes(_rank_main, (main, args, nproc, _free_port()), nprocs=nproc, join=False,
+                                 start_method="spawn")
+    try:
+        while not context.join():
+            pass
+    finally:
+        for process in context.processes:
+            if process.is_alive():
+                process.kill()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]

@@ -1,0 +1,78 @@
+"""Humanline DPO in a plain DeepSpeed loop: you call ``deepspeed.initialize``; humanline adds a clip on the per-token
+log-ratios and a shard-local reference sync between backward and ``engine.step()``.
+
+    python examples/deepspeed_dpo.py                    # 2 CPU processes, ZeRO-3, the tiny model and pairs
+    deepspeed --num_gpus 8 examples/deepspeed_dpo.py --model meta-llama/Meta-Llama-3-8B-Instruct --data pairs.jsonl
+"""
+
+import warnings
+
+import deepspeed
+import torch
+import torch.nn.functional as F
+from transformers import AutoTokenizer
+
+from _launch import launch, load_model
+from _launch import parser as example_parser
+from hl_core.data import collate_preference, load_preference_records, tokenize_preference
+from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule, pair_parameters
+
+warnings.filterwarnings("ignore", category=FutureWarning)  # torch's deprecation notes on DeepSpeed's calls
+
+
+def token_logps(model, batch):
+    """``[2B, T]`` log-probs of each token given its prefix (0 at position 0), aligned with ``input_ids``."""
+    logits = model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
+    logps = logits.float().log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None]).squeeze(-1)
+    return F.pad(logps, (1, 0))
+
+
+def main(args):
+    deepspeed.init_distributed(dist_backend="gloo" if not torch.cuda.is_available() else "nccl")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    records = load_preference_records(path=args.data)
+    pairs = [tokenize_preference(r, tokenizer, args.max_length, args.max_prompt_length) for r in records]
+    zero = {"stage": args.zero, "stage3_param_persistence_threshold": args.persist_below}
+    config = {"train_micro_batch_size_per_gpu": args.batch, "zero_optimization": zero, "gradient_clipping": 1.0}
+    policy = load_model(args.model, args.seed)
+    reference = load_model(args.model, args.seed)
+    optimizer = torch.optim.AdamW(policy.parameters(), lr=args.lr)
+    warmup = lambda n: min(1.0, (n + 1) / args.warmup)  # noqa: E731
+    policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config,
+                                           lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, warmup))
+    reference, _, _, _ = deepspeed.initialize(model=reference.requires_grad_(False), config=config)
+    reference.eval()
+
+    # humanline: clip each token's log-ratio, and sync the reference every k updates (shard-local, no gather)
+    clip = ClipTransform(*args.clip)
+    sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=args.sync_every))
+
+    for update in range(args.steps):
+        first = (update * world + rank) * args.batch  # this rank's pairs of this update, in file order
+        batch = collate_preference(pairs[first:first + args.batch], tokenizer.pad_token_id)
+        mask = batch["completion_mask"].float()
+        policy_logps = token_logps(policy, batch)
+        with torch.no_grad():
+            ref_logps = token_logps(reference, batch)
+        log_ratios, metrics = clip(policy_logps, ref_logps, mask)
+        half = log_ratios.shape[0] // 2
+        margin = args.beta * (log_ratios[:half].sum(-1) - log_ratios[half:].sum(-1))
+        loss = -F.logsigmoid(margin).mean()
+        policy.backward(loss)
+        synced = sync.before_optimizer_step(update).synced  # after backward, before the step: theta_n
+        policy.step()
+        shown = torch.stack([loss.detach(), 1 - metrics["unclamped_frac"].float()])
+        torch.distributed.all_reduce(shown)
+        if rank == 0:
+            print(f"update {update}  loss {shown[0].item() / world:.8f}  clipped {shown[1].item() / world:.4f}  "
+                  f"synced {synced}", flush=True)
+    torch.distributed.barrier()
+
+
+if __name__ == "__main__":
+    parser = example_parser(__doc__)
+    parser.add_argument("--zero", type=int, default=3, choices=[0, 1, 2, 3])
+    parser.add_argument("--persist-below", type=int, default=1000, help="ZeRO-3: smaller parameters stay whole")
+    args = parser.parse_args()
+    launch(main, args, args.nproc)

@@ -1,0 +1,108 @@
+"""Humanline DPO in a Megatron-core loop: your model chunks, your forward step, loss function and optimizer; humanline
+adds a clip on the per-token log-ratios and a shard-local sync of each rank's TP/PP slices before the step.
+
+    python examples/megatron_dpo.py                   # 2 CPU processes, tensor parallel 2, the tiny model and pairs
+    torchrun --nproc_per_node 8 examples/megatron_dpo.py --tp 8 --model DIR --data pairs.jsonl   # on GPUs
+"""
+
+import warnings
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state as ps
+from megatron.core import tensor_parallel
+from transformers import AutoConfig, AutoTokenizer
+
+from _launch import launch, load_model
+from _launch import parser as example_parser
+from hl_core.data import collate_preference, load_preference_records, tokenize_preference
+from hl_core.engines import megatron_cpu
+from hl_core.engines.megatron_convert import hf_state_dict, hf_to_mcore
+from hl_core.engines.megatron_specs import build_gpt_model, causal_mask, transformer_config
+from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule, pair_parameters
+
+warnings.filterwarnings("ignore", category=FutureWarning)
+warnings.filterwarnings("ignore", module="megatron")  # its notes on GPU-only settings
+
+
+def build_chunks(args, hf_config, tp_rank):
+    """Your model chunks (one here: pp = 1), this rank's TP shard of the HF weights (a bridge does the same)."""
+    config = transformer_config(hf_config, tp=args.tp, pp=1, dtype=torch.float32, cpu=not torch.cuda.is_available())
+    model = build_gpt_model(hf_config, config, pre_process=True, post_process=True)
+    shard = hf_to_mcore(hf_state_dict(load_model(args.model, args.seed)), hf_config, args.tp, 1, ranks=[(0, tp_rank)])
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            param.copy_(shard[(0, tp_rank)][name])
+    return [model]
+
+
+def forward_step(chunks, batch):
+    """Per-token log-probs ``[2B, T]`` (0 at position 0) from vocab-parallel logits: no rank holds all of them."""
+    ids = batch["input_ids"]
+    positions = torch.arange(ids.shape[1])[None].expand_as(ids)
+    logits = chunks[0](ids, positions, causal_mask(ids.shape[1]))
+    logps = -tensor_parallel.vocab_parallel_cross_entropy(logits[:, :-1].contiguous(), ids[:, 1:])
+    return F.pad(logps, (1, 0))
+
+
+def clip_grad_norm_(params, max_norm):
+    """The global gradient norm over the TP group (duplicated parameters counted once), then clipping."""
+    squares = sum(p.grad.pow(2).sum() for p in params if tensor_parallel.param_is_not_tensor_parallel_duplicate(p))
+    torch.distributed.all_reduce(squares, group=ps.get_model_parallel_group())
+    coef = max_norm / (squares.sqrt() + 1e-6)
+    if coef < 1.0:
+        for p in params:
+            p.grad.mul_(coef)
+
+
+def main(args):
+    if not torch.cuda.is_available():
+        megatron_cpu.install()  # megatron-core on CPU: the shims our engine uses (gloo, no CUDA kernels)
+    torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
+    ps.initialize_model_parallel(tensor_model_parallel_size=args.tp)
+    tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
+    tp_rank, rank = ps.get_tensor_model_parallel_rank(), torch.distributed.get_rank()
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    pairs = [tokenize_preference(r, tokenizer, args.max_length, args.max_prompt_length)
+             for r in load_preference_records(path=args.data)]
+    hf_config = AutoConfig.from_pretrained(args.model)
+    policy, reference = build_chunks(args, hf_config, tp_rank), build_chunks(args, hf_config, tp_rank)
+    for chunk in reference:
+        chunk.requires_grad_(False).eval()
+    params = [p for chunk in policy for p in chunk.parameters()]
+    optimizer = torch.optim.AdamW(params, lr=args.lr)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / args.warmup))
+
+    # humanline: clip each token's log-ratio, and sync each rank's slices every k updates (no collective)
+    clip = ClipTransform(*args.clip)
+    sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=args.sync_every))
+
+    dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    for update in range(args.steps):
+        first = (update * dp + dp_rank) * args.batch  # TP peers take the same pairs
+        batch = collate_preference(pairs[first:first + args.batch], tokenizer.pad_token_id)
+        mask = batch["completion_mask"].float()
+        policy_logps = forward_step(policy, batch)
+        with torch.no_grad():
+            ref_logps = forward_step(reference, batch)
+        log_ratios, metrics = clip(policy_logps, ref_logps, mask)
+        half = log_ratios.shape[0] // 2
+        loss = -F.logsigmoid(args.beta * (log_ratios[:half].sum(-1) - log_ratios[half:].sum(-1))).mean()
+        loss.backward()
+        clip_grad_norm_(params, 1.0)
+        synced = sync.before_optimizer_step(update).synced  # after backward and clipping, before the step
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        scheduler.step()
+        if rank == 0:
+            print(f"update {update}  loss {loss.item():.8f}  clipped {1 - metrics['unclamped_frac'].item():.4f}  "
+                  f"synced {synced}", flush=True)
+    ps.destroy_model_parallel()
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    parser = example_parser(__doc__)
+    parser.add_argument("--tp", type=int, default=2)
+    args = parser.parse_args()
+    launch(main, args, args.nproc)

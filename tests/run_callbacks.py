@@ -1,0 +1,57 @@
+"""Trainer callbacks the tests add through ``train.callbacks`` (``hl_core.callbacks``), so that a test acts on
+a run at a known state instead of racing its clock: a run pauses at an update, or hangs a checkpoint's save, and
+says so in a file; the test acts (a signal, a kill), then lets it go on."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from hl_core.callbacks import TrainerCallback
+
+WAIT_S = 300.0  # bound on every wait: a test that never lets go fails instead of hanging CI
+
+
+def _wait_for(path: Path) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"no {path} after {WAIT_S:.0f} s")
+        time.sleep(0.02)
+
+
+class PauseAfterUpdate(TrainerCallback):
+    """After update ``update`` (counted from 1: ``updates_done == update``), every rank writes
+    ``<output_dir>/paused_<update>_rank<r>`` and waits for ``<output_dir>/go_<update>``."""
+
+    def __init__(self, update: int):
+        self.update = int(update)
+
+    def after_update(self, ctx, row):
+        if ctx.updates_done != self.update:
+            return
+        (ctx.output_dir / f"paused_{self.update}_rank{ctx.engine.rank}").write_text("")
+        _wait_for(ctx.output_dir / f"go_{self.update}")
+
+
+class HangBeforeComplete(TrainerCallback):
+    """The save of checkpoint ``tag`` hangs on rank 0 after every rank's files and before its completeness marker,
+    after writing ``<checkpoint>/hanging`` (the test kills the run meanwhile)."""
+
+    def __init__(self, tag: str):
+        self.tag = tag
+
+    def on_save(self, ctx, directory):
+        if directory.name == self.tag and ctx.engine.rank == 0:
+            (directory / "hanging").write_text("")
+            _wait_for(directory / "never")
+
+
+def pause_after(update: int) -> str:
+    """The override that pauses a run after ``update``."""
+    return f"train.callbacks=[{{path: run_callbacks:PauseAfterUpdate, args: {{update: {update}}}}}]"
+
+
+def hang_before_complete(tag: str) -> str:
+    """The override that hangs the save of checkpoint ``tag``."""
+    return f"train.callbacks=[{{path: run_callbacks:HangBeforeComplete, args: {{tag: {tag}}}}}]"

@@ -26,6 +26,16 @@ from hl_core.loop.guard import EXIT_DISK_FULL as GUARD_EXIT_DISK_FULL
 # one raised while handling it
 TORCH_ENOSPC = ("basic_ios::clear: iostream error", "[enforce fail at inline_container.cc:672] . unexpected pos "
                 "901376 vs 901264")
+@pytest.fixture(autouse=True)
+def restored_process():
+    """An in-process run leaves the environment as DeepSpeed set it (RANK, LOCAL_RANK, ...), which a later test's
+    `--validate` would read as a launch: the environment, threads, generators and process group put back."""
+    from launchers.in_process import restored_process_state  # the study workers' own restorer
+
+    with restored_process_state():
+        yield
+
+
 COMMON = ["recipes/tiny/offline_dpo.yaml", "logging.progress_bar=false", "train.max_steps=2",
           "checkpoint.save_every=1", "eval.every=null"]
 

@@ -24,6 +24,16 @@ from helpers import REPO
 from test_hostile_cases import Row, _weights_dir, check_refusal, clean_launch_env, fill, run_row  # noqa: F401
 
 
+@pytest.fixture(autouse=True)
+def restored_process():
+    """An in-process run leaves the environment as DeepSpeed set it (RANK, LOCAL_RANK, ...), which a later test's
+    `--validate` would read as a launch: the environment, threads, generators and process group put back."""
+    from launchers.in_process import restored_process_state  # the study workers' own restorer
+
+    with restored_process_state():
+        yield
+
+
 class RunsCode:
     """Pickles to ``os.system(command)``: what a weights-only load must refuse without running."""
 

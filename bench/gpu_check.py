@@ -63,6 +63,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench import gpu_check_runs as runs_mod  # noqa: E402
+from hl_core import children  # noqa: E402 (the runs end with this script)
 from hl_core.config.checks import installed  # noqa: E402
 
 # dense bf16 peak (TFLOP/s) by the name torch reports; --peak-tflops overrides
@@ -112,7 +113,7 @@ def run_workers(runs: list, workdir: Path, timeout: float) -> list:
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     start = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(runs), env=env)
+        proc = children.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(runs), env=env)
         output, code = proc.stdout + proc.stderr, proc.returncode
     except subprocess.TimeoutExpired as exc:
         output = (exc.stdout or b"").decode(errors="replace") if isinstance(exc.stdout, bytes) else (exc.stdout or "")

@@ -19,18 +19,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from hl_core import children  # noqa: E402 (after the path insert; each run ends with this script)
 
 
 def run(recipe: str, overrides, cwd: Path) -> dict:
     cmd = [sys.executable, str(REPO / "launchers" / "run.py"), str(REPO / recipe), *overrides, "logging.progress_bar=false"]
     env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
+    proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
         sys.exit(f"{recipe} failed:\n{proc.stdout[-2000:]}\n{proc.stderr[-4000:]}")
     out = Path(next(o.split("=", 1)[1] for o in overrides if o.startswith("output_dir=")))

@@ -32,7 +32,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 import time
@@ -44,6 +43,7 @@ sys.path.insert(0, str(REPO))
 from bench import realistic_shapes_runs as runs  # noqa: E402
 from bench.memprobe import CPU_ALLOCATOR_ENV, GIB  # noqa: E402
 from bench.shapes import spec_of, write_model_dir, write_rows  # noqa: E402
+from hl_core import children  # noqa: E402 (the runs end with this script)
 
 VOCABS = {"llama3 (128k)": 128256, "qwen2.5 (152k)": 151936, "gemma2 (256k)": 256000}
 LOGPROB_BATCH = dict(rows=2, steps=1024, chunk=128)  # two sequences of the GPU check's length; 2 x 128 positions
@@ -78,7 +78,7 @@ def launch(kind: str, args: dict, out: Path, nproc: int = 1, timeout: float = 90
             port = sock.getsockname()[1]
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}", *script]
     env = dict(os.environ, **CPU_ALLOCATOR_ENV, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
-    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} {args} failed ({proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
     return [json.loads(p.read_text()) for p in sorted(out.glob("rank*.json"))]

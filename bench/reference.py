@@ -36,7 +36,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -46,6 +45,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.memprobe import CPU_ALLOCATOR_ENV, GIB, RssProbe  # noqa: E402
+from hl_core import children  # noqa: E402 (each mode's process ends with this script)
 from hl_core.humanline import ParameterPairs  # noqa: E402
 
 MODES = ("sft", "copy_humanline_dpo", "lookahead_humanline_dpo", "lora_humanline_dpo", "frozen_dpo_copy",
@@ -159,7 +159,7 @@ PAIRED = (("copy_humanline_dpo", "lookahead_humanline_dpo"), ("frozen_dpo_copy",
 
 
 def run_child(mode: str, workdir: Path, args, env, updates=None) -> dict:
-    proc = subprocess.run([sys.executable, __file__, "--mode", mode, "--workdir", str(workdir), "--updates",
+    proc = children.run([sys.executable, __file__, "--mode", mode, "--workdir", str(workdir), "--updates",
                            str(updates or args.updates), "--micro-batch", str(args.micro_batch)],
                           env=env, capture_output=True, text=True, cwd=REPO)
     line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)

@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -23,6 +22,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
+from hl_core import children  # noqa: E402 (each rehearsal ends with this script)
 from hl_core.rehearsal.report import GIB, memory_rows, projected_seconds  # noqa: E402 (after the path insert)
 
 RECIPES = {  # the acceptance set: recipe, layers per pipeline stage x pp
@@ -41,7 +41,7 @@ def rehearse(recipe: str, layers: int, micro_batches: int, extra: list) -> list:
         if layers:
             pp = _pp(recipe)
             command.append(f"model.config_overrides={{num_hidden_layers: {layers * pp}}}")
-        proc = subprocess.run(command, cwd=REPO)
+        proc = children.run(command, cwd=REPO)
         if proc.returncode != 0:
             raise SystemExit(f"{recipe}: exit {proc.returncode}")
         results = json.loads(out.read_text())

@@ -12,6 +12,7 @@ import sys
 from typing import Iterable, Optional
 
 EXIT_USER_ERROR = 2
+EXIT_DISK_FULL = 5  # the same as ``hl_core.loop.guard.EXIT_DISK_FULL``: the disk filled while the run wrote a file
 
 
 class UserError(Exception):
@@ -34,6 +35,17 @@ class DataError(UserError):
 class LaunchError(UserError):
     """A bad launch environment (``RANK``, ``WORLD_SIZE``, ...): every process prints it, since the processes
     cannot agree on which of them is rank 0."""
+
+
+class DiskFull(Exception):
+    """The disk filled while ``path`` was written (exit code 5); the launcher prints one paragraph
+    (``hl_core.storage.disk_full.disk_full_message``) naming it, the last complete checkpoint and the fix."""
+
+    exit_code = EXIT_DISK_FULL
+
+    def __init__(self, path, what: str):
+        super().__init__(f"No space left on device while writing {what} `{path}`")
+        self.path, self.what = str(path), what
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:

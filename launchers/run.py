@@ -10,7 +10,8 @@ Examples::
 Exit codes: 0 finished (or stopped by a STOP file / ``train.stop_after``), 1 failure, 2 bad input (one
 paragraph, no traceback), 3 stopped on a non-finite update, 4 stopped by SIGTERM/SIGINT after saving a
 resumable checkpoint (a second signal: 143 / 130 at once; a signal during the post-training evaluations:
-143 / 130 once they stopped). See ``hl_core/loop/guard.py``.
+143 / 130 once they stopped), 5 the disk filled while writing (one paragraph: the file, the last complete
+checkpoint, free space and rerun). See ``hl_core/loop/guard.py``.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import argparse
 import faulthandler
 import os
 import sys
+import time
 from pathlib import Path
 from typing import Dict
 
@@ -26,8 +28,18 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-from hl_core.errors import EXIT_USER_ERROR, LaunchError, UserError  # noqa: E402
+from hl_core.errors import EXIT_DISK_FULL, EXIT_USER_ERROR, LaunchError, UserError  # noqa: E402
 from hl_core.loop.guard import NonFiniteStop  # noqa: E402
+
+
+def micro_batches_arg(text: str):
+    """``--rehearse-micro-batches``: a whole number, or ``all`` (the recipe's own count)."""
+    if text.strip().lower() == "all":
+        return "all"
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a whole number nor `all`") from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,8 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rehearse-rank", type=int, default=None, help="with --rehearse: only this rank, in this process")
     parser.add_argument("--rehearse-kernels", choices=("auto", "real", "shapes"), default="auto",
                         help="with --rehearse: real kernels, or shape-only matrix products (auto: shapes on a CPU)")
-    parser.add_argument("--rehearse-micro-batches", type=int, default=None,
-                        help="with --rehearse: at most this many micro-batches per update (time and traffic scaled)")
+    parser.add_argument("--rehearse-micro-batches", type=micro_batches_arg, default=None,
+                        help="with --rehearse: at most this many micro-batches per update (time and traffic scaled), "
+                             "or `all`; default: 4 on a CPU (at least the pipeline's stages), all on a GPU")
     parser.add_argument("--rehearse-json", default=None, help="with --rehearse: also write the results here (JSON)")
     parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     return parser
@@ -84,9 +97,11 @@ def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
 
 
 def main(argv=None) -> int:
+    started = time.time()  # a STOP file older than this is stale (hl_core/loop/lifecycle.py)
     args = build_parser().parse_intermixed_args(argv)  # overrides may come before or after flags
     rank = os.environ.get("RANK", "0").strip()
     rank = int(rank) if rank.isdigit() else 0  # only says who prints; the trainer refuses a malformed RANK
+    recipe = None
     try:
         from hl_core.config import load_recipe, recipe_to_yaml
 
@@ -110,8 +125,10 @@ def main(argv=None) -> int:
 
             return rehearse(args.recipe, args.overrides, args.rehearse_rank, args.rehearse_kernels,
                             args.rehearse_micro_batches, args.rehearse_json)
+        from hl_core.loop.lifecycle import note_run_start
         from hl_core.trainer import run
 
+        note_run_start(started)
         return run(recipe, after_training=post_training_eval).get("exit_code", 0)
     except UserError as exc:
         if rank == 0 or isinstance(exc, LaunchError):  # a bad RANK: no process knows that it is rank 0
@@ -121,6 +138,13 @@ def main(argv=None) -> int:
         if rank == 0:
             print(f"error: {exc}", file=sys.stderr, flush=True)
         return exc.exit_code
+    except Exception as exc:  # noqa: BLE001 (a full disk is reported; anything else is re-raised as it was)
+        from hl_core.storage.disk_full import disk_full_message, is_disk_full  # imported here: only on a failure
+
+        if recipe is None or not is_disk_full(exc, recipe.output_dir):
+            raise
+        print(f"error: {disk_full_message(recipe.output_dir, exc)}", file=sys.stderr, flush=True)  # every rank: its own disk
+        return EXIT_DISK_FULL
 
 
 def exit_after_teardown(code: int) -> None:

@@ -28,6 +28,19 @@ def _model_states(step_dir):
         return torch.load(step_dir / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=True)
 
 
+@pytest.mark.parametrize("updates, skipped, warned", [(4, 0, False), (4, 1, False), (4, 2, True), (4, 3, True),
+                                                     (0, 0, False)])
+def test_summary_counts_skipped_updates_and_warns_past_a_quarter(updates, skipped, warned):
+    from hl_core.loop.report import skipped_warning, skipped_words
+
+    words = skipped_words(updates, skipped)
+    assert (f"{skipped} skipped as non-finite" in words) == bool(skipped) and words.startswith(f"{updates} updates")
+    warning = skipped_warning(updates, skipped)
+    assert (warning is not None) == warned
+    if warned:
+        assert f"{skipped} of {updates} updates" in warning and "train.on_nonfinite" in warning
+
+
 def test_nonfinite_stops_with_last_good_checkpoint_then_skip_mode_finishes(tmp_path):
     out = tmp_path / "run"
     stopped = run_recipe(TINY_HUMANLINE, DIVERGING + [f"output_dir={out}"], expect=3)
@@ -62,6 +75,9 @@ def test_nonfinite_stops_with_last_good_checkpoint_then_skip_mode_finishes(tmp_p
     rows = read_jsonl(out / "metrics.jsonl")
     assert [(r["step"], r["skipped"], r["synced"]) for r in rows[1:]] == [(n, True, False) for n in range(1, 6)]
     assert json.loads((out / "summary.json").read_text())["skipped_updates"] == 5
+    # the end-of-run summary says so, and warns (more than a quarter skipped)
+    assert "6 updates (5 skipped as non-finite, 1 optimizer steps)" in resumed.stdout, resumed.stdout[-2000:]
+    assert "warning: 5 of 6 updates (83%) were skipped as non-finite" in resumed.stdout
     final = load_file(str(out / "final" / "model.safetensors"))
     assert all(bool(t.isfinite().all()) for t in final.values())
     # skipped updates changed nothing: final/ holds the weights of the last good checkpoint

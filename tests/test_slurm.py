@@ -192,9 +192,9 @@ def _run_script(tmp_path, script, mode="ok", nodes="node-a", job_id="4242", sign
                             stderr=subprocess.STDOUT, text=True)
     if signal_usr1:
         deadline = time.time() + 20
-        while not out.exists() and time.time() < deadline:
+        while not out.exists() and time.time() < deadline:  # srun started: the script's USR1 trap is set before it
             time.sleep(0.05)
-        time.sleep(0.2)
+        assert out.exists(), "the stub srun never started"
         proc.send_signal(signal.SIGUSR1)  # what `--signal=B:USR1@S` does S seconds before the time limit
     log, _ = proc.communicate(timeout=60)
     record = json.loads(out.read_text()) if out.exists() else None

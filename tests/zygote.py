@@ -204,8 +204,22 @@ class Ranks:
         return subprocess.CompletedProcess(argv, 1 if failed else 0, stdout, stderr)
 
 
+def _running(pid: int) -> bool:
+    """``pid`` is alive (a zombie its zygote has not reaped yet is not)."""
+    try:
+        os.kill(pid, 0)
+        with open(f"/proc/{pid}/stat") as stat:
+            state = stat.read().rpartition(")")[2].split()[0]
+    except (ProcessLookupError, FileNotFoundError):
+        return False
+    except (PermissionError, OSError, IndexError):
+        return True
+    return state not in ("Z", "X")
+
+
 def _stop(pids: Sequence[int], grace: float = 5.0) -> None:
-    """SIGTERM, then SIGKILL after ``grace`` seconds, to each of ``pids`` that is still running."""
+    """SIGTERM, then SIGKILL to each of ``pids`` still running ``grace`` seconds later (waiting on the processes,
+    not a fixed sleep: no wait at all when they end at once)."""
     for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 0)):
         if sig == signal.SIGTERM and not grace:
             continue
@@ -214,7 +228,9 @@ def _stop(pids: Sequence[int], grace: float = 5.0) -> None:
                 os.kill(pid, sig)
             except ProcessLookupError:
                 pass
-        time.sleep(wait)
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and any(_running(pid) for pid in pids):
+            time.sleep(0.02)
 
 
 if __name__ == "__main__":

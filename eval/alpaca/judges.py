@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Union
 
 import yaml
 
-from .._common import EvalError
+from .._common import EvalError, check_model_dir
 from .compat import import_alpaca_eval
 
 DEFAULT_API_JUDGE = "weighted_alpaca_eval_gpt-4.1"
@@ -123,6 +123,7 @@ class RewardModelJudge:
 
             self.name = name or model
             dtypes = {"auto": "auto", "fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
+            check_model_dir(model, "reward model")  # damaged files, or pickled weights naming code: one paragraph
             try:
                 tokenizer = AutoTokenizer.from_pretrained(model, trust_remote_code=trust_remote_code)
                 model = AutoModelForSequenceClassification.from_pretrained(

@@ -180,6 +180,10 @@ def run_study(args, study: Study, grid: Grid, out: Path, cache: Path, pool: Work
 
 
 def cli(argv: Optional[Sequence[str]] = None, pool: Optional[WorkerPool] = None) -> int:
+    if __name__ == "__main__":  # the command line: SIGTERM unwinds like Ctrl-C, so the pool's workers end with it
+        from hl_core.children import terminate_on_sigterm  # imported here: only the command line installs it
+
+        terminate_on_sigterm()
     try:
         return main(argv, pool)
     except RunFailed as exc:

@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence, Tuple
 
+from hl_core import children
+
 from .._common import read_jsonl
 
 REPO = Path(__file__).resolve().parents[2]
@@ -51,25 +53,32 @@ class Run:
 # SSE2, is common to all vendors, and it made the warm-up's updates 1.8x slower here), so every result records what
 # the kernels computed (``kernel_fingerprint``, eval/repro/kernels.py) and curves are compared only under the same.
 CPU_KERNELS = {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"}
+# The code paths every x86-64 CPU of any vendor takes alike: ATen's unvectorised kernels, MKL's COMPATIBLE branch
+# (SSE2; the one MKL honours on every vendor's CPU) and oneDNN capped at SSE4.1. Slower (MKL 1.8x on the warm-up),
+# so only the short vendor-neutral pin runs under them (tests/test_repro_neutral_pin.py).
+NEUTRAL_KERNELS = {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"}
 
 
-def child_env() -> Dict[str, str]:
-    """One thread per process, fixed hashing, AVX2 kernels: the deterministic settings of every run."""
+def child_env(kernels: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """One thread per process, fixed hashing, AVX2 kernels (or ``kernels``): the deterministic settings of every
+    run."""
     env = dict(os.environ)
     env.update(OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONHASHSEED="0", TOKENIZERS_PARALLELISM="false",
-               **CPU_KERNELS)
+               **(CPU_KERNELS if kernels is None else kernels))
     return env
 
 
 class Worker:
-    """One ``python -m eval.repro.worker`` process (``child_env()``): runs tasks one after another."""
+    """One ``python -m eval.repro.worker`` process (``child_env()``): runs tasks one after another. It ends with
+    the driver (``hl_core.children``: its own process group, the death signal, the lifeline it watches)."""
 
-    def __init__(self, log: Path):
+    def __init__(self, log: Path, kernels: Optional[Dict[str, str]] = None):
         log.parent.mkdir(parents=True, exist_ok=True)
         self.log = log
         with log.open("a") as err:
-            self.proc = subprocess.Popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO, env=child_env(),
-                                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
+            self.proc = children.popen([sys.executable, "-m", "eval.repro.worker"], cwd=REPO,
+                                       env=child_env(kernels),
+                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, text=True)
 
     def ask(self, task: dict) -> dict:
         """The task's answer; a worker that died is code -1 (its last words are in ``self.log``)."""
@@ -85,9 +94,13 @@ class Worker:
         return json.loads(line)
 
     def close(self) -> None:
+        """Idle: its input ends and it exits; then (or busy, or stuck) its process group is ended."""
         if self.proc.poll() is None:
-            self.proc.stdin.close()
-            self.proc.wait()
+            try:
+                self.proc.stdin.close()
+            except OSError:
+                pass
+        children.end(self.proc)
 
 
 class WorkerPool:
@@ -95,10 +108,12 @@ class WorkerPool:
     DeepSpeed and transformers per worker, not per run). A worker that died is replaced by a fresh one.
     ``HL_REPRO_SUBPROCESS=1`` runs every training run in its own ``launchers/run.py`` process instead."""
 
-    def __init__(self, jobs: int, log_dir: Path):
+    def __init__(self, jobs: int, log_dir: Path, kernels: Optional[Dict[str, str]] = None):
         self.jobs, self.log_dir = jobs, log_dir
+        self.cpu_kernels = kernels  # the kernel switches of its workers (None: CPU_KERNELS)
         self.idle: "queue.Queue[Worker]" = queue.Queue()
         self.started = 0
+        self.workers: List[Worker] = []  # every worker started, idle or busy: `close` ends them all
         self.lock = threading.Lock()
         self.subprocess = os.environ.get("HL_REPRO_SUBPROCESS", "") == "1"
         self.kernels: Optional[Dict[str, str]] = None  # kernel_fingerprint(), once taken
@@ -107,21 +122,34 @@ class WorkerPool:
         with self.lock:
             if self.idle.empty() and self.started < self.jobs:
                 self.started += 1
-                self.idle.put(Worker(self.log_dir / f"worker{self.started}.log"))
+                self.workers.append(Worker(self.log_dir / f"worker{self.started}.log", self.cpu_kernels))
+                self.idle.put(self.workers[-1])
         worker = self.idle.get()
         try:
             answer = worker.ask(task)
         finally:
-            if worker.proc.poll() is None:
-                self.idle.put(worker)
-            else:
-                with self.lock:
+            with self.lock:
+                if worker in self.workers and worker.proc.poll() is None:
+                    self.idle.put(worker)
+                elif worker in self.workers:  # it died: a fresh one replaces it (not one `close` ended)
+                    self.workers.remove(worker)
                     self.started -= 1
+                    children.end(worker.proc)
         return answer
 
     def close(self) -> None:
+        """Every worker ends, busy ones too (their runs are cut short): on every way out of a study."""
         while not self.idle.empty():
-            self.idle.get().close()
+            self.idle.get()
+        with self.lock:
+            workers, self.workers, self.started = self.workers, [], 0
+        for worker in workers:  # idle ones see their input end and exit at once
+            if worker.proc.poll() is None:
+                try:
+                    worker.proc.stdin.close()
+                except OSError:
+                    pass
+        children.end_all([worker.proc for worker in workers])  # busy ones: SIGTERM, SIGKILL 2 s later
 
     def __enter__(self) -> "WorkerPool":
         return self
@@ -141,7 +169,7 @@ def run_one(run: Run, pool: WorkerPool) -> Run:
     log = run.output_dir / "driver.log"
     start = time.perf_counter()
     if pool.subprocess:
-        proc = subprocess.run(cmd, cwd=REPO, env=child_env(), capture_output=True, text=True)
+        proc = children.run(cmd, cwd=REPO, env=child_env(pool.cpu_kernels), capture_output=True, text=True)
         log.write_text(proc.stdout + proc.stderr)
         answer = {"code": proc.returncode}
     else:
@@ -175,13 +203,19 @@ def run_all(runs: Sequence[Run], pool: WorkerPool, title: str, bar=None) -> List
         with ThreadPoolExecutor(max_workers=pool.jobs) as executor:
             ordered = sorted(runs, key=lambda r: -r.estimate_s)
             futures = {executor.submit(run_one, r, pool): r for r in ordered}
-            for future in as_completed(futures):
-                run = future.result()
-                done.append(run)
-                if run.curve[1]:
-                    bar.write(f"  {run.arm:<30} warm-up {run.warmup} seed {run.seed}: {run.wall_s:5.1f}s, held-out "
-                              f"{run.curve[1][0]:.3f} -> {run.curve[1][-1]:.3f}")
-                bar.update(1)
+            try:
+                for future in as_completed(futures):
+                    run = future.result()
+                    done.append(run)
+                    if run.curve[1]:
+                        bar.write(f"  {run.arm:<30} warm-up {run.warmup} seed {run.seed}: {run.wall_s:5.1f}s, "
+                                  f"held-out {run.curve[1][0]:.3f} -> {run.curve[1][-1]:.3f}")
+                    bar.update(1)
+            except BaseException:  # a failed run, Ctrl-C, SIGTERM: the workers end first, so the threads that wait
+                for future in futures:  # on them return and the executor can close
+                    future.cancel()
+                pool.close()
+                raise
     finally:
         if own_bar:
             bar.close()
@@ -270,8 +304,9 @@ def kernel_fingerprint(pool: "WorkerPool") -> Dict[str, str]:
     environment (a worker task, or ``python -m eval.repro.kernels`` under ``HL_REPRO_SUBPROCESS=1``)."""
     if pool.kernels is None:
         if pool.subprocess:
-            proc = subprocess.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO, env=child_env(),
-                                  capture_output=True, text=True)
+            proc = children.run([sys.executable, "-m", "eval.repro.kernels"], cwd=REPO,
+                                env=child_env(pool.cpu_kernels),
+                                capture_output=True, text=True)
             pool.kernels = json.loads(proc.stdout.strip().splitlines()[-1]) if proc.returncode == 0 else {}
         else:
             answer = pool.ask({"call": "eval.repro.kernels:fingerprint", "log": str(pool.log_dir / "kernels.log")})
@@ -298,6 +333,6 @@ def environment(pool: "WorkerPool") -> dict:
         "torch": torch.__version__, "transformers": transformers.__version__, "deepspeed": deepspeed.__version__,
         "numpy": numpy.__version__, "git_commit": commit or None, "parallel_jobs": pool.jobs,
         "threads_per_process": 1, "deterministic_algorithms": True,
-        "cpu_kernels": " ".join(f"{k}={v}" for k, v in CPU_KERNELS.items()),
+        "cpu_kernels": " ".join(f"{k}={v}" for k, v in (pool.cpu_kernels or CPU_KERNELS).items()),
         "kernel_fingerprint": kernel_fingerprint(pool),
     }

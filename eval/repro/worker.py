@@ -23,9 +23,12 @@ import os
 import sys
 from pathlib import Path
 
+from hl_core.children import watch_parent
 
-import launchers.run as launcher
-from launchers.in_process import guarded_call, restored_process_state
+watch_parent()  # first, before the slow imports: this worker ends with its driver, however the driver ends
+
+import launchers.run as launcher  # noqa: E402 (after watch_parent)
+from launchers.in_process import guarded_call, restored_process_state  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 _FAULTS = []  # the file faulthandler writes to (it must stay open)

@@ -6,7 +6,9 @@ Exit codes of ``launchers/run.py`` (the README's Reliability section lists them 
     2 bad input, 3 stopped on a non-finite update (or every update skipped: no ``final/``), 4 stopped by
     SIGTERM/SIGINT after saving a resumable checkpoint; a second signal exits at once with 128 + the signal
     (143 for SIGTERM, 130 for SIGINT), and so does a signal during the post-training evaluations
-    (``hl_core/loop/post_training.py``: training finished, ``summary.json`` records it).
+    (``hl_core/loop/post_training.py``: training finished, ``summary.json`` records it), 5 the disk filled while
+    a checkpoint, ``final/`` or the reference cache was written (one paragraph: the file, the last complete
+    checkpoint, "free space and rerun"; ``hl_core/storage/disk_full.py``).
 
 Per update every rank checks its own view (the loss and the objective's statistics of its micro-batches,
 its own gradient shards) and the flags travel in the update's totals reduction, together with the STOP
@@ -24,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
+EXIT_DISK_FULL = 5  # no space left on device while writing (hl_core.errors.DiskFull)
 DUPLICATE_SIGNAL_S = 1.0  # launchers forward the signal the process group already got: one request, not two
 
 

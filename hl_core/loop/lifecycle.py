@@ -9,15 +9,29 @@
   checkpoint than the newest, would mix two runs (rotation deletes the new run's checkpoints as older than the
   other's, a later ``auto`` resumes the other run and overwrites ``final/``): refused, unless
   ``checkpoint.overwrite: true`` removes the other run's checkpoints and ``final/`` first;
+* a ``STOP`` file older than this run (written before its process started, or beside the stale lock of a run
+  that is gone): named in one line and honoured (the trainer checkpoints at its first update boundary and exits 0),
+  since a stop request is never unsafe to follow and a launcher may write one just before a rank starts;
 * a run that is already complete says so and how to extend it.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
+
+STOP_FILE = "STOP"  # the trainer's stop request file (``hl_core/trainer.py`` reads it at each update boundary)
+_RUN_STARTED_AT: List[float] = []  # `note_run_start`: when the launcher's main() began (runs in a longer process)
+
+
+def note_run_start(when: float) -> None:
+    """The launcher's ``main()`` began at ``when`` (``time.time()``): a run inside a longer-lived process (a
+    study's worker, a test) starts there, not at the process's start."""
+    _RUN_STARTED_AT[:] = [when]
 
 from ..errors import RecipeError
 from ..storage import checkpoints as ckpt
@@ -87,6 +101,36 @@ def _refuse_other_run(recipe, found: List[Path], target: Optional[Path]) -> None
     )
 
 
+def process_started_at(pid: Optional[int] = None) -> Optional[float]:
+    """When the process ``pid`` (default: this one) started, in seconds since the epoch (Linux ``/proc``), else
+    None."""
+    try:
+        stat = Path(f"/proc/{pid or os.getpid()}/stat").read_text()
+        ticks = int(stat.rpartition(")")[2].split()[19])
+        boot = next(float(line.split()[1]) for line in Path("/proc/stat").read_text().splitlines()
+                    if line.startswith("btime "))
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
+
+def stale_stop_notice(stop_mtime: Optional[float], started_at: Optional[float], lock_taken_over: bool,
+                      path: Path) -> str:
+    """The line for a ``STOP`` file (``stop_mtime``: its modification time, None when there is none) written before
+    this run started (``started_at``) or left beside the stale lock this run took over; '' otherwise."""
+    if stop_mtime is None:
+        return ""
+    # the process start is known to a clock tick (10 ms): a STOP written in the same tick is this run's
+    older = started_at is not None and stop_mtime < started_at - 0.01
+    if not (older or lock_taken_over):
+        return ""
+    when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(stop_mtime))
+    why = (f"written at {when}, before this run started" if older
+           else f"written at {when}, beside the lock of a run that is gone")
+    return (f"`{path}` is stale ({why}): it is honoured, so this run checkpoints at its first update boundary and "
+            f"stops (exit 0). If an earlier, killed run left it, delete `{path}` and rerun.")
+
+
 def begin_run(recipe, world_size: int, rank: int) -> RunStart:
     """Before the engine is built, on every rank (rank 0 alone takes the lock and changes the directory)."""
     output_dir = Path(recipe.output_dir)
@@ -95,6 +139,10 @@ def begin_run(recipe, world_size: int, rank: int) -> RunStart:
         notices = [lock.notice] if lock is not None and lock.notice else []
         if rank == 0:
             notices.append(ckpt.recover_final(output_dir))
+            stop = output_dir / STOP_FILE
+            mtime = stop.stat().st_mtime if stop.is_file() else None
+            started = _RUN_STARTED_AT[0] if _RUN_STARTED_AT else process_started_at()
+            notices.append(stale_stop_notice(mtime, started, bool(lock.notice), stop))
         target, skipped = ckpt.resume_target(recipe.checkpoint.resume, output_dir)
         notices.append(skipped)
         found = check_other_run(recipe, target)

@@ -63,6 +63,23 @@ SUMMARY_EVAL_KEYS = {
     "loss": "loss against the current reference",
 }
 EVAL_SHOWN = ("loss", "rewards/accuracy", "policy/accuracy", "reward", "win_rate_vs_start")
+SKIPPED_WARN_FRACTION = 0.25  # more skipped updates than this share of the run's: the summary warns
+
+
+def skipped_words(updates: int, skipped: int) -> str:
+    """The summary's headline words for ``updates`` updates of which ``skipped`` were skipped as non-finite."""
+    if not skipped:
+        return f"{updates} updates"
+    return f"{updates} updates ({skipped} skipped as non-finite, {max(updates - skipped, 0)} optimizer steps)"
+
+
+def skipped_warning(updates: int, skipped: int) -> Optional[str]:
+    """One line when more than a quarter of the run's updates were skipped (``train.on_nonfinite: skip``), else None."""
+    if updates <= 0 or skipped <= SKIPPED_WARN_FRACTION * updates:
+        return None
+    return (f"warning: {skipped} of {updates} updates ({100 * skipped / updates:.0f}%) were skipped as non-finite "
+            "(`train.on_nonfinite: skip`): the weights took only the other updates' steps. Fix: lower `train.lr`, set "
+            "`train.max_grad_norm`, check the data; under bf16 compare with `engine.precision=fp32`.")
 
 
 @dataclass
@@ -168,7 +185,11 @@ class RunReport:
 
     def _summary_lines(self, summary: Dict, times: StepTimes, eval_history: List[Dict], sync_label: str,
                        rollouts: bool) -> List[str]:
-        lines = [f"== {self.run_name}: {summary['updates']} updates in {summary['wall_s']:.1f}s =="]
+        updates, skipped = summary["updates"], summary["skipped_updates"]
+        lines = [f"== {self.run_name}: {skipped_words(updates, skipped)} in {summary['wall_s']:.1f}s =="]
+        warning = skipped_warning(updates, skipped)
+        if warning:
+            lines.append(warning)
         if times.step:
             lines.append(f"mean step {summary['mean_step_s']:.3f}s, {sync_label} {100 * summary['sync_frac']:.2f}% "
                          "of step time")

@@ -184,6 +184,32 @@ def weight_files_problem(directory) -> Optional[str]:
         problem = safetensors_problem(path)
         if problem is not None:
             return f"`{path}` is damaged: {problem}"
+    if not any(directory.glob("*.safetensors")):  # transformers loads the pickled weights only then
+        for path in sorted(directory.glob("pytorch_model*.bin")):
+            problem = pickle_problem(path)
+            if problem is not None:
+                return f"`{path}` {problem}"
+    return None
+
+
+def pickle_problem(path: Path) -> Optional[str]:
+    """What keeps the pickled weight file ``path`` from a ``weights_only`` load, found without running any of it:
+    the globals its pickle names beyond the tensors and containers ``torch.load(weights_only=True)`` allows (e.g.
+    ``posix.system``: code), or a file that is not a ``torch.save`` archive and does not load as weights."""
+    try:
+        unsafe = torch.serialization.get_unsafe_globals_in_checkpoint(str(path))
+    except (ValueError, RuntimeError, OSError):  # not a zip archive: the legacy format, or not torch's at all
+        unsafe = None
+    if unsafe is None:
+        try:
+            torch.load(path, map_location="cpu", weights_only=True, mmap=False)  # never runs the pickle's code
+        except Exception as exc:  # noqa: BLE001 (any failure means it does not load as weights)
+            return f"does not load as weights only ({type(exc).__name__}: {str(exc).splitlines()[0][:200]})"
+        return None
+    if unsafe:
+        shown = ", ".join(f"`{name}`" for name in unsafe[:3])
+        return (f"is a pickle that names {shown}: code, not weights, which a weights-only load refuses (nothing of "
+                "it ran)")
     return None
 
 

@@ -1,6 +1,7 @@
 """``run.py --validate``: everything that can be checked without the weights or a GPU.
 
-The schema was checked on load; here: the cross-field checks (``check_recipe``: data and model paths,
+The schema was checked on load; here: the launcher's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
+``MASTER_ADDR``, ``MASTER_PORT``: the run would refuse them at its start), the cross-field checks (``check_recipe``: data and model paths,
 ``output_dir``, the checkpoint to resume), the checkpoint's run record against the recipe and another run's outputs
 in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the speed switches against the model
 family and the machine (``model.kernels: liger`` needs a CUDA GPU), the local model directory's config
@@ -19,6 +20,7 @@ from typing import Optional
 from ..config import batch_layout, check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
 from ..callbacks import build_callbacks
+from ..engines.base import check_launch_environment
 from ..loop.lifecycle import check_other_run
 from ..loop.run_record import check_resume_record, run_record
 from ..loop.sources import epoch_steps
@@ -32,6 +34,8 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     """The report printed by ``--validate``; every problem raises a ``UserError`` (one paragraph, exit 2)."""
     world = world_size or recipe.cluster.nodes * recipe.cluster.gpus_per_node
     check_recipe(recipe, world)
+    # RANK=abc, RANK >= WORLD_SIZE, ...: what training refuses at its start, after the recipe's checks as there
+    check_launch_environment()
     check_layout(recipe, world)
     check_model_config(recipe.model)
     check_weights_load(recipe.model)  # a local model's config.json and safetensors headers (no weights read)

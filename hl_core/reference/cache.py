@@ -19,6 +19,7 @@ the number of updates (part files cover fixed update ranges).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -28,8 +29,9 @@ from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from ..errors import RecipeError
+from ..errors import DiskFull, RecipeError
 from ..storage.checkpoints import safe_load
+from ..storage.disk_full import is_disk_full
 from ..storage.digests import file_digest, local_files
 from .sources import StoredReferenceLogps
 from .store import LogpStore
@@ -191,7 +193,8 @@ class ReferenceCacheDir:
         """Write part ``name``; ``replaces``: a shorter part it extends, dropped once this one is listed."""
         path = self.directory / f"{name}.pt"
         tmp = path.with_name(path.name + ".partial")
-        torch.save(values, tmp)
+        with _disk_full_named(tmp):
+            torch.save(values, tmp)
         os.replace(tmp, path)
         self.parts[name] = {"file": path.name, "sha256": file_digest(path)}
         old = self.parts.pop(replaces, None) if replaces else None
@@ -201,8 +204,21 @@ class ReferenceCacheDir:
 
     def _write_manifest(self) -> None:
         tmp = self.manifest_path.with_name("manifest.json.partial")
-        tmp.write_text(json.dumps({"fingerprint": self.fields, "parts": self.parts}, indent=1))
+        with _disk_full_named(tmp):
+            tmp.write_text(json.dumps({"fingerprint": self.fields, "parts": self.parts}, indent=1))
         os.replace(tmp, self.manifest_path)
+
+
+@contextlib.contextmanager
+def _disk_full_named(tmp: Path):
+    """A full disk while ``tmp`` is written: the partial file removed (its space back), ``DiskFull`` naming it."""
+    try:
+        yield
+    except (OSError, RuntimeError) as exc:
+        if not is_disk_full(exc, tmp.parent):
+            raise
+        tmp.unlink(missing_ok=True)
+        raise DiskFull(tmp, "the reference cache's") from exc
 
 
 def _same_on_every_rank(engine, value: int) -> bool:

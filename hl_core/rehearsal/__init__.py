@@ -18,12 +18,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import List, Optional
 
+from .. import children
 from ..config import load_recipe
 from ..preflight.plan import world_size_of
 from .report import disagreements, render
@@ -54,7 +54,8 @@ def rehearse(recipe_path: str, overrides: List[str], rank: Optional[int] = None,
             if micro_batches is not None:
                 command += ["--micro-batches", str(micro_batches)]
             env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p))
-            code = subprocess.run(command, env=env).returncode
+            # in this process's care: a SIGTERM/SIGINT here is forwarded, and a SIGKILL here ends it too
+            code = children.run(command, env=env).returncode
             if code != 0:
                 return code
             results += json.loads(out.read_text())

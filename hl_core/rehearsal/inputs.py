@@ -32,6 +32,20 @@ from ..models.specs import ModelSpec, resolve_spec
 ROWS = 64  # synthetic rows (the data order wraps around them)
 WORD_VOCAB = 60  # words of the synthetic tokenizer, besides its four special tokens
 MEASURED_UPDATE = 1  # updates: 0 warms up (optimizer states, first traces), 1 is measured, 2 is timed
+# On a CPU (shape-only kernels) a rehearsal runs at most this many micro-batches per update by default (at least the
+# pipeline's stages, so as many are in flight as in the recipe's schedule): memory does not depend on the count,
+# time and traffic per update are scaled back to the recipe's accumulation. `--rehearse-micro-batches all`: every one.
+DEFAULT_CPU_MICRO_BATCHES = 4
+
+
+def micro_batch_cap(requested, on_cpu: bool, pp: int = 1) -> Optional[int]:
+    """The most micro-batches per update a rehearsal runs (None: the recipe's own count). ``requested``: the
+    command line's ``--rehearse-micro-batches`` (a number, ``"all"``, or None for the default)."""
+    if requested == "all":
+        return None
+    if requested is not None:
+        return int(requested)
+    return max(DEFAULT_CPU_MICRO_BATCHES, pp) if on_cpu else None
 
 
 def _local_dir(name: Optional[str]) -> Optional[Path]:
@@ -153,5 +167,6 @@ def rehearsal_overrides(recipe, workdir: Path, world_size: int, micro_batches: O
         overrides += [f"train.global_batch_size={recipe.train.micro_batch_size * dp * micro_batches}",
                       "train.gradient_accumulation_steps=null"]
         notes.append(f"gradient accumulation {accumulation} -> {micro_batches} micro-batches per update "
-                     "(time and traffic per update scaled back to the recipe's)")
+                     "(time and traffic per update scaled back to the recipe's; memory does not depend on it; "
+                     f"`--rehearse-micro-batches all` runs all {accumulation})")
     return overrides, notes, {"dp": dp, "accumulation": accumulation}

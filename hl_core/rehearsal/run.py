@@ -25,7 +25,7 @@ from ..models.loading import rehearsal_weights
 from ..models.specs import check_layout, resolve_spec
 from ..preflight.plan import memory_plan, world_size_of
 from ..trainer import Trainer
-from .inputs import MEASURED_UPDATE, SyntheticSampler, rehearsal_overrides
+from .inputs import MEASURED_UPDATE, SyntheticSampler, micro_batch_cap, rehearsal_overrides
 from .kernels import ShapeOnlyKernels
 from .memory import ProcessMemory, TensorLedger, at_rest, largest_stepped_numel
 from .world import CollectiveTraffic, join_fake_world, skip_cross_rank_checks
@@ -94,6 +94,8 @@ class Phases:
         self.stack: List[str] = []
         self.seconds: Dict[str, float] = {}
         self.micro_batches = 0
+        self.backward_count = 0  # every micro-batch's backward of the rehearsal (not reset between updates)
+        self.on_backward = None  # called with that count after each backward (``Progress``)
         self.last_micro_batch = False
         self.backward_live = 0  # ledger bytes of the backward phase live after the latest backward
 
@@ -129,8 +131,11 @@ class Phases:
                 out = original(*args, **kwargs)
             if name == "backward":
                 self.micro_batches += 1
+                self.backward_count += 1
                 if self.ledger.on:
                     self.backward_live = self.ledger.live.get("backward", 0)
+                if self.on_backward is not None:
+                    self.on_backward(self.backward_count)
             return out
 
         setattr(obj, name, wrapped)
@@ -158,6 +163,46 @@ class Phases:
         self.seconds, self.micro_batches = {}, 0
 
 
+UPDATE_ROLES = {0: "warm-up", MEASURED_UPDATE: "measured", MEASURED_UPDATE + 1: "timed"}
+PROGRESS_EVERY_S = 10.0  # a line at most this often within an update (always at its last micro-batch)
+
+
+def progress_line(rank: int, world: int, text: str, elapsed: float) -> str:
+    return f"rehearsal rank {rank} of {world}: {text} ({elapsed:.0f}s)"
+
+
+def micro_batch_words(count: int, per_update: int, updates: int) -> str:
+    """Where the ``count``-th backward of the rehearsal stands: its update (and that update's role) and its
+    micro-batch."""
+    update, micro = divmod(count - 1, per_update)
+    role = UPDATE_ROLES.get(update, "")
+    return (f"update {update + 1} of {updates}" + (f" ({role})" if role else "")
+            + f", micro-batch {micro + 1} of {per_update}")
+
+
+class Progress:
+    """The lines a rehearsal prints while it runs (a rank can take minutes on a CPU): the engine build, then each
+    micro-batch's backward, at most one line per ``PROGRESS_EVERY_S`` within an update, and each update's end."""
+
+    def __init__(self, rank: int, world: int, updates: int):
+        self.rank, self.world, self.updates = rank, world, updates
+        self.start = self.last = time.perf_counter()
+
+    def say(self, text: str) -> None:
+        self.last = time.perf_counter()
+        print(progress_line(self.rank, self.world, text, self.last - self.start), flush=True)
+
+    def attach(self, phases: "Phases", per_update: int) -> None:
+        self.say(f"engine built; {self.updates} updates of {per_update} micro-batches")
+
+        def on_backward(count: int) -> None:
+            last = count % per_update == 0
+            if last or time.perf_counter() - self.last >= PROGRESS_EVERY_S:
+                self.say(micro_batch_words(count, per_update, self.updates))
+
+        phases.on_backward = on_backward
+
+
 def _vocab_widths(engine, vocab: int) -> List[int]:
     tp = getattr(engine, "tp", 1)
     return sorted({vocab, vocab // tp})
@@ -172,11 +217,17 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
     if not 0 <= rank < world:
         raise UserError(f"`--rehearse-rank {rank}` is outside the recipe's world of {world} ranks "
                         f"(`cluster.nodes` x `cluster.gpus_per_node`). Fix: choose a rank in [0, {world}).")
-    if micro_batches is not None and micro_batches < 2:
+    if micro_batches not in (None, "all") and int(micro_batches) < 2:
         raise UserError(f"`--rehearse-micro-batches {micro_batches}`: at least 2 (one non-final micro-batch and the "
-                        "final one, whose backward carries the update's gradient reduction). Fix: pass 2 or more.")
+                        "final one, whose backward carries the update's gradient reduction). Fix: pass 2 or more, "
+                        "or `all`.")
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     shapes_only = kernels == "shapes" or (kernels == "auto" and device.type == "cpu")
+    pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
+    micro_batches = micro_batch_cap(micro_batches, device.type == "cpu", pp)
+    progress = Progress(rank, world, updates)
+    progress.say(f"building the engine ({resolve_spec(recipe.model).name}, "
+                 f"{'shape-only' if shapes_only else 'real'} kernels)")
     workdir = Path(tempfile.mkdtemp(prefix="hl_rehearsal_"))
     trainer = None
     try:
@@ -199,6 +250,7 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             ledger = TensorLedger(_vocab_widths(engine, spec.vocab_size), device, gathers_weights=zero3)
             phases = Phases(ledger, traffic, device)
             phases.instrument(trainer)
+            progress.attach(phases, trainer.engine.gradient_accumulation_steps)
             zeroed = ZeroedGradients(engine)
             if hasattr(trainer.source, "sampler"):
                 trainer.source.sampler = SyntheticSampler(4, rehearsed.rollout.max_new_tokens, rehearsed.data.max_length)

@@ -6,6 +6,7 @@ Every reward maps ``(prompts, completions, references) -> list[float]`` (one sco
 
 from __future__ import annotations
 
+import inspect
 import math
 import re
 from decimal import Decimal
@@ -177,6 +178,7 @@ class CallableReward:
 
     def __init__(self, cfg):
         self.fn = load_callable(cfg.function, "rollout.reward.function")
+        check_reward_signature(self.fn, cfg.function)
 
     def __call__(self, prompts, completions, references) -> List[float]:
         returned = self.fn(prompts, completions, references)
@@ -208,6 +210,29 @@ class CallableReward:
                 "one finite float per completion (e.g. 0.0 for an output the function cannot score)."
             )
         return value
+
+
+REWARD_SIGNATURE = "fn(prompts, completions, references) -> list of float"
+
+
+def check_reward_signature(fn: Callable, spec: str) -> None:
+    """``fn`` can be called as ``fn(prompts, completions, references)`` (three positional lists); a function of
+    another signature (``os:system``) is refused before it is ever called, naming its own signature. A callable
+    whose signature Python cannot read (some builtins) passes here and is checked by its results."""
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    try:
+        signature.bind([], [], [])
+    except TypeError as exc:
+        raise RecipeError(
+            f"`rollout.reward.function: {spec}` has the signature `{spec.partition(':')[2]}{signature}`, but a reward "
+            f"function is called as `{REWARD_SIGNATURE}`: the prompts, the sampled completions and the references "
+            f"(None for a row without one), one score per completion ({exc}). Nothing was called. Fix: point "
+            "`rollout.reward.function` at a function of that signature, e.g. `def score(prompts, completions, "
+            "references): return [1.0 if ... else 0.0 for c in completions]`."
+        ) from None
 
 
 REWARDS: Dict[str, Callable] = {"math": MathReward, "reward_model": RewardModelReward, "callable": CallableReward}

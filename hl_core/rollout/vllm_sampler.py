@@ -25,6 +25,9 @@ from typing import List, Optional, Sequence, Tuple
 
 from ..errors import RecipeError
 
+# Imports inside functions: vLLM only once a recipe asks for it (after VLLM_ENV is set, and it changes the importing
+# process); torch, packaging and vLLM's parts with it.
+
 SUPPORTED_VLLM = ("0.32.0", "0.33.0")  # the versions tested: >= the first, < the second
 
 # set before vLLM is imported: the engine core in this process, no usage reporting

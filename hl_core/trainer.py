@@ -368,6 +368,9 @@ class Trainer(TrainerSafety):
         a second call does only what the first left."""
         if getattr(self, "signals", None) is not None:
             self.signals.uninstall()
+        sampler = getattr(getattr(self, "source", None), "sampler", None)
+        if sampler is not None and hasattr(sampler, "close"):  # an inference engine (vLLM) goes first: it joined the
+            sampler.close()                                      # engine's process group
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             engine.close(destroy_process_group)

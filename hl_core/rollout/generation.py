@@ -1,4 +1,4 @@
-"""Sampling completions from the current policy (our batched decode loop; vLLM on GPU when installed).
+"""Sampling completions from the current policy (our batched decode loop; vLLM: :mod:`.vllm_sampler`).
 
 Reproducibility: all prompts of a micro-batch are decoded in one batch, but each prompt's group of
 ``num_generations`` samples draws from its own generator, seeded from the run seed and the prompt's
@@ -16,10 +16,9 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ..errors import RecipeError
 
-# Imports inside functions: vLLM is optional (GPU only), loaded only for `rollout.backend: vllm`; transformers only on
-# the static-cache path.
+# Imports inside functions: vLLM is optional, loaded only for `rollout.backend: vllm` (or `auto` on a GPU);
+# transformers only on the static-cache path.
 
 SEED_STRIDE = 1_000_003  # seed(prompt position p) = base * SEED_STRIDE + p
 
@@ -231,60 +230,18 @@ class HFSampler:
         """Generation reads the live policy weights: nothing to push."""
 
 
-class VLLMSampler(HFSampler):
-    """vLLM generation on GPU. The policy's weights are pushed into the vLLM engine after every update
-    that is followed by a rollout (``push_weights``); sampling seeds are per prompt, as for ``hf``.
-
-    Not exercised on the CPU build machines (vLLM needs a GPU); see the README's GPU notes.
-    """
-
-    name = "vllm"
-
-    def __init__(self, engine, tokenizer, rollout_cfg, model_path: str, gpu_memory_utilization: float = 0.3):
-        super().__init__(engine, tokenizer, rollout_cfg)
-        from vllm import LLM
-
-        self.llm = LLM(model=model_path, tokenizer=model_path, dtype="bfloat16", enforce_eager=True,
-                       gpu_memory_utilization=gpu_memory_utilization, seed=0)
-
-    def _params(self, num: int, seed: int, greedy: bool = False):
-        from vllm import SamplingParams
-
-        return SamplingParams(
-            n=num, temperature=0.0 if greedy else self.cfg.temperature, top_p=self.cfg.top_p,
-            max_tokens=self.cfg.max_new_tokens, stop=list(self.cfg.stop) or None, seed=seed,
-        )
-
-    def sample_groups(self, prompts, num, seeds, greedy=False):
-        from vllm.inputs import TokensPrompt
-
-        out = self.llm.generate([TokensPrompt(prompt_token_ids=list(p)) for p in prompts],
-                                [self._params(num, seed, greedy) for seed in seeds], use_tqdm=False)
-        return [[self._with_eos(list(o.token_ids), o.finish_reason) for o in group.outputs] for group in out]
-
-    def _with_eos(self, tokens: List[int], finish_reason: Optional[str]) -> List[int]:
-        eos = self.tokenizer.eos_token_id
-        if finish_reason == "stop" and (not tokens or tokens[-1] != eos) and not self.cfg.stop:
-            tokens = tokens + [eos]
-        return tokens
-
-    def push_weights(self) -> None:
-        state = self.engine.full_state_dict()
-        model = self.llm.llm_engine.model_executor.driver_worker.model_runner.model
-        model.load_weights(state.items())
-
-
 def vllm_usable() -> bool:
+    """``rollout.backend: auto`` picks vLLM on a GPU where it is installed (the CPU build is for tests: opt in with
+    ``rollout.backend: vllm``)."""
     return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
 def build_sampler(engine, tokenizer, recipe):
+    """The recipe's sampler: :class:`~hl_core.rollout.vllm_sampler.VLLMSampler` (one engine per rank, at any world
+    size) for ``rollout.backend: vllm``, or ``auto`` where vLLM is usable; else :class:`HFSampler`."""
     cfg = recipe.rollout
-    use_vllm = cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_usable() and engine.world_size == 1)
-    if use_vllm:
-        if not vllm_usable():
-            raise RecipeError(
-                "`rollout.backend: vllm` needs the `vllm` package and a GPU. Fix: `rollout.backend=hf` (or `auto`)."
-            )
-        return VLLMSampler(engine, tokenizer, cfg, recipe.model.name_or_path)
+    if cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_usable()):
+        from .vllm_sampler import VLLMSampler
+
+        return VLLMSampler(engine, tokenizer, recipe)
     return HFSampler(engine, tokenizer, cfg)

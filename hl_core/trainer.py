@@ -147,7 +147,6 @@ class Trainer(TrainerSafety):
             cache=cache_location(recipe, self.engine) if mode == "cached" else None, show_progress=self.is_main,
             bars=self.bars,
         )
-        # the reference's sync (or its look-ahead) first, then the recipe's callbacks and the caller's
         self.callbacks = CallbackList([self.reference.callback, *build_callbacks(recipe.train.callbacks), *self.extra_callbacks])
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
@@ -295,8 +294,7 @@ class Trainer(TrainerSafety):
         return row
 
     def context(self) -> UpdateContext:
-        """What a callback is told: the updates done so far, the engine, the output directory."""
-        return UpdateContext(self.updates_done, self.engine, self.output_dir)
+        return UpdateContext(self.updates_done, self.engine, self.output_dir)  # what a callback is told
 
     def _loss(self, batch, train: bool):
         """Token log-probs of both models -> humanline transform -> the objective's loss and metrics."""
@@ -369,8 +367,8 @@ class Trainer(TrainerSafety):
         if getattr(self, "signals", None) is not None:
             self.signals.uninstall()
         sampler = getattr(getattr(self, "source", None), "sampler", None)
-        if sampler is not None and hasattr(sampler, "close"):  # an inference engine (vLLM) goes first: it joined the
-            sampler.close()                                      # engine's process group
+        if sampler is not None and hasattr(sampler, "close"):  # vLLM first: it joined the engine's process group
+            sampler.close()
         engine, self.engine = getattr(self, "engine", None), None
         if engine is not None:
             engine.close(destroy_process_group)
@@ -381,10 +379,9 @@ class Trainer(TrainerSafety):
 
 def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None,
         callbacks: Sequence[TrainerCallback] = ()) -> Dict[str, float]:
-    """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a
-    ``final/`` model and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher
-    passes the post-training evals; ``loop.post_training``); its result goes into the returned summary as
-    ``post_training_eval``. The ``output_dir`` lock is held until then. ``callbacks``: see :class:`Trainer`."""
+    """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a ``final/`` model
+    and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher passes the post-training
+    evals; ``loop.post_training``), its result the summary's ``post_training_eval``; the lock is held until then."""
     trainer = Trainer(recipe, callbacks)
     try:
         trainer.setup()
@@ -392,8 +389,8 @@ def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object
         final = Path(recipe.output_dir) / ckpt.FINAL_DIR
         evaluates = (after_training is not None and trainer.is_main and recipe.eval.after_training and final.exists()
                      and summary.get("updates", 0) >= recipe.train.max_steps and not summary.get("already_complete"))
-        if evaluates:  # while the trainer's handlers still hold a signal back
-            announce(recipe.output_dir, summary)
+        if evaluates:
+            announce(recipe.output_dir, summary)  # while the trainer's handlers still hold a signal back
         trainer.close(keep_lock=True)
         if evaluates:
             summary = run_post_training(after_training, recipe, final, summary, trainer.signals.received or 0)

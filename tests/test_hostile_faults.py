@@ -56,10 +56,21 @@ def faults(tmp_path_factory) -> Dict[str, str]:
     tensors = load_file(evil / "model.safetensors")
     (evil / "model.safetensors").unlink()
     torch.save({**tensors, "extra": RunsCode(f"touch {root / 'PWNED'}")}, evil / "pytorch_model.bin")
+    # a look-ahead run (k = 3) checkpointed at step_2, inside a window: its stored log-probs replaced by a list (a
+    # well-typed pickle of the wrong shape)
+    lookahead = root / "lookahead"
+    from launchers.in_process import restored_process_state
+    from launchers.run import main
+
+    with restored_process_state():
+        assert main([fill(a, {"root": str(root)}) for a in LOOKAHEAD + ["train.max_steps=2"]]) == 0
+    torch.save([1.0, 2.0], lookahead / "checkpoints" / "step_2" / "reference_logps_rank00000.pt")
     return {"root": str(root), "weights": str(good), "evil": str(evil), "repo": str(REPO)}
 
 
 R = ["recipes/tiny/offline_dpo.yaml"]
+LOOKAHEAD = ["recipes/tiny/humanline_dpo.yaml", "output_dir={root}/lookahead", "logging.progress_bar=false",
+             "humanline.sync_every=3", "humanline.reference=lookahead", "checkpoint.save_every=2", "eval.every=null"]
 MATH500 = ["--math500", "tests/fixtures/eval/math500_20.jsonl", "--limit", "2", "--max-new-tokens", "2",
            "--backend", "hf", "--offline", "--output", "{root}/eval_out"]
 EVIL_BIN = "{evil}/pytorch_model.bin"
@@ -83,6 +94,8 @@ ROWS = [
          "rollout.reward.kind=callable", "rollout.reward.function=os:system"],
         ["`rollout.reward.function: os:system`", "`system(command)`",
          "`fn(prompts, completions, references) -> list of float`", "Nothing was called"]),
+    Row("look-ahead store of another shape", "run", LOOKAHEAD + ["train.max_steps=4"],
+        ["{root}/lookahead/checkpoints/step_2/reference_logps_rank00000.pt", "a list", "delete that file"]),
     Row("RANK=abc --validate", "run", R + ["--validate"], ["`RANK=abc`", "torchrun"], env={"RANK": "abc"}),
     Row("RANK=1 WORLD_SIZE=1 --validate", "run", R + ["--validate"], ["RANK=1", "WORLD_SIZE=1"],
         env={"RANK": "1", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": "29531"}),

@@ -11,8 +11,22 @@ import torch
 
 from ..humanline import ReferenceSync, SyncRecord, SyncSchedule, should_sync
 from ..callbacks import ReferenceSyncCallback, TrainerCallback, UpdateContext
+from ..errors import DataError
 from ..storage.checkpoints import reference_logps_file, safe_load
 from .store import LogpStore, forward_batches, forward_is_deterministic
+
+
+def lookahead_state_problem(state) -> Optional[str]:
+    """What is wrong with a loaded look-ahead state (``LookaheadReference.state_dict``), or None: a dict with
+    ``values`` (batch key -> tensor) and ``policy_is_reference``."""
+    if not isinstance(state, dict) or set(state) != {"values", "policy_is_reference"}:
+        keys = sorted(state) if isinstance(state, dict) else None
+        return f"a {type(state).__name__}" + (f" with keys {keys}" if keys is not None else "") + (
+            ", where a dict of `values` and `policy_is_reference` was expected")
+    values = state["values"]
+    if not isinstance(values, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in values.items()):
+        return f"`values` is a {type(values).__name__} that does not map batch keys to tensors"
+    return None
 
 
 class ReferenceLogps:
@@ -158,7 +172,15 @@ class LookaheadReference(StoredReferenceLogps, TrainerCallback):
             self.store, self.policy_is_reference = LogpStore(), True  # a new window starts at the resume
             return ("The checkpoint keeps a reference copy, not look-ahead log-probs; this run syncs by look-ahead: "
                     "its reference starts from the policy's weights at the resume (one extra sync there).")
-        self.load_state_dict(safe_load(path))
+        state = safe_load(path)
+        problem = lookahead_state_problem(state)
+        if problem:
+            raise DataError(
+                f"`{path}` does not hold look-ahead log-probs ({problem}): it was damaged or written by something else. "
+                "Nothing was loaded. Fix: delete that file (the reference then restarts from the policy's weights at "
+                "the resume, one extra sync), or resume from another checkpoint (`checkpoint.resume=step_N`)."
+            )
+        self.load_state_dict(state)
         missing = torch.tensor([float(not self._covers(updates_done))], dtype=torch.float64)
         if self.engine.all_reduce_sum(missing).item() == 0:
             return None

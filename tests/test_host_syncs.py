@@ -2,8 +2,9 @@
 micro-batches): at most 3, and as many with 4 micro-batches as with 1 (issue 40).
 
 A *host synchronisation* is a read of a device value on the host: ``Tensor.item`` / ``__float__`` / ``__int__`` /
-``__bool__`` / ``__index__`` / ``__format__`` / ``tolist`` / ``numpy`` / ``cpu`` called (directly, or through torch's
-own functions) from an ``hl_core`` frame. Torch's and DeepSpeed's internals are not counted (e.g. Adam's step
+``__bool__`` / ``__index__`` / ``__format__`` / ``tolist`` / ``numpy`` / ``cpu``, or an operation whose output size
+depends on the values (``nonzero``, ``masked_select``, ``unique``), called (directly, or through torch's own functions)
+from an ``hl_core`` frame. Torch's and DeepSpeed's internals are not counted (e.g. Adam's step
 counter). Everything runs on the CPU here, so "device" is decided by provenance (``HostProvenance``): a tensor is
 host-side by design when it is one of the collated batch's, the result of ``engine.all_reduce_sum`` (each call counts
 as one synchronisation instead: under NCCL its ``.cpu()`` is one), created on the host without a device argument, or
@@ -30,7 +31,10 @@ HL_CORE = str(REPO / "hl_core") + os.sep
 TORCH = str(Path(torch.__file__).resolve().parent) + os.sep
 HERE = str(Path(__file__).resolve())
 READS = {torch.Tensor.item, torch.Tensor.__float__, torch.Tensor.__int__, torch.Tensor.__bool__,
-         torch.Tensor.__index__, torch.Tensor.__format__, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu}
+         torch.Tensor.__index__, torch.Tensor.__format__, torch.Tensor.tolist, torch.Tensor.numpy, torch.Tensor.cpu,
+         # operations whose output size depends on the values: the host waits for them too
+         torch.Tensor.nonzero, torch.nonzero, torch.Tensor.masked_select, torch.masked_select, torch.unique,
+         torch.Tensor.unique}
 MOVES = {torch.Tensor.to, torch.Tensor.cuda}
 MAX_SYNCS_PER_UPDATE = 3
 
@@ -89,8 +93,11 @@ class HostProvenance(TorchFunctionMode):
         to_host = func in (torch.Tensor.cpu, torch.Tensor.numpy) or _to_cpu_by_name(func, args, kwargs)
         if to_host and kwargs.get("non_blocking"):  # an asynchronous copy back: no wait (pinned memory on a GPU)
             to_host = "async"
-        if func in READS or to_host is True:
-            if self.counting and inputs and not self.is_host(inputs[0]):
+        # indexing by a boolean mask on the device reads the mask's count back
+        device_mask = func is torch.Tensor.__getitem__ and any(
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool and not self.is_host(t) for t in tree_leaves(args[1:]))
+        if func in READS or to_host is True or device_mask:
+            if self.counting and (device_mask or (inputs and not self.is_host(inputs[0]))):
                 caller = self._caller()
                 if caller is not None and caller.f_code.co_filename.startswith(HL_CORE):
                     where = caller.f_code.co_filename[len(str(REPO)) + 1:]

@@ -89,10 +89,10 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
     mix = [f"data.train.path={mix_data}", f"data.max_length={size['mix_seq']}", "data.max_prompt_length=64"]
     trl = dict(model_dir=str(full), data=str(pairs), micro=size["pair_micro"], seq=size["seq"], lr=1e-5,
                accumulation=size["global_pairs"] // size["pair_micro"], warmup=size["warmup"], steps=size["steps"],
-               bf16=not dry_run)
+               bf16=not dry_run, spec=dict(dims, **({"num_layers": 2} if dry_run else {})))
 
-    def trl_run(run_id, title, liger):
-        return dict(section=7, id=run_id, title=title, kind="trl", needs=TRL + (LIGER if liger else []),
+    def trl_run(run_id, title, liger, section=7):
+        return dict(section=section, id=run_id, title=title, kind="trl", needs=TRL + (LIGER if liger else []),
                     trl=dict(trl, liger=liger, output_dir=str(workdir / run_id)), **({"no_dry_run": "liger"} if liger else {}))
 
     plan = [
@@ -138,6 +138,13 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
             no_dry_run="compile"),
         run(7, "ds_z2_dpo_fast_liger", "ours: DeepSpeed ZeRO-2 bf16, plain DPO, fused log-probs + Liger kernels", dpo,
             [FUSED, KERNELS], needs=LIGER, no_dry_run="liger"),
+        # section 8 (issue 40): humanline DPO with every switch that composes, beside TRL's fastest, in one call
+        trl_run("s8_trl_dpo_liger", "TRL DPOTrainer, `use_liger_kernel=True`, plain DPO", liger=True, section=8),
+        run(8, "s8_hl_dpo_fused_compile", "ours: humanline DPO (k=1, clip), fused log-probs (Liger's fused linear "
+            "cross-entropy when installed) + compiled layers", hl_dpo, [FUSED, COMPILED], no_dry_run="compile"),
+        run(8, "s8_hl_dpo_fused_liger", "ours: humanline DPO (k=1, clip), fused log-probs + Liger kernels (no compile: "
+            "refused with Liger)", hl_dpo, [FUSED, KERNELS], needs=LIGER, no_dry_run="liger"),
+        run(8, "s8_hl_dpo_fused", "ours: humanline DPO (k=1, clip), fused log-probs", hl_dpo, [FUSED]),
     ]
     for r in plan:
         if profile_dir and r["id"] in PROFILED:
@@ -336,6 +343,10 @@ SPEEDUPS = (("ds_z2_hl_dpo_fused", "ds_z2_hl_dpo"), ("ds_z2_hl_dpo_compile", "ds
             ("ds_z2_hl_dpo_liger", "ds_z2_hl_dpo"), ("ds_z2_hl_dpo_fast", "ds_z2_hl_dpo"),
             ("ds_z2_hl_dpo_mix_packed", "ds_z2_hl_dpo_mix_padded"))
 OURS_DPO, TRL_DPO = ("ds_z2_dpo", "ds_z2_dpo_fast", "ds_z2_dpo_fast_liger"), ("trl_dpo", "trl_dpo_liger")
+# section 8: each humanline run against TRL with Liger, and the fastest of them (goals: 1.3x or more at no more peak
+# memory, 40% MFU)
+OURS_HL_DPO = ("s8_hl_dpo_fused_compile", "s8_hl_dpo_fused_liger", "s8_hl_dpo_fused")
+HL_GOALS = dict(tokens_per_s_ratio=1.3, peak_ratio=1.0, mfu=0.40)
 
 
 def ratios(by_id: Dict[str, dict]) -> List[dict]:
@@ -355,7 +366,22 @@ def ratios(by_id: Dict[str, dict]) -> List[dict]:
     if ours and trl:
         best, best_trl = (max(runs, key=lambda r: r["tokens_per_s"]) for runs in (ours, trl))
         out.append(_ratio_row(best, best_trl, "ours_best_dpo_vs_trl_best_dpo"))
+    trl_liger = by_id.get("s8_trl_dpo_liger", {})
+    humanline = [by_id[i] for i in OURS_HL_DPO if by_id.get(i, {}).get("tokens_per_s")]
+    if trl_liger.get("tokens_per_s") and humanline:
+        for run in humanline:
+            out.append(_ratio_row(run, trl_liger, f"{run['id']}_vs_s8_trl_dpo_liger"))
+        row = _ratio_row(max(humanline, key=lambda r: r["tokens_per_s"]), trl_liger, "s8_best_hl_dpo_vs_trl_liger")
+        row.update(mfu=row_mfu(by_id, row["run"]), mfu_against=row_mfu(by_id, row["against"]), goals=HL_GOALS)
+        row["goals_met"] = {"tokens_per_s_ratio": row["tokens_per_s_ratio"] >= HL_GOALS["tokens_per_s_ratio"],
+                            "peak_ratio": row["peak_ratio"] is not None and row["peak_ratio"] <= HL_GOALS["peak_ratio"],
+                            "mfu": row["mfu"] is not None and row["mfu"] >= HL_GOALS["mfu"]}
+        out.append(row)
     return out
+
+
+def row_mfu(by_id: Dict[str, dict], run_id: str):
+    return by_id.get(run_id, {}).get("mfu")
 
 
 def _ratio_row(a: dict, b: dict, row_id: str) -> dict:
@@ -394,6 +420,9 @@ def markdown(results: List[dict]) -> str:
             lines.append("")
             lines.append(f"{r['run']} / {r['against']}: tokens/s {r['tokens_per_s']:,.0f} / {r['tokens_per_s_against']:,.0f} = "
                          f"{r['tokens_per_s_ratio']:.2f}x; peak GiB {_fmt(r['peak_gib'])} / {_fmt(r['peak_gib_against'])}"
+                         + (f" = {r['peak_ratio']:.2f}x" if r.get("peak_ratio") else "")
+                         + (f"; MFU {_fmt(r['mfu'], '{:.1%}')} / {_fmt(r.get('mfu_against'), '{:.1%}')}" if "mfu" in r else "")
+                         + (f"; goals met: {r['goals_met']}" if "goals_met" in r else "")
                          + (f"; max |loss difference| {r['max_abs_loss_diff']:.1e}" if "max_abs_loss_diff" in r else ""))
     for r in results[1:]:
         if r.get("kind") == "comparison" and "max_abs_loss_diff" in r:

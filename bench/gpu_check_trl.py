@@ -14,6 +14,8 @@ from __future__ import annotations
 import copy
 import time
 
+from bench.shapes import forward_flops_per_token, spec_of
+
 
 def trl_dpo(run: dict) -> dict:
     """One TRL run (``run["trl"]``: model_dir, data, micro, accumulation, seq, warmup, steps, lr, liger, bf16)."""
@@ -67,7 +69,12 @@ def trl_dpo(run: dict) -> dict:
     measured = slice(cfg["warmup"], None)
     seconds, tokens = sum(clock["steps"][measured]), sum(clock["tokens_per_update"][measured])
     losses = [row["loss"] for row in trainer.state.log_history if "loss" in row]
-    return {"engine": "trl", "objective": "dpo", "liger": cfg["liger"], "precision": "bf16 (amp)" if cfg["bf16"] else "fp32",
+    # MFU as ours counts it (bench.shapes): the policy's forward + backward (3 forwards) and the reference's forward
+    per_update = len(clock["steps"][measured]) or 1
+    sequences = 2 * cfg["micro"] * cfg["accumulation"]
+    mean_len = tokens / per_update / sequences
+    flops_per_token = 4 * forward_flops_per_token(spec_of("llama3.2-1b", **cfg.get("spec", {})), mean_len)
+    return {"engine": "trl", "objective": "dpo", "mean_seq_len": mean_len, "flops_per_token": flops_per_token, "liger": cfg["liger"], "precision": "bf16 (amp)" if cfg["bf16"] else "fp32",
             "updates_measured": len(clock["steps"][measured]), "step_time_s": seconds / max(1, len(clock["steps"][measured])),
             "tokens_per_update": tokens / max(1, len(clock["steps"][measured])), "tokens_per_s": tokens / seconds,
             "peak_gib": torch.cuda.max_memory_allocated() / 1024 ** 3 if cuda else None, "losses": losses,

@@ -4,6 +4,7 @@ through our own trainer and engines; measured memory beside what ``--plan`` pred
 
     python bench/realistic_shapes.py                         # everything (about 17 minutes on 2 cores)
     python bench/realistic_shapes.py --sections hidden       # one section: logprobs, hidden, train, forward
+    python bench/realistic_shapes.py --sections hidden --hidden-width 32 --markdown docs/perf/x.md
 
 Sections:
 - ``logprobs``: token log-probs over bf16 logits at each vocabulary: peak memory of ours against a plain
@@ -12,7 +13,9 @@ Sections:
 - ``hidden``: ``train.fused_logprobs`` at each vocabulary: log-probs from bf16 hidden states and the output
   weight (both trained) without the logits, at two block sizes (``train.logps_chunk_tokens``), against the
   logits then a plain float32 ``log_softmax``: peak memory beyond the hidden states, the weight and their
-  gradients (goal: 0.05x or less), max |difference| of values and hidden-state gradients.
+  gradients (goal: 0.05x or less), max |difference| of values and hidden-state gradients; and the reference's
+  no-grad forward (the copy, the look-ahead store and the cache run it, on the policy's trainable weight) at the
+  default block, beyond the hidden states and the weight (goal: 0.05x or less).
 - ``train``: Llama-3.2-1B and Qwen2.5-1.5B shapes at 2 layers, humanline DPO (and humanline GRPO) through
   DeepSpeed ZeRO-0 fp32 / bf16, ZeRO-3 bf16 on 2 processes, megatron tp=2 and pp=2 (fp32): per component
   (at rest, gradients, activations, logits, peak) the measured GiB per process, the plan's, and the ratio.
@@ -108,25 +111,31 @@ def section_logprobs(work: Path) -> list:
 
 
 def section_hidden(work: Path) -> list:
+    """Per vocabulary: the policy's forward + backward at each block size, and the reference's no-grad forward at
+    the default block, each against the logits path of the same kind."""
     import torch
 
     results = []
     for label, vocab in VOCABS.items():
-        runs = {}
-        for impl, block in [("plain", 0)] + [("fused", b) for b in HIDDEN_BLOCKS]:
-            out = work / f"hid_{vocab}_{impl}{block}"
-            runs[(impl, block)] = launch("hidden_logprobs", dict(vocab=vocab, impl=impl, block=block, **HIDDEN_BATCH), out)[0]
-            runs[(impl, block)]["saved"] = torch.load(out.with_suffix(f".{impl}{block}.pt"), weights_only=True)
-        plain = runs[("plain", 0)]
-        for block in HIDDEN_BLOCKS:
-            fused = runs[("fused", block)]
-            row = {"section": "hidden", "vocab": label, "block_tokens": block, "tokens": HIDDEN_BATCH["rows"] * HIDDEN_BATCH["steps"],
-                   "width": HIDDEN_BATCH["width"], "fused_gib": fused["peak_bytes"] / GIB, "plain_gib": plain["peak_bytes"] / GIB,
-                   "ratio": fused["peak_bytes"] / plain["peak_bytes"],
-                   "max_abs_diff": (fused["saved"]["values"] - plain["saved"]["values"]).abs().max().item(),
-                   "max_abs_grad_diff": (fused["saved"]["grad"] - plain["saved"]["grad"]).abs().max().item()}
-            results.append(row)
-            print(json.dumps(row), flush=True)
+        for forward, blocks in (("policy", HIDDEN_BLOCKS), ("reference", HIDDEN_BLOCKS[:1])):
+            runs = {}
+            for impl, block in [("plain", 0)] + [("fused", b) for b in blocks]:
+                out = work / f"hid_{vocab}_{forward}_{impl}{block}"
+                runs[(impl, block)] = launch("hidden_logprobs", dict(vocab=vocab, impl=impl, block=block, forward=forward,
+                                                                     **HIDDEN_BATCH), out)[0]
+                runs[(impl, block)]["saved"] = torch.load(out.with_suffix(f".{impl}{block}.pt"), weights_only=True)
+            plain = runs[("plain", 0)]
+            for block in blocks:
+                fused = runs[("fused", block)]
+                row = {"section": "hidden", "forward": forward, "vocab": label, "block_tokens": block,
+                       "tokens": HIDDEN_BATCH["rows"] * HIDDEN_BATCH["steps"], "width": HIDDEN_BATCH["width"],
+                       "fused_gib": fused["peak_bytes"] / GIB, "plain_gib": plain["peak_bytes"] / GIB,
+                       "ratio": fused["peak_bytes"] / plain["peak_bytes"],
+                       "max_abs_diff": (fused["saved"]["values"] - plain["saved"]["values"]).abs().max().item()}
+                if forward == "policy":
+                    row["max_abs_grad_diff"] = (fused["saved"]["grad"] - plain["saved"]["grad"]).abs().max().item()
+                results.append(row)
+                print(json.dumps(row), flush=True)
     return results
 
 
@@ -213,20 +222,27 @@ def section_forward(work: Path) -> list:
 
 
 def markdown(results: list) -> str:
-    lines = ["| vocabulary | logits | ours GiB (bytes/logit) | plain log_softmax GiB (bytes/logit) | ratio | max abs diff (values, grads) |",
-             "|---|---:|---:|---:|---:|---:|"]
+    lines = []  # a table per section that ran
+    if any(x["section"] == "logprobs" for x in results):
+        lines += ["| vocabulary | logits | ours GiB (bytes/logit) | plain log_softmax GiB (bytes/logit) | ratio | max abs diff "
+                  "(values, grads) |", "|---|---:|---:|---:|---:|---:|"]
     for r in (x for x in results if x["section"] == "logprobs"):
         lines.append(f"| {r['vocab']} | {r['logits']:,} | {r['ours_gib']:.2f} ({r['ours_bytes_per_logit']:.2f}) | "
                      f"{r['naive_gib']:.2f} ({r['naive_bytes_per_logit']:.2f}) | {r['ratio']:.3f} | "
                      f"{r['max_abs_diff']:.1e}, {r['max_abs_grad_diff']:.1e} |")
     hidden = [x for x in results if x["section"] == "hidden"]
     if hidden:
-        lines += ["", "| vocabulary | `train.fused_logprobs` block (tokens) | fused GiB | logits + plain log_softmax GiB | ratio "
-                  "(goal <= 0.05) | max abs diff (values, grads) |", "|---|---:|---:|---:|---:|---:|"]
+        lines += ["", "| vocabulary | forward | `train.fused_logprobs` block (tokens) | fused GiB | logits + plain log_softmax "
+                  "GiB | ratio (goal <= 0.05) | max abs diff (values, grads) |", "|---|---|---:|---:|---:|---:|---:|"]
         for r in hidden:
-            lines.append(f"| {r['vocab']} | {r['block_tokens']} | {r['fused_gib']:.3f} | {r['plain_gib']:.2f} | {r['ratio']:.3f} | "
-                         f"{r['max_abs_diff']:.1e}, {r['max_abs_grad_diff']:.1e} |")
+            kind = ("policy (forward + backward)" if r.get("forward", "policy") == "policy"
+                    else "reference (no-grad forward)")
+            grads = f", {r['max_abs_grad_diff']:.1e}" if "max_abs_grad_diff" in r else ""
+            lines.append(f"| {r['vocab']} | {kind} | {r['block_tokens']} | {r['fused_gib']:.3f} | {r['plain_gib']:.2f} | "
+                         f"{r['ratio']:.3f} | {r['max_abs_diff']:.1e}{grads} |")
     keys = ("at rest", "gradients", "activations", "logits", "peak")
+    if not any(x["section"] in ("train", "forward") for x in results):
+        return "\n".join(lines).strip("\n") + "\n"
     lines += ["", "| shape | layout / objective | " + " | ".join(f"{k}: measured / plan GiB (ratio)" for k in keys) + " |",
               "|---|---|" + "---:|" * len(keys)]
     for r in (x for x in results if x["section"] in ("train", "forward")):
@@ -244,12 +260,16 @@ def main(argv=None) -> int:
                         choices=["logprobs", "hidden", "train", "forward"])
     parser.add_argument("--out", default="runs/realistic_shapes/results.jsonl")
     parser.add_argument("--markdown", default=None)
+    parser.add_argument("--hidden-width", type=int, default=HIDDEN_BATCH["width"],
+                        help="the hidden section's width (the measured terms are tokens x vocabulary; 32 keeps a run to "
+                             "seconds on a 2-core machine where bf16 products at 2048 take minutes)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:
         job = json.loads(args.worker)
         getattr(runs, job["kind"])(**job["args"], out=Path(job["out"]))
         return 0
+    HIDDEN_BATCH["width"] = args.hidden_width
     started, results = time.perf_counter(), []
     with tempfile.TemporaryDirectory(prefix="realistic_shapes_") as tmp:
         work = Path(tmp)

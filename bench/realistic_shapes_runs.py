@@ -43,11 +43,14 @@ def logprobs(vocab: int, rows: int, steps: int, chunk: int, impl: str, out: Path
     _write(out, 0, {"impl": impl, "vocab": vocab, "logits": rows * steps * vocab, "peak_bytes": peak})
 
 
-def hidden_logprobs(vocab: int, width: int, rows: int, steps: int, block: int, impl: str, out: Path) -> None:
-    """Forward + backward of token log-probs from bf16 hidden states ``[rows, steps, width]`` and a bf16 output
-    weight ``[vocab, width]`` (both trained): peak bytes held beyond the hidden states, the weight and the two
-    gradients every method returns (hidden states' and weight's). ``impl``: ``fused`` (``train.fused_logprobs``,
-    ``block`` tokens per block) or ``plain`` (the logits, then one float32 log_softmax over ``[B, T, V]``)."""
+def hidden_logprobs(vocab: int, width: int, rows: int, steps: int, block: int, impl: str, out: Path,
+                    forward: str = "policy") -> None:
+    """Token log-probs from bf16 hidden states ``[rows, steps, width]`` and a bf16 output weight ``[vocab, width]``
+    (both trainable). ``forward``: ``policy`` (forward + backward; peak bytes held beyond the hidden states, the
+    weight and the two gradients every method returns) or ``reference`` (a no-grad forward, as the reference's
+    copy, the look-ahead store and the cache run it on the policy's weight: peak bytes beyond the hidden states and
+    the weight). ``impl``: ``fused`` (``train.fused_logprobs``, ``block`` tokens per block) or ``plain`` (the
+    logits, then one float32 log_softmax over ``[B, T, V]``)."""
     import torch
 
     from hl_core.logprobs.hidden import hidden_token_logps
@@ -60,15 +63,21 @@ def hidden_logprobs(vocab: int, width: int, rows: int, steps: int, block: int, i
     weights = torch.randn(rows, steps)
     base = probe.current()
     probe.reset_peak()
-    if impl == "fused":
-        values = hidden_token_logps(hidden, weight, labels, block_tokens=block)
-    else:
-        values = (hidden @ weight.t()).float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]
-    (values * weights).sum().backward()
-    returned = (hidden.numel() + weight.numel()) * 2  # the two bf16 gradients
+    with torch.set_grad_enabled(forward == "policy"):
+        if impl == "fused":
+            values = hidden_token_logps(hidden, weight, labels, block_tokens=block)
+        else:
+            values = (hidden @ weight.t()).float().log_softmax(-1).gather(-1, labels[..., None])[..., 0]
+    if forward == "policy":
+        (values * weights).sum().backward()
+    returned = (hidden.numel() + weight.numel()) * 2 if forward == "policy" else 0  # the two bf16 gradients
     peak = probe.peak() - base - returned
-    torch.save({"values": values.detach(), "grad": hidden.grad.float()[:, :8]}, out.with_suffix(f".{impl}{block}.pt"))
-    _write(out, 0, {"impl": impl, "vocab": vocab, "block": block, "logits": rows * steps * vocab, "peak_bytes": peak})
+    saved = {"values": values.detach()}
+    if forward == "policy":
+        saved["grad"] = hidden.grad.float()[:, :8]
+    torch.save(saved, out.with_suffix(f".{impl}{block}.pt"))
+    _write(out, 0, {"impl": impl, "vocab": vocab, "block": block, "logits": rows * steps * vocab, "peak_bytes": peak,
+                    "forward": forward})
 
 
 # --------------------------------------------------------------------------------------- training

@@ -14,7 +14,6 @@ drives (data order, guard, checkpoints, metrics, output) lives in ``hl_core.loop
 
 from __future__ import annotations
 
-import math
 import os
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from .engines.base import check_launch_environment
 from .humanline import SyncRecord
 from .humanline.recipe import build_transform
 from .callbacks import CallbackList, TrainerCallback, UpdateContext, build_callbacks
-from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, first_nonfinite
+from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, UpdateChecks
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
 from .loop.lifecycle import already_complete, begin_run
@@ -241,32 +240,27 @@ class Trainer(TrainerSafety):
         step_start = time.perf_counter()
         rollout_metrics = self.source.before_step(n)
         acc, tokens = MetricMeans(self.metric_keys, self.objective.name), 0
-        flags, detail = GuardFlags(), None
+        checks = UpdateChecks()  # the guard's non-finite checks, on the device until the update's one reduction
         batches = self.source.batches(n)
         # each micro-batch's share of the update's loss; the update's statistics (KTO's z0)
         update = UpdateNormaliser(self.objective, self.recipe.objective, batches, engine, self.transform.METRIC_KEYS)
         update.prepare(self.reference.token_logps, self.transform)
         for micro_index, batch in enumerate(batches):
-            tokens += 0 if batch.get("dummy") else int(batch["attention_mask"].sum())
+            tokens += 0 if batch.get("dummy") else int(batch["attention_mask"].sum())  # the collated batch: host
             loss, metrics = self._loss(batch, train=True)
             engine.mark_accumulation_boundary(micro_index == len(batches) - 1)
             engine.backward(update.scaled(micro_index, loss))
-            metrics = {k: float(v) for k, v in metrics.items()}
-            update.add(micro_index, float(loss.detach()), metrics)
-            flags.loss = max(flags.loss, float(not math.isfinite(float(loss.detach()))))
-            detail = detail or first_nonfinite(metrics)
+            update.add(micro_index, loss.detach(), metrics)  # loss and metrics stay device tensors: no host read
+            checks.add(loss, metrics)
             if micro_index < len(batches) - 1:
                 engine.step()  # between accumulation boundaries: no optimizer step
         update.finish(acc)
-        flags.statistics = float(detail is not None)
-        flags.grads = float(not engine.local_grads_finite())
-        detail = "loss" if flags.loss else detail
         # one reduction per update carries the guard (non-finite values on any rank, a pending signal, rank 0's
         # view of the STOP file) and the token count, before the reference sync and the optimizer step
-        flags.stop_file = float(self.is_main and (self.output_dir / STOP_FILE).exists())
-        flags.signal = float(self.signals.requested)
-        guard = engine.all_reduce_sum(torch.tensor([float(tokens), *flags.values()], dtype=torch.float64))
-        seen = GuardFlags.from_sums(guard[1:].tolist())
+        stop_file = float(self.is_main and (self.output_dir / STOP_FILE).exists())
+        guard = engine.all_reduce_sum(checks.vector(tokens, stop_file, float(self.signals.requested),
+                                                    engine.local_grads_nonfinite(), engine.device)).tolist()
+        seen = GuardFlags.from_sums(guard[1:])
         self._stop_seen, self._signal_seen = bool(seen.stop_file or seen.signal), bool(seen.signal)
         nonfinite = seen.nonfinite()
         if nonfinite is None:
@@ -279,15 +273,16 @@ class Trainer(TrainerSafety):
         step_time = time.perf_counter() - step_start
         self.updates_done += 1
         acc.add({k: float(v) for k, v in rollout_metrics.items() if k != "rollout"})
-        means, totals = acc.reduce(engine, totals=(sync.seconds, step_time))
+        # the gradient norm (a device tensor or a number; the same on every rank) travels as rank 0's in the totals
+        norm = stepped["grad_norm"] if engine.rank == 0 else 0.0
+        means, totals = acc.reduce(engine, totals=(sync.seconds, step_time, norm))
         row = {"step": n, **finish_metrics(self.objective, means)}
         row.update(
-            lr=stepped["lr"], grad_norm=stepped["grad_norm"], synced=sync.synced, skipped=nonfinite is not None,
+            lr=stepped["lr"], grad_norm=totals[2], synced=sync.synced, skipped=nonfinite is not None,
             step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size,
         )
-        # tensor/pipeline-parallel peers see the same tokens: count each data-parallel replica once
-        row["tokens_per_s"] = guard[0].item() * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
-        self.nonfinite = (nonfinite, detail) if nonfinite is not None else None  # acted on once the row is logged
+        row["tokens_per_s"] = guard[0] * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
+        self.nonfinite = (nonfinite, checks.detail()) if nonfinite is not None else None  # acted on once the row is logged
         if "rollout" in rollout_metrics:
             row["rollout"] = bool(rollout_metrics["rollout"])
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
@@ -331,7 +326,7 @@ class Trainer(TrainerSafety):
             acc.add(metrics, weight=weight)
         for batch, real in self._eval_batches(with_rows=True) if self.held_out is None else ():
             loss, metrics = self._loss(batch, train=False)
-            acc.add({"loss": float(loss), **metrics}, weight=float(real))
+            acc.add({"loss": loss.detach(), **metrics}, weight=float(real))
         result = acc.reduce(self.engine)
         row = {"kind": "eval", "step": self.updates_done, **result}
         self.eval_history.append({k: v for k, v in row.items() if k != "kind"})

@@ -55,6 +55,46 @@ def test_values_and_gradients_equal_the_plain_path_float64(temperature, softcap,
         assert not torch.allclose(ours[0].double(), plain(hidden, weight, labels, bias, temperature).detach(), atol=1e-3)
 
 
+@pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, 3.0)])
+def test_vocabulary_slices_give_the_one_slice_values_and_gradients_float64(monkeypatch, temperature, softcap):
+    """The log-sum-exp online over the vocabulary's slices (37 = 7 x 5 + 2 columns) and the backward slice by slice
+    equal one slice over the whole vocabulary."""
+    import hl_core.logprobs.hidden as hidden_module
+
+    gen = torch.Generator().manual_seed(3)
+    hidden, weight, bias, labels = _leaves(torch.float64, gen)
+    upstream = torch.randn(labels.shape, generator=gen, dtype=torch.float64)
+    results = []
+    for vocab_slice in (1000, 5):
+        monkeypatch.setattr(hidden_module, "VOCAB_SLICE", vocab_slice)
+        out = hidden_token_logps(hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap, block_tokens=4)
+        results.append((out.detach(), *torch.autograd.grad((out.double() * upstream).sum(), [hidden, weight, bias])))
+    for one, sliced in zip(*results):
+        assert torch.allclose(one.double(), sliced.double(), atol=1e-6, rtol=0)  # values: float32 outputs
+    for one, sliced in zip(results[0][1:], results[1][1:]):
+        assert torch.allclose(one, sliced, atol=1e-12, rtol=1e-12)
+
+
+def test_a_no_grad_forward_keeps_nothing_and_gives_the_training_forward_values(monkeypatch):
+    """The reference's forward (no grad, on the policy's trainable weight): no autograd node, Liger never called
+    (its forward allocates an input-gradient buffer even without gradients), the same values as with grad."""
+    import hl_core.logprobs.hidden as hidden_module
+
+    gen = torch.Generator().manual_seed(4)
+    hidden, weight, bias, labels = _leaves(torch.float32, gen)
+    monkeypatch.setattr(hidden_module, "VOCAB_SLICE", 5)
+    with_grad = hidden_token_logps(hidden, weight, labels, bias=bias, block_tokens=4)
+
+    def no_liger():
+        raise AssertionError("a no-grad forward must not reach Liger")
+
+    monkeypatch.setattr(hidden_module, "_liger_function", no_liger)
+    with torch.no_grad():
+        without = hidden_token_logps(hidden, weight, labels, bias=bias, block_tokens=4, backend="liger")
+    assert with_grad.grad_fn is not None and without.grad_fn is None and not without.requires_grad
+    assert torch.equal(with_grad.detach(), without)
+
+
 def test_float32_and_frozen_weight_without_bias():
     gen = torch.Generator().manual_seed(1)
     hidden, weight, _, labels = _leaves(torch.float32, gen, bias=False)

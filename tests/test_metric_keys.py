@@ -21,6 +21,8 @@ from hl_core.loop.sources import OfflineSource
 class _OneProcess:
     """The engine's side of a reduction, in one process; records what is reduced."""
 
+    device = torch.device("cpu")
+
     def __init__(self):
         self.reduced = []
 

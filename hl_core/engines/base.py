@@ -108,13 +108,15 @@ class Engine:
       (``model`` is ``"policy"`` (with grad) or ``"reference"`` (no grad)).
     * ``backward(loss)``: accumulate gradients of one micro-batch.
     * ``step()``: gradient clipping + optimizer + LR scheduler at an accumulation boundary; returns
-      ``{"lr": ..., "grad_norm": ...}`` or ``None`` between boundaries.
+      ``{"lr": ..., "grad_norm": ...}`` (the norm a float or a 0-dim device tensor, which the trainer reads in
+      the update's totals reduction) or ``None`` between boundaries.
     * ``reference_pairs()``: the policy's and the reference's parameter pairs
       (``hl_core.humanline.ParameterPairs``), which ``hl_core.humanline.ReferenceSync`` syncs shard-locally.
     * ``reference``: the frozen reference model, or None when the run never reads it
       (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
-    * ``local_grads_finite()`` (at an accumulation boundary, before ``step``) and ``local_weights_finite()``: this
+    * ``local_grads_nonfinite()`` (at an accumulation boundary, before ``step``; a 0-dim device tensor, 1.0 when
+      some element is NaN/inf), ``local_grads_finite()`` (its host read) and ``local_weights_finite()``: this
       rank's own gradient and weight shards hold no NaN/inf (local checks; the trainer shares the answers);
       ``local_grads()``: those gradient tensors.
     * ``skip_step()``: end the update at a boundary without changing weights, optimizer or reference; returns
@@ -225,9 +227,17 @@ class Engine:
         raise NotImplementedError
 
     @torch.no_grad()
-    def local_grads_finite(self) -> bool:
+    def local_grads_nonfinite(self) -> torch.Tensor:
+        """1.0 when some local gradient element is NaN or inf, else 0.0: a 0-dim float64 tensor on the device,
+        for the guard's one reduction (no host read here)."""
         grads = self.local_grads()  # the norm (fused per dtype, no copies) is finite iff every element is
-        return not grads or bool(torch.nn.utils.get_total_norm(grads).isfinite())
+        if not grads:
+            return torch.zeros((), dtype=torch.float64, device=self.device)
+        return (~torch.nn.utils.get_total_norm(grads).isfinite()).to(torch.float64)
+
+    def local_grads_finite(self) -> bool:
+        """``local_grads_nonfinite`` read on the host (one synchronisation)."""
+        return not bool(self.local_grads_nonfinite())
 
     def local_weights_finite(self) -> bool:
         raise NotImplementedError
@@ -245,14 +255,15 @@ class Engine:
         raise NotImplementedError
 
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
-        """Sum a float tensor over all ranks (data-parallel metrics). The result is on the CPU. NCCL
-        reduces only CUDA tensors, so under NCCL the values travel through this rank's GPU."""
+        """Sum a float tensor (on the CPU or this rank's device) over all ranks (data-parallel metrics). The result
+        is a new tensor on the CPU: reading it is the call's one host synchronisation. NCCL reduces only CUDA
+        tensors, so under NCCL the values travel through this rank's GPU."""
         if torch.distributed.is_available() and torch.distributed.is_initialized() and self.world_size > 1:
             on_gpu = torch.distributed.get_backend() == "nccl"
-            values = values.to(self.device) if on_gpu else values.clone()
+            values = values.to(self.device) if on_gpu else values.to("cpu")
+            values = values.clone() if values.device.type == "cpu" else values
             torch.distributed.all_reduce(values)
-            values = values.cpu()
-        return values
+        return values.cpu() if values.device.type != "cpu" else values.clone()
 
     def summary_fields(self) -> Dict[str, Any]:
         """Engine facts for the run summary (e.g. ``train.compile``'s compile time and recompiles); none by default."""

@@ -280,14 +280,15 @@ class DeepSpeedEngine(Engine):
         if boundary and self.zero_stage == 0 and self.recipe.engine.precision == "fp32":
             # DeepSpeed's plain fp32 path clips but does not record the norm: measure it (pre-clip)
             grads = [p.grad for p in self.policy.module.parameters() if p.grad is not None]
-            own_norm = torch.nn.utils.get_total_norm(grads).item() if grads else 0.0
+            own_norm = torch.nn.utils.get_total_norm(grads) if grads else 0.0
         self.policy.step()
         if not boundary:
             return None
         norm = own_norm if own_norm is not None else self.policy.get_global_grad_norm()
         if norm is None:
             norm = float("nan")
-        norm = float(norm.item() if torch.is_tensor(norm) else norm)
+        # a device tensor stays one (the trainer reads it in the update's totals reduction), a number a float
+        norm = norm.detach() if torch.is_tensor(norm) else float(norm)
         return {"lr": lr, "grad_norm": norm}
 
     def local_grads(self):

@@ -2,17 +2,21 @@
 
 ``hidden_token_logps(hidden, weight, labels)[n] = log_softmax(z_n)[labels[n]]`` with
 ``z_n = cap * tanh((hidden[n] @ weight.T + bias) / cap) / temperature`` (Gemma 2's final-logit soft-cap ``cap``;
-without one, ``z_n = (hidden[n] @ weight.T + bias) / temperature``), computed a block of tokens at a time: at most
-one ``[block, V]`` float32 block of logits exists in the forward, and the backward recomputes each block from the
-saved hidden states and the per-token log-sum-exp instead of keeping any. Only tokens with a valid label are
-computed (padding and positions without a next token cost nothing).
+without one, ``z_n = (hidden[n] @ weight.T + bias) / temperature``), computed a block of tokens and a slice of the vocabulary (``VOCAB_SLICE`` columns) at a time: at most one
+``[block, VOCAB_SLICE]`` float32 block of logits exists in the forward (the log-sum-exp runs online over the slices)
+and in the backward, which recomputes each block from the saved hidden states and the per-token log-sum-exp
+instead of keeping any. Only tokens with a valid label are computed (padding and positions without a next token
+cost nothing). Without autograd (the reference's forward, the look-ahead store, the cache, evaluation) only the
+forward runs: no gradient buffer, nothing saved.
 
 Two implementations of one function:
 
 * ``_BlockwiseLogps`` (plain PyTorch): every device; the reference the tests hold the rest to.
 * Liger-Kernel's fused linear cross-entropy (``reduction="none"``, its soft-cap; the temperature folded into the
-  hidden states and the bias, which is exact only without a soft-cap) on a CUDA device when ``liger-kernel`` is installed; its
-  per-token loss is ``-logp``. Its backward is its own, fed the per-token upstream gradient.
+  hidden states and the bias, which is exact only without a soft-cap) on a CUDA device when ``liger-kernel`` is installed,
+  for forwards that need a gradient; its per-token loss is ``-logp``. Its backward is its own, fed the per-token
+  upstream gradient. A no-grad forward never calls it: its forward allocates an input-gradient buffer and reads a
+  token count on the host even when asked for no gradients.
 
 :func:`logps_from_hidden` makes a Hugging Face causal LM (or a PEFT wrapper of one) return these log-probs from
 its forward instead of logits, so the call still goes through the training engine's forward (DeepSpeed's backward
@@ -51,8 +55,12 @@ def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
     index = valid.nonzero().squeeze(-1)
     picked = hidden.reshape(-1, width).index_select(0, index)  # [N, H]: the backward scatters into hidden's grad
     targets = flat_labels.index_select(0, index)
-    liger = _liger_function() if backend == "liger" or (backend == "auto" and picked.is_cuda) else None
-    if liger is not None and (softcap is None or temperature == 1.0):
+    needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (picked, weight, bias))
+    liger = _liger_function() if needs_grad and (backend == "liger" or (backend == "auto" and picked.is_cuda)) else None
+    if not needs_grad:  # only the forward: no autograd node, no saved tensors, no gradient buffers
+        values = _blockwise_forward(picked, weight, bias, targets, int(block_tokens), float(temperature),
+                                    None if softcap is None else float(softcap))[0]
+    elif liger is not None and (softcap is None or temperature == 1.0):
         if temperature != 1.0:  # (h W^T + b) / t = (h / t) W^T + b / t: exact without a soft-cap between them
             picked, bias = picked / temperature, (bias / temperature if bias is not None else None)
         values = _LigerLogps.apply(picked, weight, bias, targets, softcap, liger)
@@ -78,25 +86,53 @@ def _block_logits(hidden: torch.Tensor, weight, bias, temperature: float, softca
     return z, capped
 
 
-class _BlockwiseLogps(torch.autograd.Function):
-    """``logp[n] = z[n, y_n] - logsumexp(z[n])`` over blocks of ``block`` tokens.
+VOCAB_SLICE = 16384  # vocabulary columns per float32 block of logits: [block, 16384] x 4 bytes = 16 MiB at block 256
 
-    Backward, per block: ``dlogp/dz = 1[v = y] - softmax(z)`` (from the saved log-sum-exp), times ``1 / temperature``
-    and the soft-cap's ``1 - tanh^2``, gives the block's logit gradient ``G``; then ``grad_hidden = G @ W``,
-    ``grad_W += G.T @ hidden``, ``grad_bias += G.sum(0)``, all in the weight's dtype (as the output layer's own
-    backward produces them)."""
+
+def _vocab_slices(vocab: int):
+    return [(start, min(start + VOCAB_SLICE, vocab)) for start in range(0, vocab, VOCAB_SLICE)]
+
+
+@torch.no_grad()
+def _blockwise_forward(hidden, weight, bias, labels, block: int, temperature: float, softcap: Optional[float]):
+    """``(logp, lse)`` per token: ``z[y] - logsumexp(z)``, the log-sum-exp online over the vocabulary's slices (a
+    running maximum and a rescaled sum), so at most one ``[block, VOCAB_SLICE]`` float32 block exists."""
+    count, vocab = hidden.shape[0], weight.shape[0]
+    work = torch.promote_types(weight.dtype, torch.float32)
+    out = torch.empty(count, dtype=torch.float32, device=hidden.device)
+    lse = torch.empty(count, dtype=work, device=hidden.device)
+    for start in range(0, count, block):
+        end = min(start + block, count)
+        rows, target = hidden[start:end], labels[start:end]
+        peak = torch.full((end - start,), float("-inf"), dtype=work, device=hidden.device)
+        total = torch.zeros(end - start, dtype=work, device=hidden.device)
+        picked = torch.zeros(end - start, dtype=work, device=hidden.device)
+        for first, last in _vocab_slices(vocab):
+            z, _ = _block_logits(rows, weight[first:last], None if bias is None else bias[first:last], temperature,
+                                 softcap)
+            inside = (target >= first) & (target < last)
+            picked += torch.where(inside, z.gather(-1, (target - first).clamp(0, last - first - 1)[:, None])[:, 0], 0.0)
+            new_peak = torch.maximum(peak, z.amax(-1))
+            total = total * torch.exp(peak - new_peak) + z.sub_(new_peak[:, None]).exp_().sum(-1)
+            peak = new_peak
+            del z
+        lse[start:end] = peak + torch.log(total)
+        out[start:end] = picked - lse[start:end]
+    return out, lse
+
+
+class _BlockwiseLogps(torch.autograd.Function):
+    """``logp[n] = z[n, y_n] - logsumexp(z[n])`` over blocks of ``block`` tokens and ``VOCAB_SLICE`` columns.
+
+    Backward, per block and slice: ``dlogp/dz = 1[v = y] - softmax(z)`` (from the saved log-sum-exp), times
+    ``1 / temperature`` and the soft-cap's ``1 - tanh^2``, gives the slice's logit gradient ``G``; then
+    ``grad_hidden += G @ W[slice]`` (summed over the slices in float32, rounded to the weight's dtype once),
+    ``grad_W[slice] += G.T @ hidden``, ``grad_bias[slice] += G.sum(0)``, in the weight's dtype (as the output layer's
+    own backward produces them)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, block: int, temperature: float, softcap: Optional[float]):
-        count = hidden.shape[0]
-        out = torch.empty(count, dtype=torch.float32, device=hidden.device)
-        lse = torch.empty(count, dtype=torch.promote_types(weight.dtype, torch.float32), device=hidden.device)
-        for start in range(0, count, block):
-            end = min(start + block, count)
-            z, _ = _block_logits(hidden[start:end], weight, bias, temperature, softcap)
-            lse[start:end] = torch.logsumexp(z, dim=-1)
-            out[start:end] = z.gather(-1, labels[start:end, None]).squeeze(-1) - lse[start:end]
-            del z
+        out, lse = _blockwise_forward(hidden, weight, bias, labels, block, temperature, softcap)
         ctx.save_for_backward(hidden, weight, bias, labels, lse)
         ctx.block, ctx.temperature, ctx.softcap = block, temperature, softcap
         return out
@@ -109,24 +145,32 @@ class _BlockwiseLogps(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros_like(bias) if need_bias else None
         grad_out = grad_out.to(lse.dtype)
+        slices = _vocab_slices(weight.shape[0])
         for start in range(0, hidden.shape[0], ctx.block):
             end = min(start + ctx.block, hidden.shape[0])
-            g = grad_out[start:end, None]
-            z, capped = _block_logits(hidden[start:end], weight, bias, ctx.temperature, ctx.softcap)
-            grad = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # -softmax * g
-            grad.scatter_add_(-1, labels[start:end, None], g)  # + g at the label
-            if ctx.temperature != 1.0:
-                grad.div_(ctx.temperature)
-            if capped is not None:
-                grad.mul_(1.0 - capped.square_())
-            grad = grad.to(weight.dtype)
+            g, target, rows = grad_out[start:end, None], labels[start:end], hidden[start:end]
+            acc = torch.zeros(end - start, hidden.shape[1], dtype=lse.dtype, device=hidden.device) if need_hidden else None
+            for first, last in slices:
+                w = weight[first:last]
+                z, capped = _block_logits(rows, w, None if bias is None else bias[first:last], ctx.temperature,
+                                          ctx.softcap)
+                grad = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # -softmax * g
+                inside = ((target >= first) & (target < last))[:, None]
+                grad.scatter_add_(-1, (target - first).clamp(0, last - first - 1)[:, None], g * inside)  # + g at y
+                if ctx.temperature != 1.0:
+                    grad.div_(ctx.temperature)
+                if capped is not None:
+                    grad.mul_(1.0 - capped.square_())
+                grad = grad.to(weight.dtype)
+                if need_hidden:
+                    acc += grad @ w  # float32 sum over the slices, rounded to the weight's dtype once below
+                if need_weight:
+                    grad_weight[first:last].addmm_(grad.t(), rows)
+                if need_bias:
+                    grad_bias[first:last].add_(grad.sum(0))
+                del grad, z, capped
             if need_hidden:
-                grad_hidden[start:end] = grad @ weight
-            if need_weight:
-                grad_weight.addmm_(grad.t(), hidden[start:end])
-            if need_bias:
-                grad_bias.add_(grad.sum(0))
-            del grad, z, capped
+                grad_hidden[start:end] = acc
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 

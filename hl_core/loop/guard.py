@@ -12,7 +12,9 @@ Exit codes of ``launchers/run.py`` (the README's Reliability section lists them 
 
 Per update every rank checks its own view (the loss and the objective's statistics of its micro-batches,
 its own gradient shards) and the flags travel in the update's totals reduction, together with the STOP
-file and a pending signal, so all ranks decide alike without another collective (``GuardFlags``).
+file and a pending signal, so all ranks decide alike without another collective (``GuardFlags``). The checks
+stay on the device until that reduction (``UpdateChecks``): which metric went non-finite is read only on the
+rare path where one did.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ import threading
 import time
 from dataclasses import dataclass, field
 from typing import Dict, Iterable, List, Optional
+
+import torch
 
 EXIT_OK, EXIT_FAILURE, EXIT_BAD_INPUT, EXIT_NONFINITE, EXIT_INTERRUPTED = 0, 1, 2, 3, 4
 EXIT_DISK_FULL = 5  # no space left on device while writing (hl_core.errors.DiskFull)
@@ -39,13 +43,58 @@ class NonFiniteStop(Exception):
         super().__init__(" ".join(message.split()))
 
 
-def first_nonfinite(values: Dict[str, float]) -> Optional[str]:
-    """The first key (sorted) whose value is a non-finite number, else None."""
+def first_nonfinite(values: Dict[str, object]) -> Optional[str]:
+    """The first key (sorted) whose value is a non-finite number (a float or a 0-dim tensor, read on the host),
+    else None."""
     for key in sorted(values):
         value = values[key]
+        if isinstance(value, torch.Tensor):
+            value = float(value)
         if isinstance(value, float) and not math.isfinite(value):
             return key
     return None
+
+
+class UpdateChecks:
+    """This rank's non-finite checks of one update's micro-batches, as device values: ``add`` per micro-batch (no
+    host read), ``vector`` the guard's numbers for the update's one reduction, ``detail`` (host reads: only on the
+    non-finite path) which quantity it was."""
+
+    def __init__(self):
+        self.loss: object = 0.0  # count of micro-batches whose loss is not finite
+        self.statistics: object = 0.0  # count of non-finite metric values
+        self._seen: List[tuple] = []  # (loss, metrics) of each micro-batch, detached: for ``detail``
+
+    @torch.no_grad()
+    def add(self, loss: torch.Tensor, metrics: Dict[str, object]) -> None:
+        loss = loss.detach()
+        self._seen.append((loss, metrics))
+        self.loss = self.loss + (~torch.isfinite(loss)).to(torch.float64)
+        values = [v.detach().to(device=loss.device, dtype=torch.float64).reshape(())
+                  for v in metrics.values() if isinstance(v, torch.Tensor)]
+        floats = [v for v in metrics.values() if isinstance(v, float) and not math.isfinite(v)]
+        if values:
+            self.statistics = self.statistics + (~torch.isfinite(torch.stack(values))).to(torch.float64).sum()
+        self.statistics = self.statistics + float(len(floats))
+
+    def vector(self, tokens: float, stop_file: float, signal_requested: float, grads_nonfinite,
+               device) -> torch.Tensor:
+        """``[tokens, *GuardFlags.NAMES]`` as one float64 vector on ``device`` (host numbers in one copy)."""
+        host = torch.tensor([float(tokens), float(stop_file), float(signal_requested)], dtype=torch.float64)
+        checks = [torch.as_tensor(v, dtype=torch.float64).to(device).reshape(())
+                  for v in (self.loss, grads_nonfinite, self.statistics)]
+        return torch.cat([host.to(device), torch.stack(checks)])
+
+    def detail(self) -> Optional[str]:
+        """``loss`` when one of this rank's losses is not finite, else the first non-finite metric of the first
+        micro-batch that has one (None: another rank's). Reads the values on the host."""
+        if any(not math.isfinite(float(loss)) for loss, _ in self._seen):
+            return "loss"
+        for _, metrics in self._seen:
+            key = first_nonfinite(metrics)
+            if key is not None:
+                return key
+        return None
 
 
 @dataclass

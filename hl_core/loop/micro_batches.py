@@ -35,6 +35,7 @@ import torch
 
 from ..data.build import collate_micro_batches, takes_donors
 from ..errors import RecipeError
+from .metrics import as_float64
 
 
 def unit_tokens(feature: dict) -> int:
@@ -147,9 +148,9 @@ class UpdateNormaliser:
     factors: List[float] = field(default_factory=list)
     shares: List[float] = field(default_factory=list)
     update_metrics: Dict[str, float] = field(default_factory=dict)
-    _parts: Dict[str, Tuple[float, float]] = field(default_factory=dict)
-    _sums: Dict[str, float] = field(default_factory=dict)
-    _loss: float = 0.0
+    _parts: Dict[str, Tuple[object, float]] = field(default_factory=dict)  # (sum of value x weight, weights)
+    _sums: Dict[str, object] = field(default_factory=dict)
+    _loss: object = 0.0
 
     def prepare(self, token_logps: Callable, transform: Callable) -> None:
         spec, cfg = self.spec, self.cfg
@@ -168,11 +169,13 @@ class UpdateNormaliser:
         factor = self.factors[m]
         return loss if factor == 1.0 else loss * factor
 
-    def add(self, m: int, loss: float, metrics: Dict[str, float]) -> None:
+    def add(self, m: int, loss, metrics: Dict[str, object]) -> None:
+        """Micro-batch ``m``'s loss and metrics: numbers or device tensors, accumulated as float64 where they live
+        (no host read; ``hl_core.loop.metrics``). The weights come from the collated batch, on the host."""
         batch = self.batches[m]
         if batch.get("dummy"):
             return
-        self._loss += self.shares[m] * loss
+        self._loss = self._loss + self.shares[m] * as_float64(loss)
         weights = self.spec.metric_weights(self.cfg, batch)
         tokens = float(batch["completion_mask"].sum())
         for key, value in metrics.items():
@@ -180,10 +183,10 @@ class UpdateNormaliser:
                 continue
             weight = weights.get(key, tokens if key in self.extra_weight_keys else 1.0)
             if weight is None:  # a count: summed over the rank's micro-batches
-                self._sums[key] = self._sums.get(key, 0.0) + float(value)
+                self._sums[key] = self._sums.get(key, 0.0) + as_float64(value)
                 continue
             numerator, denominator = self._parts.get(key, (0.0, 0.0))
-            self._parts[key] = (numerator + float(value) * weight, denominator + weight)
+            self._parts[key] = (numerator + as_float64(value) * weight, denominator + weight)
 
     def finish(self, acc) -> None:
         """Into ``acc`` (the trainer's ``_Accumulator``): the rank's loss, counts and update statistics with

@@ -43,8 +43,7 @@ def weighted_mean(losses: torch.Tensor, weights: Optional[torch.Tensor] = None) 
     vector gives a zero loss that still carries the graph, so every rank runs the same backward)."""
     if weights is None:
         return losses.mean()
-    weights = weights.to(device=losses.device, dtype=losses.dtype)
-    total = weights.sum()
-    if float(total) == 0.0:
+    if float(weights.to(dtype=losses.dtype).sum()) == 0.0:  # the batch's weights: read on the host in training
         return (losses * 0.0).sum()
-    return (losses * weights).sum() / total
+    weights = weights.to(device=losses.device, dtype=losses.dtype)
+    return (losses * weights).sum() / weights.sum()

@@ -35,12 +35,12 @@ def dpo_loss(
     loss_type: str = "sigmoid",
     label_smoothing: float = 0.0,
     simpo_gamma: float = 0.5,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Batch mean of the ``loss_type`` loss of each pair (weighted by per-pair ``weights`` when given, e.g. online
     pairs whose score gap is under the threshold get 0). For ``simpo`` (reference-free) the first and third
     arguments are the policy's per-token log-probs rather than log-ratios.
 
-    Returns ``(loss, metrics)``; metrics hold the mean chosen/rejected implicit rewards (``beta`` times the summed
+    Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device: no host read) hold the mean chosen/rejected implicit rewards (``beta`` times the summed
     log-ratio, as TRL logs them for every reference-based type; SimPO: ``beta`` times the mean log-prob), the mean
     margin and the reward accuracy (fraction of pairs with chosen reward > rejected, ties counting one half).
     """
@@ -56,11 +56,11 @@ def dpo_loss(
         rejected_rewards = beta * sequence_score(rejected_logratios, rejected_mask, kind.reference_free)
         margins = chosen_rewards - rejected_rewards
         metrics = {
-            "rewards/chosen": float(chosen_rewards.mean()),
-            "rewards/rejected": float(rejected_rewards.mean()),
-            "rewards/margin": float(margins.mean()),
+            "rewards/chosen": chosen_rewards.mean(),
+            "rewards/rejected": rejected_rewards.mean(),
+            "rewards/margin": margins.mean(),
             # ties (e.g. policy == reference at step 0) count as half right
-            "rewards/accuracy": float(((margins > 0).float() + 0.5 * (margins == 0).float()).mean()),
+            "rewards/accuracy": ((margins > 0).float() + 0.5 * (margins == 0).float()).mean(),
         }
     return loss, metrics
 
@@ -84,7 +84,7 @@ def dpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
 
 
 @torch.no_grad()
-def policy_preference_metrics(chosen_logps, chosen_mask, rejected_logps, rejected_mask) -> Dict[str, float]:
+def policy_preference_metrics(chosen_logps, chosen_mask, rejected_logps, rejected_mask) -> Dict[str, torch.Tensor]:
     """Reference-free diagnostics, comparable across plain and humanline runs (whose reference moves):
     ``policy/accuracy`` = fraction of pairs with ``sum log pi(chosen) > sum log pi(rejected)`` (ties: half),
     ``policy/margin`` = mean per-token log-prob of chosen minus rejected."""
@@ -93,7 +93,7 @@ def policy_preference_metrics(chosen_logps, chosen_mask, rejected_logps, rejecte
     chosen_mean = chosen_sum / chosen_mask.sum(-1).clamp(min=1)
     rejected_mean = rejected_sum / rejected_mask.sum(-1).clamp(min=1)
     wins = (chosen_sum > rejected_sum).float() + 0.5 * (chosen_sum == rejected_sum).float()
-    return {"policy/accuracy": float(wins.mean()), "policy/margin": float((chosen_mean - rejected_mean).mean())}
+    return {"policy/accuracy": wins.mean(), "policy/margin": (chosen_mean - rejected_mean).mean()}
 
 
 def dpo_loss_share(objective_cfg, batch) -> float:

@@ -53,14 +53,16 @@ def group_advantages(
     scores = torch.as_tensor(scores)
     if not scores.is_floating_point():
         scores = scores.to(torch.get_default_dtype())
-    group_ids = torch.as_tensor(group_ids, device=scores.device).reshape(-1)
+    group_ids = torch.as_tensor(group_ids).reshape(-1)
+    if group_ids.device != scores.device:  # only where they differ (the collated batch's stay on the host)
+        group_ids = group_ids.to(scores.device)
     scores_flat = scores.reshape(-1)
     if group_ids.shape[0] != scores_flat.shape[0]:
         raise ValueError(f"got {group_ids.shape[0]} group ids for {scores_flat.shape[0]} scores")
     _, index = torch.unique(group_ids, return_inverse=True)
     n_groups = int(index.max()) + 1 if index.numel() else 0
     work = scores_flat.to(torch.float64)
-    counts = torch.zeros(n_groups, dtype=torch.float64, device=scores.device).index_add_(
+    counts = scores_flat.new_zeros(n_groups, dtype=torch.float64).index_add_(
         0, index, torch.ones_like(work)
     )
     means = torch.zeros_like(counts).index_add_(0, index, work) / counts
@@ -86,7 +88,7 @@ def grpo_loss(
     beta_kl: float = 0.0,
     aggregation: str = "token",
     tokens_per_rank: Optional[float] = None,
-) -> Tuple[torch.Tensor, Dict[str, float]]:
+) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Clipped-surrogate GRPO loss (see the module docstring) over ``[B, T]`` log-ratios.
 
     ``logratios``: the transformed log-ratios ``d_hl`` (against the synced reference in humanline,
@@ -94,7 +96,7 @@ def grpo_loss(
     ``lp_pol - lp_ref`` for the KL penalty, required when ``beta_kl > 0``; ``tokens_per_rank``: the
     ``"dapo"`` normaliser (:func:`mean_tokens_per_rank`; the local token count when None).
 
-    Returns ``(loss, metrics)``; metrics hold the PPO clip fractions (``clip/low_frac``: ``rho <
+    Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device) hold the PPO clip fractions (``clip/low_frac``: ``rho <
     1 - eps_low`` with ``A < 0``; ``clip/high_frac``: ``rho > 1 + eps_high`` with ``A > 0``; and
     their sum ``clip/frac``), ``ratio/mean``, ``kl/mean`` (when ``ref_logratios`` is given) and the
     advantage mean/std/min/max, all over the completion tokens (advantages over sequences).
@@ -129,10 +131,10 @@ def grpo_loss(
         loss = (per_token.sum(dim=-1) / tokens_per_seq.clamp(min=1.0)).mean()
 
     with torch.no_grad():
-        n_tokens = max(float(mask_f.sum()), 1.0)
+        n_tokens = mask_f.sum().to(torch.float64).clamp(min=1.0)
 
-        def token_mean(x: torch.Tensor) -> float:
-            return float((x.to(logratios.dtype) * mask_f).sum()) / n_tokens
+        def token_mean(x: torch.Tensor) -> torch.Tensor:  # in float64, as the host's float(sum) / n_tokens
+            return (x.to(logratios.dtype) * mask_f).sum().to(torch.float64) / n_tokens
 
         low = (ratio < 1.0 - eps_low) & (adv < 0)
         high = (ratio > 1.0 + eps_high) & (adv > 0)
@@ -142,10 +144,10 @@ def grpo_loss(
             "clip/high_frac": token_mean(high),
             "clip/frac": token_mean(low | high),
             "ratio/mean": token_mean(ratio),
-            "advantages/mean": float(adv_flat.mean()),
-            "advantages/std": float(adv_flat.std(unbiased=False)),
-            "advantages/min": float(adv_flat.min()),
-            "advantages/max": float(adv_flat.max()),
+            "advantages/mean": adv_flat.mean(),
+            "advantages/std": adv_flat.std(unbiased=False),
+            "advantages/min": adv_flat.min(),
+            "advantages/max": adv_flat.max(),
         }
         if k3 is not None:
             metrics["kl/mean"] = token_mean(k3)
@@ -177,10 +179,10 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     keep = _kept_rows(batch)  # per group weight 0: a best/worst pair under the threshold, a dummy eval batch
     if not bool(keep.all()):
         return _kept_rows_loss(objective_cfg, inputs, keep.to(mask.device))
+    # from the collated batch's scores and groups, on the host (grouping on the device reads sizes back)
     advantages = group_advantages(
-        batch["scores"].to(inputs.policy_logps.device), batch["group_ids"], eps=objective_cfg.advantage_eps,
-        std=objective_cfg.advantage_std,
-    )
+        batch["scores"], batch["group_ids"], eps=objective_cfg.advantage_eps, std=objective_cfg.advantage_std,
+    ).to(inputs.policy_logps.device)
     if "old_logps" in batch and not inputs.humanline_active:
         logratios = (inputs.policy_logps - batch["old_logps"].to(inputs.policy_logps.device)) * mask
     else:
@@ -188,7 +190,7 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask if inputs.has_reference else None
     tokens_per_rank = None
     if objective_cfg.aggregation == "dapo" and not inputs.update_normalised:
-        tokens_per_rank = mean_tokens_per_rank(float(mask.sum()))
+        tokens_per_rank = mean_tokens_per_rank(float(batch["completion_mask"].sum()))
     loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
         ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,
@@ -197,7 +199,7 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     with torch.no_grad():
         # reference-free: advantage-weighted mean per-token log-prob (rises as better completions gain mass)
         per_token = (inputs.policy_logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
-        metrics["policy/adv_logp"] = float((advantages.to(per_token.dtype) * per_token).mean())
+        metrics["policy/adv_logp"] = (advantages.to(per_token.dtype) * per_token).mean()
     return loss, metrics
 
 

@@ -123,16 +123,18 @@ def kto_prepare_update(objective_cfg, batches, token_logps, transform) -> Dict[s
     ``batch["kto_z0"]``. So ``z0`` does not depend on how the update was split into micro-batches (with one
     micro-batch per update it is the per-micro-batch ``z0`` of evaluation). Dummy micro-batches run the
     forwards (every rank runs as many) but count in nothing."""
-    stats = torch.zeros(2, dtype=torch.float64)
+    stats = None  # on the log-probs' device: the update's z0 is summed over ranks there, never read on the host
     for batch in batches:
         kl_batch = {"input_ids": batch["kl_input_ids"], "attention_mask": batch["kl_attention_mask"]}
         kl_policy = token_logps(kl_batch, "policy")
         kl_reference = token_logps(kl_batch, "reference")
         kl_mask = batch["kl_completion_mask"].to(device=kl_policy.device, dtype=kl_policy.dtype)
         kl_logratios, _ = transform(kl_policy, kl_reference, kl_mask)
+        if stats is None:
+            stats = torch.zeros(2, dtype=torch.float64, device=kl_logratios.device)
         if not batch.get("dummy"):
-            stats += _kl_stats(kl_logratios, kl_mask, batch.get("weights")).cpu()
-    z0 = _z0(stats).cpu()
+            stats += _kl_stats(kl_logratios, kl_mask, batch.get("weights"))
+    z0 = _z0(stats)
     for batch in batches:
         batch["kto_z0"] = z0
     return {}
@@ -150,11 +152,12 @@ def kto_loss(
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Batch mean of the KTO losses (see the module docstring); ``desirable`` is a bool ``[B]``.
 
-    Returns ``(loss, metrics)``; metrics hold ``kto/z0``, the counts ``count/desirable`` and
+    Returns ``(loss, metrics)``; metrics (device tensors, but the counts: host numbers from ``desirable``) hold ``kto/z0``, the counts ``count/desirable`` and
     ``count/undesirable``, and the mean rewards ``beta * r`` of each kind (``rewards/desirable``,
     ``rewards/undesirable``), a mean being left out when its kind is absent from the batch.
     """
-    desirable = desirable.to(device=logratios.device, dtype=torch.bool).reshape(-1)
+    labels = torch.as_tensor(desirable).to(dtype=torch.bool).reshape(-1)  # where the caller keeps them: the host
+    desirable = labels.to(device=logratios.device)
     if desirable.shape[0] != logratios.shape[0]:
         raise ValueError(f"desirable has {desirable.shape[0]} labels for {logratios.shape[0]} sequences")
     z0_t = torch.as_tensor(z0, dtype=logratios.dtype, device=logratios.device).detach()
@@ -164,18 +167,24 @@ def kto_loss(
     losses = torch.where(desirable, desirable_losses, undesirable_losses)
     loss = weighted_mean(losses, weights)
     with torch.no_grad():
-        n_desirable = int(desirable.sum())
-        n_undesirable = int(desirable.numel()) - n_desirable
+        n_desirable = int(labels.sum())
+        n_undesirable = int(labels.numel()) - n_desirable
         metrics = {
-            "kto/z0": float(z0_t),
+            "kto/z0": z0_t,
             "count/desirable": float(n_desirable),
             "count/undesirable": float(n_undesirable),
         }
         if n_desirable:
-            metrics["rewards/desirable"] = float(beta * rewards[desirable].mean())
+            metrics["rewards/desirable"] = beta * _rows(rewards, labels).mean()
         if n_undesirable:
-            metrics["rewards/undesirable"] = float(beta * rewards[~desirable].mean())
+            metrics["rewards/undesirable"] = beta * _rows(rewards, ~labels).mean()
     return loss, metrics
+
+
+def _rows(values: torch.Tensor, keep: torch.Tensor) -> torch.Tensor:
+    """``values[keep]`` for a host bool mask: the same elements in the same order, gathered by indices found on
+    the host (a boolean mask on the device would read its count back)."""
+    return values.index_select(0, keep.nonzero().reshape(-1).to(values.device))
 
 
 def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:
@@ -205,15 +214,16 @@ def kto_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
             # > 0 when no completion of another prompt existed in the micro-batch, the rank's or the update's
             # data: those KL rows pair a prompt with its own completion (z0 is then no KL estimate)
             metrics["kto/kl_same_prompt_frac"] = float(same.cpu()[counted].float().mean())
-        desirable = batch["desirable"].to(inputs.mask.device).bool()
+        desirable = torch.as_tensor(batch["desirable"]).bool().reshape(-1)  # the collated batch's: on the host
         per_token = sequence_logratio(inputs.policy_logps, inputs.mask) / inputs.mask.sum(-1).clamp(min=1)
         if desirable.any():
-            metrics["policy/logp_desirable"] = float(per_token[desirable].mean())
+            metrics["policy/logp_desirable"] = _rows(per_token, desirable).mean()
         if (~desirable).any():
-            metrics["policy/logp_undesirable"] = float(per_token[~desirable].mean())
+            metrics["policy/logp_undesirable"] = _rows(per_token, ~desirable).mean()
         if desirable.any() and (~desirable).any():
-            # reference-free: mean per-token log-prob of desirable minus undesirable completions
-            metrics["policy/margin"] = metrics["policy/logp_desirable"] - metrics["policy/logp_undesirable"]
+            # reference-free: mean per-token log-prob of desirable minus undesirable completions (in float64)
+            metrics["policy/margin"] = (metrics["policy/logp_desirable"].to(torch.float64)
+                                        - metrics["policy/logp_undesirable"].to(torch.float64))
     return loss, metrics
 
 

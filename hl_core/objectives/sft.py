@@ -16,12 +16,12 @@ import torch
 METRIC_KEYS = ("sft/nll", "sft/ppl")  # every metric ``sft_batch_loss`` reports
 
 
-def sft_loss(policy_logps: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, float]]:
+def sft_loss(policy_logps: torch.Tensor, mask: torch.Tensor) -> Tuple[torch.Tensor, Dict[str, torch.Tensor]]:
     """Mean negative log-likelihood per completion token; metrics ``sft/nll`` and ``sft/ppl``."""
     mask = mask.to(policy_logps.dtype)
     loss = -(policy_logps * mask).sum() / mask.sum().clamp(min=1.0)
-    nll = float(loss.detach())
-    return loss, {"sft/nll": nll, "sft/ppl": math.exp(min(nll, 50.0))}
+    nll = loss.detach().to(torch.float64)  # metrics stay on the device (no host read)
+    return loss, {"sft/nll": nll, "sft/ppl": torch.exp(nll.clamp(max=50.0))}
 
 
 def sft_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float]]:

@@ -250,6 +250,7 @@ def load_or_compute(engine, cache: ReferenceCacheDir, ranges: List[Tuple[int, in
             batches = eval_batches() if name == "eval" else (x for m in range(first, last + 1)
                                                                   for x in batches_of_update(m))
             part.fill(engine, batches, temperature)
+            engine.synchronize()  # the fill's copies to the host are asynchronous: arrived before they are written
             cache.save(name, part.values, replaces)
             store.values.update(part.values)
         if progress is not None and name != "eval":

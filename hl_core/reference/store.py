@@ -54,7 +54,8 @@ class LogpStore:
 
     def fill(self, engine, batches: Iterable[dict], temperature: float) -> int:
         """Compute (with the policy as the reference) every forward batch of ``batches`` not stored yet;
-        returns the number of forwards run. Every rank runs the same number (ZeRO-3 / model-parallel forwards
+        returns the number of forwards run. The copies to the host are asynchronous on a GPU: read the values on
+        the host only after ``engine.synchronize()`` (the trainer waits at the end of every update). Every rank runs the same number (ZeRO-3 / model-parallel forwards
         are collective): ranks hold the same number of batches of the same kinds."""
         forwards = 0
         for batch in batches:
@@ -64,6 +65,8 @@ class LogpStore:
                     continue
                 with engine.policy_as_reference():
                     logps = engine.token_logps(forward, "policy", temperature)
-                self.values[key] = logps.detach().to("cpu", torch.float32)
+                # an asynchronous copy (pinned memory on a GPU): the trainer's wait at the end of the update orders it
+                # before any host read (a checkpoint); the next forward's copy back is ordered on the stream
+                self.values[key] = logps.detach().to("cpu", torch.float32, non_blocking=True)
                 forwards += 1
         return forwards

@@ -37,26 +37,27 @@ class ZeroedGradients:
     """A rehearsal's gradients are meaningless, and now and then one holds a NaN or inf (a buffer no faked rank
     filled: seen once in about 17 CPU rehearsals of the Gemma-2-27B megatron stage 0, never reproduced). The
     trainer's guard would then skip that update's optimizer step, and with it the step's memory and, after a
-    skipped warm-up, the optimizer states at rest. So the engine's ``local_grads_finite`` is wrapped: a gradient
+    skipped warm-up, the optimizer states at rest. So the engine's ``local_grads_nonfinite`` is wrapped: a gradient
     tensor whose norm is not finite is zeroed where it is not finite (in place: nothing allocated) and recorded
     (``events``: update, shape, dtype), and the guard sees finite gradients. A real run never gets here."""
 
     def __init__(self, engine):
         self.events: List[Dict] = []
         self.checks = 0
-        self._engine, self._original = engine, engine.local_grads_finite
-        engine.local_grads_finite = self
+        self._engine, self._original = engine, engine.local_grads_nonfinite
+        engine.local_grads_nonfinite = self
 
     @torch.no_grad()
-    def __call__(self) -> bool:
+    def __call__(self) -> torch.Tensor:
         update, self.checks = self.checks, self.checks + 1
-        if self._original():
-            return True
+        nonfinite = self._original()
+        if not bool(nonfinite):  # a host read: a rehearsal measures memory and traffic, not synchronisations
+            return nonfinite
         for grad in self._engine.local_grads():
             if not bool(torch.linalg.vector_norm(grad).isfinite()):
                 torch.nan_to_num_(grad, nan=0.0, posinf=0.0, neginf=0.0)
                 self.events.append(dict(update=update, shape=list(grad.shape), dtype=str(grad.dtype).split(".")[-1]))
-        return bool(self._original())
+        return self._original()
 
 
 class RehearsalMode(TorchDispatchMode):

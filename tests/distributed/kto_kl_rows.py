@@ -65,7 +65,7 @@ def shape(prompts_per_micro, micro_per_update, tag):
     best = int(sums.argmax())
     batch["weights"] = torch.nn.functional.one_hot(torch.tensor(best), len(sums)).float()
     result["z0"] = {"kl_sums": sums.tolist(), "weighted_row": best,
-                    "engine_z0": trainer._loss(batch, train=False)[1]["kto/z0"]}
+                    "engine_z0": float(trainer._loss(batch, train=False)[1]["kto/z0"])}  # metrics are device tensors
     trainer.close(destroy_process_group=False)
     return result
 

@@ -11,17 +11,17 @@ sys.path.insert(0, str(REPO))
 from hl_core.engines.base import Engine  # noqa: E402 (after the path insert)
 
 checks = []
-unpoisoned = Engine.local_grads_finite
+unpoisoned = Engine.local_grads_nonfinite
 
 
-def poisoned(self) -> bool:
+def poisoned(self):
     if not checks:
         self.local_grads()[0].fill_(float("nan"))
     checks.append(1)
     return unpoisoned(self)
 
 
-Engine.local_grads_finite = poisoned
+Engine.local_grads_nonfinite = poisoned
 
 import launchers.run as launcher  # noqa: E402
 

@@ -40,7 +40,7 @@ need a GPU-only package or minutes of CPU compilation (``"skipped"`` with the re
 
 Every run is its own process (a failure or an out-of-memory stays in its section; peak memory is its
 own). One JSON line per result is printed and written to ``--out``; ``--markdown`` writes the table
-the README shows. No GPU and no ``--dry-run``: exit 2. A missing optional package (megatron-core,
+docs/perf keeps. No GPU and no ``--dry-run``: exit 2. A missing optional package (megatron-core,
 flash-attn) turns its runs into ``"skipped": "<why>"`` lines and the rest runs. Exit 1 when a run
 failed or a comparison is outside its tolerance.
 

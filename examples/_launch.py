@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 import torch.multiprocessing as mp
-from transformers import AutoConfig, AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, PrinterCallback
 
 TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
 
@@ -24,6 +24,15 @@ def load_model(path, seed):
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     torch.manual_seed(seed)  # the tiny model ships as a config: a random init, the same on every rank
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
+
+
+def train_and_print(trainer) -> None:
+    """A TRL trainer of ``hl_core.integrations.trl`` trained, then its per-update rows printed (rank 0)."""
+    trainer.remove_callback(PrinterCallback)  # TRL's own log lines; the rows below say what humanline did
+    trainer.train()
+    for row in trainer.humanline_history if trainer.accelerator.is_main_process else ():
+        print(f"update {row['update']}  loss {row['loss']:.8f}  clipped {row['clipped_frac']:.4f}  "
+              f"synced {row['synced']}", flush=True)
 
 
 def parser(doc: str) -> argparse.ArgumentParser:

@@ -11,23 +11,15 @@ import json
 import warnings
 from pathlib import Path
 
-import torch
 from datasets import Dataset
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, PrinterCallback
+from transformers import AutoTokenizer
 from trl import GRPOConfig
 
+from _launch import TINY, load_model, train_and_print
 from hl_core.humanline import ClipTransform, SyncSchedule
 from hl_core.integrations.trl import HumanlineGRPOTrainer
 
 warnings.filterwarnings("ignore", category=FutureWarning)
-TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
-
-
-def load_model(path, seed):
-    if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
-        return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(seed)  # the tiny model ships as a config: a random init
-    return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
 
 
 def offline_groups(path, tokenizer, group_size):
@@ -57,11 +49,7 @@ def main(args):
         transform=ClipTransform(*args.clip),  # the per-token log-ratio clamped before exp()
         schedule=SyncSchedule(every=args.sync_every),  # reference <- pre-update policy every k updates, shard-local
     )
-    trainer.remove_callback(PrinterCallback)  # TRL's own log lines; the rows below say what humanline did
-    trainer.train()
-    for row in trainer.humanline_history if trainer.accelerator.is_main_process else ():
-        print(f"update {row['update']}  loss {row['loss']:.8f}  clipped {row['clipped_frac']:.4f}  "
-              f"synced {row['synced']}", flush=True)
+    train_and_print(trainer)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """What stops a run early, and with which exit code: non-finite updates and SIGTERM/SIGINT.
 
-Exit codes of ``launchers/run.py`` (the README's Reliability section lists them too):
+Exit codes of ``launchers/run.py`` (docs/reference/exit-codes.md lists them too):
 
     0 finished (or stopped cleanly by a STOP file or ``train.stop_after``), 1 failure (a bug, a crash),
     2 bad input, 3 stopped on a non-finite update (or every update skipped: no ``final/``), 4 stopped by

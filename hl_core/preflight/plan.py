@@ -475,7 +475,7 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         f"  total                         {v['total']:9.2f} (model.gradient_checkpointing={str(ckpt).lower()}; "
         f"{v['total_other_checkpointing']:.2f} with it {'off' if ckpt else 'on'})",
         f"  GPU memory                    {plan['gpu_memory_gib'] * scale:9.2f} (cluster.gpu_memory_gb)",
-        "checked against measurement (README, Performance): on an H100 (bench/gpu_check.py: DeepSpeed ZeRO-2/3 "
+        "checked against measurement (docs/results/performance.md): on an H100 (bench/gpu_check.py: DeepSpeed ZeRO-2/3 "
         "and megatron tp=1, one GPU, a Llama-3.2-1B shape) and on the CPU at the recipes' exact widths "
         "(bench/realistic_shapes.py: ZeRO-0/3 over 2 processes, megatron tp=2 and pp=2; Llama-3-8B and "
         "Gemma-2-27B layers forward and backward); by --rehearse (docs/perf/rehearse_cpu_*.md); not yet: NCCL buffers, "

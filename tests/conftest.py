@@ -99,3 +99,15 @@ def pytest_configure(config):
         import torch  # every test imports it anyway; only a worker needs it here
 
         torch.set_num_threads(1)
+
+
+@pytest.fixture(autouse=True)
+def _environment_put_back():
+    """Every test leaves ``os.environ`` as it found it: an in-process run sets the launcher's variables (``RANK``,
+    ``LOCAL_RANK``, ``WORLD_SIZE``, ``MASTER_PORT``: ``hl_core.engines.base.launch_environment``), which a later test
+    in the same worker would read as a launch (``--validate`` refuses a partial one; a child inherits a port in use)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)

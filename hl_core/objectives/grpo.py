@@ -190,7 +190,8 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     ref_logratios = (inputs.policy_logps - inputs.ref_logps) * mask if inputs.has_reference else None
     tokens_per_rank = None
     if objective_cfg.aggregation == "dapo" and not inputs.update_normalised:
-        tokens_per_rank = mean_tokens_per_rank(float(batch["completion_mask"].sum()))
+        counted = batch["completion_mask"] if "completion_mask" in batch else mask  # the batch's is host-side
+        tokens_per_rank = mean_tokens_per_rank(float(counted.sum()))
     loss, metrics = grpo_loss(
         logratios, mask, advantages, eps_low=objective_cfg.eps_low, eps_high=objective_cfg.eps_high,
         ref_logratios=ref_logratios, beta_kl=objective_cfg.beta_kl, aggregation=objective_cfg.aggregation,

@@ -53,12 +53,17 @@ def free_port() -> int:
 
 
 def torchrun(args, nproc: int, timeout: float = 400, expect: int = 0) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node NPROC ARGS`` in the vLLM environment, in a process group of its own that is
-    killed on every way out (timeout, interrupt, failure), so no rank outlives the test."""
-    command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}",
-               f"--master_port={free_port()}", *map(str, args)]
-    proc = subprocess.Popen(command, cwd=REPO, env=vllm_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, start_new_session=True)
+    """``torchrun --nproc_per_node NPROC ARGS`` in the vLLM environment (see :func:`run_python`)."""
+    return run_python(["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
+                       *args], timeout, expect)
+
+
+def run_python(args, timeout: float = 400, expect: int = 0) -> subprocess.CompletedProcess:
+    """``python ARGS`` in the vLLM environment, in a process group of its own that is killed on every way out
+    (timeout, interrupt, failure), so no process it started outlives the test. Its exit code must be ``expect``."""
+    command = [sys.executable, *map(str, args)]
+    proc = subprocess.Popen(command, cwd=REPO, env=vllm_env(MASTER_PORT=str(free_port())), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
     finally:

@@ -11,7 +11,8 @@ Sections:
   float32 ``log_softmax`` over ``[B, T, V]`` (forward + backward, beyond the logits), max |difference| of
   values and gradients.
 - ``hidden``: ``train.fused_logprobs`` at each vocabulary: log-probs from bf16 hidden states and the output
-  weight (both trained) without the logits, at two block sizes (``train.logps_chunk_tokens``), against the
+  weight (both trained) without the logits, at two caps of the block (``train.logps_chunk_tokens``; the rows a
+  block uses, ``hl_core.logprobs.hidden.block_rows``, are reported beside them), against the
   logits then a plain float32 ``log_softmax``: peak memory beyond the hidden states, the weight and their
   gradients (goal: 0.05x or less), max |difference| of values and hidden-state gradients; and the reference's
   no-grad forward (the copy, the look-ahead store and the cache run it, on the policy's trainable weight) at the
@@ -47,13 +48,14 @@ from bench import realistic_shapes_runs as runs  # noqa: E402
 from bench.memprobe import CPU_ALLOCATOR_ENV, GIB  # noqa: E402
 from bench.shapes import spec_of, write_model_dir, write_rows  # noqa: E402
 from hl_core import children  # noqa: E402 (the runs end with this script)
+from hl_core.logprobs.hidden import block_rows  # noqa: E402
 
 VOCABS = {"llama3 (128k)": 128256, "qwen2.5 (152k)": 151936, "gemma2 (256k)": 256000}
 LOGPROB_BATCH = dict(rows=2, steps=1024, chunk=128)  # two sequences of the GPU check's length; 2 x 128 positions
 # = the default `train.logps_chunk_tokens` (256) per float32 block
 HIDDEN_BATCH = dict(rows=1, steps=1024, width=2048)  # one sequence of the GPU check's length at Llama-3.2-1B's width
 # (a plain log_softmax over two would pass 6 GiB at 256k); blocks: the default `train.logps_chunk_tokens`, and 64
-HIDDEN_BLOCKS = (256, 64)
+HIDDEN_BLOCKS = (256, 16)
 TRAIN_SHAPES = ("llama3.2-1b", "qwen2.5-1.5b")
 FORWARD_SHAPES = (("llama3-8b", "sdpa"), ("gemma2-27b", "eager"))
 SEQ, PROMPT = 160, 16
@@ -128,6 +130,7 @@ def section_hidden(work: Path) -> list:
             for block in blocks:
                 fused = runs[("fused", block)]
                 row = {"section": "hidden", "forward": forward, "vocab": label, "block_tokens": block,
+                       "block_rows": block_rows(HIDDEN_BATCH["rows"] * HIDDEN_BATCH["steps"], vocab, block),
                        "tokens": HIDDEN_BATCH["rows"] * HIDDEN_BATCH["steps"], "width": HIDDEN_BATCH["width"],
                        "fused_gib": fused["peak_bytes"] / GIB, "plain_gib": plain["peak_bytes"] / GIB,
                        "ratio": fused["peak_bytes"] / plain["peak_bytes"],
@@ -232,13 +235,15 @@ def markdown(results: list) -> str:
                      f"{r['max_abs_diff']:.1e}, {r['max_abs_grad_diff']:.1e} |")
     hidden = [x for x in results if x["section"] == "hidden"]
     if hidden:
-        lines += ["", "| vocabulary | forward | `train.fused_logprobs` block (tokens) | fused GiB | logits + plain log_softmax "
-                  "GiB | ratio (goal <= 0.05) | max abs diff (values, grads) |", "|---|---|---:|---:|---:|---:|---:|"]
+        lines += ["", "| vocabulary | forward | `train.logps_chunk_tokens` (tokens per block at most: used) | fused GiB | "
+                  "logits + plain log_softmax GiB | ratio (goal <= 0.05) | max abs diff (values, grads) |",
+                  "|---|---|---:|---:|---:|---:|---:|"]
         for r in hidden:
             kind = ("policy (forward + backward)" if r.get("forward", "policy") == "policy"
                     else "reference (no-grad forward)")
             grads = f", {r['max_abs_grad_diff']:.1e}" if "max_abs_grad_diff" in r else ""
-            lines.append(f"| {r['vocab']} | {kind} | {r['block_tokens']} | {r['fused_gib']:.3f} | {r['plain_gib']:.2f} | "
+            used = f": {r['block_rows']}" if "block_rows" in r else ""
+            lines.append(f"| {r['vocab']} | {kind} | {r['block_tokens']}{used} | {r['fused_gib']:.3f} | {r['plain_gib']:.2f} | "
                          f"{r['ratio']:.3f} | {r['max_abs_diff']:.1e}{grads} |")
     keys = ("at rest", "gradients", "activations", "logits", "peak")
     if not any(x["section"] in ("train", "forward") for x in results):

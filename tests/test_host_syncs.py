@@ -138,11 +138,11 @@ def _instrument(trainer, mode: HostProvenance) -> None:
     trainer.engine.all_reduce_sum = counted_reduce
 
 
-def _trainer(tmp_path, recipe: str, micro_batches: int) -> Trainer:
+def _trainer(tmp_path, recipe: str, micro_batches: int, extra=()) -> Trainer:
     recipe = load_recipe(REPO / "recipes" / "tiny" / recipe, [
         f"output_dir={tmp_path / 'run'}", "train.max_steps=4", "eval.every=null", "checkpoint.save_every=null",
         "checkpoint.save_final=false", "logging.progress_bar=false", "train.micro_batch_size=2",
-        f"train.gradient_accumulation_steps={micro_batches}",
+        f"train.gradient_accumulation_steps={micro_batches}", *extra,
     ])
     trainer = Trainer(recipe)
     trainer.setup()
@@ -163,19 +163,25 @@ def count_syncs(trainer: Trainer, updates: int = 2) -> list:
     return counts
 
 
+# the log-prob paths: the logits, from the hidden states (`train.fused_logprobs`), and packed (with either)
+PATHS = {"logits": [], "fused": ["train.fused_logprobs=true"], "packed": ["data.packing=true"],
+         "packed_fused": ["data.packing=true", "train.fused_logprobs=true"]}
+
+
+@pytest.mark.parametrize("path", list(PATHS))
 @pytest.mark.parametrize("recipe", ["humanline_dpo.yaml", "humanline_kto.yaml", "humanline_grpo.yaml"])
-def test_host_syncs_per_update_are_few_and_independent_of_the_micro_batches(tmp_path, recipe):
+def test_host_syncs_per_update_are_few_and_independent_of_the_micro_batches(tmp_path, recipe, path):
     totals = {}
     for micro_batches in (1, 2, 4):
-        trainer = _trainer(tmp_path / str(micro_batches), recipe, micro_batches)
+        trainer = _trainer(tmp_path / str(micro_batches), recipe, micro_batches, PATHS[path])
         try:
             counts = count_syncs(trainer)
         finally:
             trainer.close()
         for syncs in counts:
-            assert sum(syncs.values()) <= MAX_SYNCS_PER_UPDATE, (recipe, micro_batches, dict(syncs))
+            assert sum(syncs.values()) <= MAX_SYNCS_PER_UPDATE, (recipe, path, micro_batches, dict(syncs))
         totals[micro_batches] = [sum(s.values()) for s in counts]
-    assert totals[1] == totals[2] == totals[4], (recipe, totals)
+    assert totals[1] == totals[2] == totals[4], (recipe, path, totals)
 
 
 def test_the_counter_sees_a_read_of_a_device_value_and_not_one_of_the_batch(tmp_path):

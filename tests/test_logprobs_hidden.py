@@ -56,23 +56,36 @@ def test_values_and_gradients_equal_the_plain_path_float64(temperature, softcap,
 
 
 @pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, 3.0)])
-def test_vocabulary_slices_give_the_one_slice_values_and_gradients_float64(monkeypatch, temperature, softcap):
-    """The log-sum-exp online over the vocabulary's slices (37 = 7 x 5 + 2 columns) and the backward slice by slice
-    equal one slice over the whole vocabulary."""
-    import hl_core.logprobs.hidden as hidden_module
-
+def test_the_block_size_changes_nothing_float64(temperature, softcap):
+    """One token per block, blocks of 4 and one block for all: the same values and gradients."""
     gen = torch.Generator().manual_seed(3)
     hidden, weight, bias, labels = _leaves(torch.float64, gen)
     upstream = torch.randn(labels.shape, generator=gen, dtype=torch.float64)
     results = []
-    for vocab_slice in (1000, 5):
-        monkeypatch.setattr(hidden_module, "VOCAB_SLICE", vocab_slice)
-        out = hidden_token_logps(hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap, block_tokens=4)
+    for block in (1, 4, 10_000):
+        out = hidden_token_logps(hidden, weight, labels, bias=bias, temperature=temperature, softcap=softcap,
+                                 block_tokens=block)
         results.append((out.detach(), *torch.autograd.grad((out.double() * upstream).sum(), [hidden, weight, bias])))
-    for one, sliced in zip(*results):
-        assert torch.allclose(one.double(), sliced.double(), atol=1e-6, rtol=0)  # values: float32 outputs
-    for one, sliced in zip(results[0][1:], results[1][1:]):
-        assert torch.allclose(one, sliced, atol=1e-12, rtol=1e-12)
+    for other in results[1:]:
+        assert torch.allclose(results[0][0].double(), other[0].double(), atol=1e-6, rtol=0)  # float32 outputs
+        for one, got in zip(results[0][1:], other[1:]):
+            assert torch.allclose(one, got, atol=1e-12, rtol=1e-12)
+
+
+def test_a_block_is_a_small_share_of_the_logits_and_few_blocks_cover_them():
+    """:func:`block_rows`: a block of logits holds at most 1/BLOCK_SHARE of ``[N, V]`` (or the floor of
+    MIN_BLOCK_LOGITS) and never more than ``block_tokens`` rows; a large input takes about BLOCK_SHARE blocks."""
+    from hl_core.logprobs.hidden import BLOCK_SHARE, MIN_BLOCK_LOGITS, block_rows
+
+    for count, vocab in ((1024, 128_256), (8192, 128_256), (8192, 151_936), (1024, 256_000), (64, 32_000)):
+        rows = block_rows(count, vocab, block_tokens=10**9)
+        assert rows * vocab <= max(count * vocab // BLOCK_SHARE, MIN_BLOCK_LOGITS)
+        if count * vocab // BLOCK_SHARE >= MIN_BLOCK_LOGITS:  # large: about BLOCK_SHARE blocks, not hundreds
+            assert -(-count // rows) <= BLOCK_SHARE + 1, (count, vocab, rows)
+    assert block_rows(8192, 128_256, block_tokens=256) == 128  # 1/64 of 8,192 tokens
+    assert block_rows(1 << 20, 128_256, block_tokens=256) == 256  # the cap binds
+    assert block_rows(1024, 128_256, block_tokens=256) == MIN_BLOCK_LOGITS // 128_256  # the floor: 32 rows, 16 MiB
+    assert block_rows(3, 10**9, block_tokens=256) == 1
 
 
 def test_a_no_grad_forward_keeps_nothing_and_gives_the_training_forward_values(monkeypatch):
@@ -82,7 +95,6 @@ def test_a_no_grad_forward_keeps_nothing_and_gives_the_training_forward_values(m
 
     gen = torch.Generator().manual_seed(4)
     hidden, weight, bias, labels = _leaves(torch.float32, gen)
-    monkeypatch.setattr(hidden_module, "VOCAB_SLICE", 5)
     with_grad = hidden_token_logps(hidden, weight, labels, bias=bias, block_tokens=4)
 
     def no_liger():

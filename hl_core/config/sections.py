@@ -409,11 +409,12 @@ class TrainConfig(_Section):
     logps_chunk_tokens: int = Field(
         256, ge=1,
         description="Tokens (sequences x positions) per float32 block of the log-softmax over the vocabulary: "
-        "the log-probs' working memory is 4 x this x vocabulary bytes.",
+        "the log-probs' working memory is 4 x this x vocabulary bytes. With `train.fused_logprobs` the most tokens "
+        "per block: a block there holds at most 1/64 of the micro-batch's logits (or 16 MiB when that is larger).",
     )
     fused_logprobs: bool = Field(
-        False, description="Token log-probs from the last hidden states and the output layer's weight, "
-        "`train.logps_chunk_tokens` tokens at a time, never holding the `[B, T, V]` logits; the backward recomputes "
+        False, description="Token log-probs from the last hidden states and the output layer's weight, a block of "
+        "tokens at a time (at most `train.logps_chunk_tokens`), never holding the `[B, T, V]` logits; the backward recomputes "
         "each block (Liger-Kernel's fused linear cross-entropy on a GPU when installed, plain PyTorch otherwise). "
         "With the sampling temperature and Gemma 2's final soft-cap; same log-probs as the logits path. DeepSpeed "
         "engine (ZeRO 0-3, packing, LoRA, tied embeddings); Llama, Mistral, Qwen 2/2.5/3, Gemma 1/2.",

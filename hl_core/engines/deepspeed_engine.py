@@ -188,17 +188,19 @@ class DeepSpeedEngine(Engine):
 
     def token_logps(self, batch, model: str = "policy", temperature: float = 1.0):
         engine = self.policy if model == "policy" else (self.require_reference() or self.policy)  # LoRA: one module
-        input_ids = batch["input_ids"].to(self.device)
-        attention_mask = batch["attention_mask"].to(self.device)
+        # the collated batch is on the host: the packed and fused paths build their layouts there (bins, labels,
+        # valid positions) and move them, so no device value is read back
+        input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
         fused = self.recipe.train.fused_logprobs  # from the hidden states, without the [B, T, V] logits
         if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
             forward = functools.partial(packed_sequence_token_logps, capacity=self.recipe.data.max_length,
                                         pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=self.recipe.train.logps_chunk_tokens,
-                                        fused=fused, module=engine.module)
+                                        fused=fused, module=engine.module, device=self.device)
         elif fused:
             forward = functools.partial(fused_sequence_token_logps, block_tokens=self.recipe.train.logps_chunk_tokens,
-                                        module=engine.module)
+                                        module=engine.module, device=self.device)
         else:
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
             forward = functools.partial(sequence_token_logps,
                                         chunk_size=chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens))
         if model == "policy":

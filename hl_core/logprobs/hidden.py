@@ -2,12 +2,13 @@
 
 ``hidden_token_logps(hidden, weight, labels)[n] = log_softmax(z_n)[labels[n]]`` with
 ``z_n = cap * tanh((hidden[n] @ weight.T + bias) / cap) / temperature`` (Gemma 2's final-logit soft-cap ``cap``;
-without one, ``z_n = (hidden[n] @ weight.T + bias) / temperature``), computed a block of tokens and a slice of the vocabulary (``VOCAB_SLICE`` columns) at a time: at most one
-``[block, VOCAB_SLICE]`` float32 block of logits exists in the forward (the log-sum-exp runs online over the slices)
-and in the backward, which recomputes each block from the saved hidden states and the per-token log-sum-exp
-instead of keeping any. Only tokens with a valid label are computed (padding and positions without a next token
-cost nothing). Without autograd (the reference's forward, the look-ahead store, the cache, evaluation) only the
-forward runs: no gradient buffer, nothing saved.
+without one, ``z_n = (hidden[n] @ weight.T + bias) / temperature``), computed a block of tokens at a time: at
+most one ``[block, V]`` float32 block of logits exists in the forward and in the backward, which recomputes each
+block from the saved hidden states and the per-token log-sum-exp instead of keeping any; a block is a fixed small
+share of the whole (:func:`block_rows`). Only tokens with a valid label are computed (padding and positions without a
+next token cost nothing); their positions come from the host-side batch (:func:`valid_positions`), so the device is
+never read. Without autograd (the reference's forward, the look-ahead store, the cache, evaluation) only the forward
+runs: no gradient buffer, nothing saved.
 
 Two implementations of one function:
 
@@ -44,31 +45,59 @@ _LIGER_FN = []  # [function or None], filled on first use
 
 def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: Optional[torch.Tensor] = None,
                        temperature: float = 1.0, softcap: Optional[float] = None, block_tokens: int = 256,
-                       backend: str = "auto") -> torch.Tensor:
+                       backend: str = "auto", index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``hidden [..., H]``, ``weight [V, H]``, ``labels [...]`` -> float32 log-probs ``[...]``; a label outside
     ``[0, V)`` gives 0 and no gradient. Equal to ``log_softmax(z).gather(labels)`` over the full logits ``z`` to
-    float32 rounding. ``backend``: ``auto`` (Liger on CUDA when it applies, else ``torch``), ``torch``, or
-    ``liger`` (Liger on any device, when installed and it applies; for tests)."""
+    float32 rounding. ``block_tokens``: the most tokens per block (:func:`block_rows`). ``backend``: ``auto`` (Liger
+    on CUDA when it applies, else ``torch``), ``torch``, or ``liger`` (Liger on any device, when installed and it
+    applies; for tests). ``index``: the flat positions of the valid labels, ascending, on ``hidden``'s device, when
+    the caller has them (built on the host from the batch: :func:`valid_positions`); without it they are found with
+    ``nonzero``, a read of the device on a GPU."""
     vocab, width = weight.shape
     flat_labels = labels.reshape(-1)
-    valid = (flat_labels >= 0) & (flat_labels < vocab)
-    index = valid.nonzero().squeeze(-1)
+    if index is None:
+        index = ((flat_labels >= 0) & (flat_labels < vocab)).nonzero().squeeze(-1)
     picked = hidden.reshape(-1, width).index_select(0, index)  # [N, H]: the backward scatters into hidden's grad
     targets = flat_labels.index_select(0, index)
+    rows = block_rows(picked.shape[0], vocab, block_tokens)
     needs_grad = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (picked, weight, bias))
     liger = _liger_function() if needs_grad and (backend == "liger" or (backend == "auto" and picked.is_cuda)) else None
     if not needs_grad:  # only the forward: no autograd node, no saved tensors, no gradient buffers
-        values = _blockwise_forward(picked, weight, bias, targets, int(block_tokens), float(temperature),
+        values = _blockwise_forward(picked, weight, bias, targets, rows, float(temperature),
                                     None if softcap is None else float(softcap))[0]
     elif liger is not None and (softcap is None or temperature == 1.0):
         if temperature != 1.0:  # (h W^T + b) / t = (h / t) W^T + b / t: exact without a soft-cap between them
             picked, bias = picked / temperature, (bias / temperature if bias is not None else None)
         values = _LigerLogps.apply(picked, weight, bias, targets, softcap, liger)
     else:
-        values = _BlockwiseLogps.apply(picked, weight, bias, targets, int(block_tokens), float(temperature),
+        values = _BlockwiseLogps.apply(picked, weight, bias, targets, rows, float(temperature),
                                        None if softcap is None else float(softcap))
     out = values.new_zeros(flat_labels.shape[0]).index_copy(0, index, values)
     return out.reshape(labels.shape)
+
+
+def valid_positions(labels: torch.Tensor, vocab: Optional[int] = None) -> torch.Tensor:
+    """The flat positions of ``labels`` in ``[0, vocab)`` (``>= 0`` without ``vocab``), ascending: ``[N]``. Built
+    where ``labels`` lives; on the host from the collated batch it costs the device nothing."""
+    flat = labels.reshape(-1)
+    valid = flat >= 0 if vocab is None else (flat >= 0) & (flat < vocab)
+    return valid.nonzero().squeeze(-1)
+
+
+# A block of float32 logits [rows, V] holds at most 1/BLOCK_SHARE of the whole [N, V] that the logits path keeps (so
+# the fused path's working memory stays a fixed small share of it), or MIN_BLOCK_LOGITS, whichever is larger (small
+# inputs: one block of 16 MiB, no needless cutting), and never more than `block_tokens` rows. A forward or backward
+# then runs in at most about BLOCK_SHARE blocks until the rows cap binds: few, large products (on a GPU, each block's
+# handful of kernels is worth launching; a fixed small block made a 1,024-token micro-batch's reference forward
+# hundreds of launch-bound blocks).
+BLOCK_SHARE = 64
+MIN_BLOCK_LOGITS = 2 ** 22
+
+
+def block_rows(count: int, vocab: int, block_tokens: int) -> int:
+    """Tokens per block for ``count`` tokens over a vocabulary of ``vocab`` (see :data:`BLOCK_SHARE`)."""
+    budget = max(count * vocab // BLOCK_SHARE, MIN_BLOCK_LOGITS)
+    return max(1, min(int(block_tokens), budget // max(1, vocab)))
 
 
 def _block_logits(hidden: torch.Tensor, weight, bias, temperature: float, softcap: Optional[float]):
@@ -86,49 +115,32 @@ def _block_logits(hidden: torch.Tensor, weight, bias, temperature: float, softca
     return z, capped
 
 
-VOCAB_SLICE = 16384  # vocabulary columns per float32 block of logits: [block, 16384] x 4 bytes = 16 MiB at block 256
-
-
-def _vocab_slices(vocab: int):
-    return [(start, min(start + VOCAB_SLICE, vocab)) for start in range(0, vocab, VOCAB_SLICE)]
-
-
 @torch.no_grad()
 def _blockwise_forward(hidden, weight, bias, labels, block: int, temperature: float, softcap: Optional[float]):
-    """``(logp, lse)`` per token: ``z[y] - logsumexp(z)``, the log-sum-exp online over the vocabulary's slices (a
-    running maximum and a rescaled sum), so at most one ``[block, VOCAB_SLICE]`` float32 block exists."""
-    count, vocab = hidden.shape[0], weight.shape[0]
+    """``(logp, lse)`` per token: ``z[y] - logsumexp(z)``, ``block`` tokens at a time (the exponentials in place,
+    so one ``[block, V]`` float32 block exists)."""
+    count = hidden.shape[0]
     work = torch.promote_types(weight.dtype, torch.float32)
     out = torch.empty(count, dtype=torch.float32, device=hidden.device)
     lse = torch.empty(count, dtype=work, device=hidden.device)
     for start in range(0, count, block):
         end = min(start + block, count)
-        rows, target = hidden[start:end], labels[start:end]
-        peak = torch.full((end - start,), float("-inf"), dtype=work, device=hidden.device)
-        total = torch.zeros(end - start, dtype=work, device=hidden.device)
-        picked = torch.zeros(end - start, dtype=work, device=hidden.device)
-        for first, last in _vocab_slices(vocab):
-            z, _ = _block_logits(rows, weight[first:last], None if bias is None else bias[first:last], temperature,
-                                 softcap)
-            inside = (target >= first) & (target < last)
-            picked += torch.where(inside, z.gather(-1, (target - first).clamp(0, last - first - 1)[:, None])[:, 0], 0.0)
-            new_peak = torch.maximum(peak, z.amax(-1))
-            total = total * torch.exp(peak - new_peak) + z.sub_(new_peak[:, None]).exp_().sum(-1)
-            peak = new_peak
-            del z
-        lse[start:end] = peak + torch.log(total)
+        z, _ = _block_logits(hidden[start:end], weight, bias, temperature, softcap)
+        picked = z.gather(-1, labels[start:end, None])[:, 0]
+        peak = z.amax(-1)
+        lse[start:end] = peak + z.sub_(peak[:, None]).exp_().sum(-1).log_()
         out[start:end] = picked - lse[start:end]
+        del z
     return out, lse
 
 
 class _BlockwiseLogps(torch.autograd.Function):
-    """``logp[n] = z[n, y_n] - logsumexp(z[n])`` over blocks of ``block`` tokens and ``VOCAB_SLICE`` columns.
+    """``logp[n] = z[n, y_n] - logsumexp(z[n])`` over blocks of ``block`` tokens.
 
-    Backward, per block and slice: ``dlogp/dz = 1[v = y] - softmax(z)`` (from the saved log-sum-exp), times
-    ``1 / temperature`` and the soft-cap's ``1 - tanh^2``, gives the slice's logit gradient ``G``; then
-    ``grad_hidden += G @ W[slice]`` (summed over the slices in float32, rounded to the weight's dtype once),
-    ``grad_W[slice] += G.T @ hidden``, ``grad_bias[slice] += G.sum(0)``, in the weight's dtype (as the output layer's
-    own backward produces them)."""
+    Backward, per block: ``dlogp/dz = 1[v = y] - softmax(z)`` (from the saved log-sum-exp), times ``1 / temperature``
+    and the soft-cap's ``1 - tanh^2``, gives the block's logit gradient ``G``; then ``grad_hidden = G @ W``,
+    ``grad_W += G.T @ hidden``, ``grad_bias += G.sum(0)``, in the weight's dtype (as the output layer's own backward
+    produces them)."""
 
     @staticmethod
     def forward(ctx, hidden, weight, bias, labels, block: int, temperature: float, softcap: Optional[float]):
@@ -145,32 +157,24 @@ class _BlockwiseLogps(torch.autograd.Function):
         grad_weight = torch.zeros_like(weight) if need_weight else None
         grad_bias = torch.zeros_like(bias) if need_bias else None
         grad_out = grad_out.to(lse.dtype)
-        slices = _vocab_slices(weight.shape[0])
         for start in range(0, hidden.shape[0], ctx.block):
             end = min(start + ctx.block, hidden.shape[0])
-            g, target, rows = grad_out[start:end, None], labels[start:end], hidden[start:end]
-            acc = torch.zeros(end - start, hidden.shape[1], dtype=lse.dtype, device=hidden.device) if need_hidden else None
-            for first, last in slices:
-                w = weight[first:last]
-                z, capped = _block_logits(rows, w, None if bias is None else bias[first:last], ctx.temperature,
-                                          ctx.softcap)
-                grad = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # -softmax * g
-                inside = ((target >= first) & (target < last))[:, None]
-                grad.scatter_add_(-1, (target - first).clamp(0, last - first - 1)[:, None], g * inside)  # + g at y
-                if ctx.temperature != 1.0:
-                    grad.div_(ctx.temperature)
-                if capped is not None:
-                    grad.mul_(1.0 - capped.square_())
-                grad = grad.to(weight.dtype)
-                if need_hidden:
-                    acc += grad @ w  # float32 sum over the slices, rounded to the weight's dtype once below
-                if need_weight:
-                    grad_weight[first:last].addmm_(grad.t(), rows)
-                if need_bias:
-                    grad_bias[first:last].add_(grad.sum(0))
-                del grad, z, capped
+            g, rows = grad_out[start:end, None], hidden[start:end]
+            z, capped = _block_logits(rows, weight, bias, ctx.temperature, ctx.softcap)
+            grad = z.sub_(lse[start:end, None]).exp_().mul_(-g)  # -softmax * g
+            grad.scatter_add_(-1, labels[start:end, None], g)  # + g at y
+            if ctx.temperature != 1.0:
+                grad.div_(ctx.temperature)
+            if capped is not None:
+                grad.mul_(1.0 - capped.square_())
+            grad = grad.to(weight.dtype)
             if need_hidden:
-                grad_hidden[start:end] = acc
+                grad_hidden[start:end] = grad @ weight
+            if need_weight:
+                grad_weight.addmm_(grad.t(), rows)
+            if need_bias:
+                grad_bias.add_(grad.sum(0))
+            del grad, z, capped
         return grad_hidden, grad_weight, grad_bias, None, None, None, None
 
 
@@ -233,19 +237,21 @@ def output_layer(model: torch.nn.Module) -> torch.nn.Linear:
 
 
 @contextlib.contextmanager
-def logps_from_hidden(model: torch.nn.Module, labels: torch.Tensor, temperature: float = 1.0, block_tokens: int = 256):
+def logps_from_hidden(model: torch.nn.Module, labels: torch.Tensor, temperature: float = 1.0, block_tokens: int = 256,
+                      index: Optional[torch.Tensor] = None):
     """While active, ``model(input_ids=..., attention_mask=..., position_ids=...)`` returns the float32 log-probs
     ``[B, T]`` of ``labels`` (``-1``: 0, not computed) from the last hidden states, with the sampling temperature
     and the config's ``final_logit_softcapping``, instead of logits. The decoder runs as usual (its attention mask,
     packed positions, gradient checkpointing, compiled layers); only the causal LM's own forward and its output
-    layer's are replaced, on the instances, and restored on exit."""
+    layer's are replaced, on the instances, and restored on exit. ``index``: :func:`valid_positions` of ``labels``,
+    on their device (found there when not given)."""
     lm = causal_lm(model)
     head, decoder = output_layer(lm), lm.get_decoder()
     softcap = getattr(lm.config, "final_logit_softcapping", None)
 
     def head_forward(hidden):
         return hidden_token_logps(hidden, head.weight, labels, bias=head.bias, temperature=temperature, softcap=softcap,
-                                  block_tokens=block_tokens)
+                                  block_tokens=block_tokens, index=index)
 
     def lm_forward(input_ids=None, attention_mask=None, position_ids=None, **_):
         hidden = decoder(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
@@ -265,13 +271,19 @@ def logps_from_hidden(model: torch.nn.Module, labels: torch.Tensor, temperature:
 
 
 def fused_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                               block_tokens: int = 256, temperature: float = 1.0, module: Optional[torch.nn.Module] = None
-                               ) -> torch.Tensor:
+                               block_tokens: int = 256, temperature: float = 1.0, module: Optional[torch.nn.Module] = None,
+                               device: Optional[torch.device] = None) -> torch.Tensor:
     """:func:`.logits.sequence_token_logps` from the hidden states (``train.fused_logprobs``): ``[B, T]``, 0 at
     position 0 and wherever ``attention_mask`` is 0 (the plain path leaves numbers there that no objective reads).
-    ``model`` is what is called (a training engine), ``module`` the causal LM inside it (default: ``model``)."""
+    ``model`` is what is called (a training engine), ``module`` the causal LM inside it (default: ``model``).
+    ``input_ids`` and ``attention_mask`` may be the host-side batch: the labels and their valid positions are built
+    where they are and moved, with them, to ``device`` (default: where they are) without waiting."""
     has_next = torch.cat([attention_mask[:, 1:], attention_mask.new_zeros(attention_mask.shape[0], 1)], dim=1).bool()
     labels = next_token_labels(input_ids, has_next & attention_mask.bool())
-    with logps_from_hidden(module if module is not None else model, labels, temperature, block_tokens):
+    index = valid_positions(labels)
+    device = device if device is not None else input_ids.device
+    input_ids, attention_mask, labels, index = (t.to(device, non_blocking=True)
+                                                for t in (input_ids, attention_mask, labels, index))
+    with logps_from_hidden(module if module is not None else model, labels, temperature, block_tokens, index):
         next_logps = model(input_ids=input_ids, attention_mask=attention_mask, use_cache=False)
     return to_prefix_layout(next_logps)

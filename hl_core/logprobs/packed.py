@@ -12,11 +12,11 @@ Bins are filled first-fit in decreasing length (ties by row index): deterministi
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from .hidden import logps_from_hidden, next_token_labels, to_prefix_layout
+from .hidden import logps_from_hidden, next_token_labels, to_prefix_layout, valid_positions
 from .logits import chunk_positions, prefix_token_logps
 
 
@@ -86,15 +86,16 @@ def unpack_token_logps(packed_logps: torch.Tensor, packed: Packed) -> torch.Tens
     """``[bins, width]`` log-probs of the packed layout (``out[b, c] = log p(token c | tokens before c)``) back to
     the padded ``[rows, T]`` layout of :func:`.logits.sequence_token_logps`: row ``r``'s position
     ``t`` (``1 <= t < length``) is its bin's ``offset + t``; position 0 and padding are 0. Differentiable (one
-    gather)."""
+    gather, its index built on the host from ``packed.places`` and moved without waiting)."""
     rows, steps = packed.shape
-    flat_index = torch.zeros((rows, steps), dtype=torch.long, device=packed_logps.device)
-    keep = torch.zeros((rows, steps), dtype=torch.bool, device=packed_logps.device)
     width = packed_logps.shape[1]
+    flat_index = torch.zeros((rows, steps), dtype=torch.long)
+    keep = torch.zeros((rows, steps), dtype=torch.bool)
     for r, (b, offset, n) in enumerate(packed.places):
         if n > 1:
-            flat_index[r, 1:n] = b * width + offset + torch.arange(1, n, device=packed_logps.device)
+            flat_index[r, 1:n] = b * width + offset + torch.arange(1, n)
             keep[r, 1:n] = True
+    flat_index, keep = (t.to(packed_logps.device, non_blocking=True) for t in (flat_index, keep))
     values = packed_logps.reshape(-1).gather(0, flat_index.reshape(-1)).reshape(rows, steps)
     return torch.where(keep, values, torch.zeros_like(values))
 
@@ -107,22 +108,26 @@ def padding_fraction(attention_mask: torch.Tensor, packed: Packed) -> Tuple[floa
 
 def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                 capacity: int, pad_token_id: int, chunk_tokens: int = 256,
-                                temperature: float = 1.0, fused: bool = False, module=None) -> torch.Tensor:
+                                temperature: float = 1.0, fused: bool = False, module=None,
+                                device: Optional[torch.device] = None) -> torch.Tensor:
     """:func:`.logits.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
     ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``). ``fused``: from the
     hidden states (:mod:`.hidden`; ``module`` is the causal LM inside ``model``), only for tokens that have a next
-    token in their own sequence."""
+    token in their own sequence. ``input_ids`` and ``attention_mask`` may be the host-side batch: the bins (and the
+    fused path's labels and their valid positions) are built where they are, then moved to ``device`` (default:
+    where they are) without waiting."""
     packed = pack_rows(input_ids, attention_mask, capacity, pad_token_id)
+    device = device if device is not None else input_ids.device
+    ids, positions = (t.to(device, non_blocking=True) for t in (packed.input_ids, packed.position_ids))
     if fused:
-        has_next = torch.zeros(packed.input_ids.shape, dtype=torch.bool, device=input_ids.device)
+        has_next = torch.zeros_like(packed.input_ids, dtype=torch.bool)
         for b, offset, n in packed.places:
             has_next[b, offset:offset + n - 1] = True
         labels = next_token_labels(packed.input_ids, has_next)
-        with logps_from_hidden(module if module is not None else model, labels, temperature, chunk_tokens):
-            next_logps = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                               use_cache=False)
+        labels, index = (t.to(device, non_blocking=True) for t in (labels, valid_positions(labels)))
+        with logps_from_hidden(module if module is not None else model, labels, temperature, chunk_tokens, index):
+            next_logps = model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False)
         return unpack_token_logps(to_prefix_layout(next_logps), packed)
-    logits = model(input_ids=packed.input_ids, position_ids=packed.position_ids, attention_mask=None,
-                   use_cache=False).logits
-    chunk_size = chunk_positions(packed.input_ids.shape[0], chunk_tokens)
-    return unpack_token_logps(prefix_token_logps(logits, packed.input_ids, chunk_size, temperature), packed)
+    logits = model(input_ids=ids, position_ids=positions, attention_mask=None, use_cache=False).logits
+    chunk_size = chunk_positions(ids.shape[0], chunk_tokens)
+    return unpack_token_logps(prefix_token_logps(logits, ids, chunk_size, temperature), packed)

@@ -29,10 +29,12 @@ Sections (a Llama-3.2-1B-shaped random-init model at full depth, bf16, sequences
    call (issue 40): fused log-probs + compiled layers (Liger's fused linear cross-entropy computes the log-probs
    when liger-kernel is installed), fused log-probs + Liger kernels (compile and Liger kernels together are
    refused), fused log-probs alone; tokens/s, MFU and peak memory of each, and the ratios against TRL with Liger
-   (goals: 40% MFU, 1.3x TRL's tokens/s or more at no more than its peak memory). Unmeasured so far; to bound the
+   (goals: 40% MFU, 1.3x TRL's tokens/s or more at no more than its peak memory). Measured 2026-11-27, before the
+   fused path's blocks were resized (docs/perf/gpu_check_h100_2026-11-27.md); to bound the
    call to 8 minutes: `python bench/gpu_check.py --sections 8 --time-budget 270 --run-timeout 200 --out
    docs/perf/gpu_check_h100_<date>_s8.jsonl --markdown docs/perf/gpu_check_h100_<date>_s8.md` (no run starts after
-   240 s, none runs past 200 s: at most about 7.5 minutes; the runs go in order of importance, TRL first).
+   240 s, none runs past 200 s: at most about 7.5 minutes; the runs go in order of importance, TRL first, after a
+   throw-away one-update TRL run: the call's first run measured TRL at a third of its speed on 2026-11-27).
 
 Sections 1-4 fit one 10-minute call and 5-7 another (`--sections 5 6 7`), 8 one of its own; the ratios of sections 5 and 7
 against section 1's runs are printed only when those ran in the same call. A dry run leaves out the runs that

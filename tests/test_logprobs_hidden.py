@@ -267,3 +267,23 @@ def test_an_adapter_on_the_output_layer_is_refused_naming_the_key():
     model.lm_head = torch.nn.Sequential(model.lm_head)  # not a plain linear layer
     with pytest.raises(RecipeError, match="`train.fused_logprobs: true`.*`Sequential`"):
         fused_sequence_token_logps(model, *_batch())
+
+
+def test_the_fused_logps_bench_runs_here_and_agrees_with_the_plain_path(capsys):
+    """bench/fused_logps.py at a small shape on the CPU (its GPU shape is the default): each row printed, the
+    blockwise values and hidden-state gradients within float32 rounding of the plain path's."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from bench.fused_logps import main
+
+    assert main(["--tokens", "96", "--width", "16", "--vocab", "1000", "--dtype", "fp32", "--repeats", "1",
+                 "--block-tokens", "8"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "8 rows per block, 12 blocks" in lines[0]
+    rows = {(line[:10].strip(), line[11:41].strip()): line.split() for line in lines[2:]}
+    assert set(rows) == {(impl, call) for impl in ("plain", "blockwise")
+                         for call in ("reference (no-grad forward)", "policy (forward + backward)")}
+    for (impl, call), cells in rows.items():
+        assert float(cells[-2]) < 1e-5 and (cells[-1] == "-" or float(cells[-1]) < 1e-5), (impl, call, cells)

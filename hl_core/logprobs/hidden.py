@@ -56,7 +56,7 @@ def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
     vocab, width = weight.shape
     flat_labels = labels.reshape(-1)
     if index is None:
-        index = ((flat_labels >= 0) & (flat_labels < vocab)).nonzero().squeeze(-1)
+        index = valid_positions(flat_labels, vocab)
     picked = hidden.reshape(-1, width).index_select(0, index)  # [N, H]: the backward scatters into hidden's grad
     targets = flat_labels.index_select(0, index)
     rows = block_rows(picked.shape[0], vocab, block_tokens)
@@ -88,8 +88,8 @@ def valid_positions(labels: torch.Tensor, vocab: Optional[int] = None) -> torch.
 # the fused path's working memory stays a fixed small share of it), or MIN_BLOCK_LOGITS, whichever is larger (small
 # inputs: one block of 16 MiB, no needless cutting), and never more than `block_tokens` rows. A forward or backward
 # then runs in at most about BLOCK_SHARE blocks until the rows cap binds: few, large products (on a GPU, each block's
-# handful of kernels is worth launching; a fixed small block made a 1,024-token micro-batch's reference forward
-# hundreds of launch-bound blocks).
+# handful of kernels is worth launching; fixed 256-token blocks cut into 16,384-column slices made an 8,192-token
+# micro-batch 256 launch-bound pieces).
 BLOCK_SHARE = 64
 MIN_BLOCK_LOGITS = 2 ** 22
 

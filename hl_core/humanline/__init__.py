@@ -17,6 +17,7 @@ shows these names at work, and ``docs/reference/humanline-api.md`` says which ar
   :class:`SyncRecord`.
 """
 
+from .attach import Attachment, SyncUsageError
 from .hooks import ReferenceSync, SyncRecord
 from .sampling import log_beta_sample, rejection_mask
 from .schedule import SyncSchedule, mix_into, should_sync
@@ -43,6 +44,8 @@ __all__ = [
     "SampleTransform",
     "SyncRecord",
     "SyncSchedule",
+    "SyncUsageError",
+    "Attachment",
     "clip_log_ratio",
     "log_beta_sample",
     "mix_into",

@@ -113,7 +113,18 @@ class ParameterPairs:
 
     @torch.no_grad()
     def load_reference_shards(self, shards: dict) -> None:
-        """The inverse of :meth:`reference_shards` on the same layout."""
+        """The inverse of ``reference_shards`` on the same layout (the same ZeRO stage, world size and TP/PP).
+
+        Raises:
+            ValueError: a parameter is missing from ``shards`` or its shard has another shape.
+        """
+        for name, _, ref in self.pairs:
+            local = ref.ds_tensor if hasattr(ref, "ds_tensor") else _local(ref)
+            if name not in shards or tuple(shards[name].shape) != tuple(local.shape):
+                found = tuple(shards[name].shape) if name in shards else "nothing"
+                raise ValueError(f"the saved reference shards hold {found} for `{name}` where this rank's shard is "
+                                 f"{tuple(local.shape)}: restore on the layout that saved them (the same ZeRO stage, "
+                                 "number of processes and TP/PP sizes), each rank its own file")
         for name, _, ref in self.pairs:
             target = ref.ds_tensor.data if hasattr(ref, "ds_tensor") else _local(ref)
             target.copy_(shards[name].to(target.device, target.dtype))

@@ -3,7 +3,7 @@
 * ``before_optimizer_step(ctx)``: after the update's last backward, the guard and gradient clipping's inputs, and
   before the optimizer step (humanline's reference sync and the look-ahead reference's store run here; the moment
   of transformers' ``TrainerCallback.on_pre_optimizer_step``); it may return a
-  :class:`hl_core.humanline.SyncRecord`, which the update's metrics row reports (``synced``, ``sync_time_s``);
+  ``hl_core.humanline.SyncRecord``, which the update's metrics row reports (``synced``, ``sync_time_s``);
 * ``after_update(ctx, row)``: after the optimizer step, with the update's metrics row (``ctx.updates_done`` already
   counts it);
 * ``on_save(ctx, directory)``: after every rank has written a checkpoint's files into ``directory`` and before rank

@@ -17,7 +17,7 @@ from typing import Iterator, List, Sequence, Tuple, Union
 
 import torch
 
-from .schedule import mix_into
+from .functional import mix_into
 
 Pair = Tuple[str, torch.Tensor, torch.Tensor]
 Models = Union[torch.nn.Module, Sequence[torch.nn.Module]]
@@ -78,7 +78,7 @@ def sync_pair(policy: torch.Tensor, reference: torch.Tensor, mix: float = 1.0) -
 class ParameterPairs:
     """The matching ``(name, policy parameter, reference parameter)`` of two models of one layout.
 
-    Build it with :func:`pair_parameters` or :func:`pair_lora_adapters`; :meth:`sync` is the shard-local copy.
+    Build it with ``pair_parameters`` or ``pair_lora_adapters``; ``sync`` is the shard-local copy.
     """
 
     def __init__(self, pairs: Sequence[Pair]):
@@ -133,7 +133,7 @@ class ParameterPairs:
 
 
 def pair_parameters(policy: Models, reference: Models) -> ParameterPairs:
-    """Pair the parameters of two models that share one layout, for :class:`ReferenceSync`.
+    """Pair the parameters of two models that share one layout, for ``ReferenceSync``.
 
     Args:
         policy: the trained model: an ``nn.Module``, a DDP or FSDP2 module, a DeepSpeed engine (ZeRO 0-3), or a

@@ -9,7 +9,7 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from ..humanline import ReferenceSync, SyncRecord, SyncSchedule, should_sync
+from ..humanline import ReferenceSync, SyncRecord, SyncSchedule
 from ..callbacks import ReferenceSyncCallback, TrainerCallback, UpdateContext
 from ..errors import DataError
 from ..storage.checkpoints import reference_logps_file, safe_load
@@ -109,21 +109,21 @@ class LookaheadReference(StoredReferenceLogps, TrainerCallback):
                  eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool]):
         super().__init__(engine, "lookahead", reason)
         self.callback = self
-        self.sync_every, self.offset, self.max_steps = humanline.sync_every, humanline.sync_offset, max_steps
+        self.schedule, self.max_steps = SyncSchedule(humanline.sync_every, humanline.sync_offset), max_steps
         self.batches_of_update, self.eval_batches, self.eval_at = batches_of_update, eval_batches, eval_at
         self.policy_is_reference = True  # until update 0's optimizer step (a resume loads its state instead)
 
     def window_end(self, start: int) -> int:
         """The next sync after ``start``: the last update whose forward reads ``start``'s weights."""
         n = start + 1
-        while not should_sync(n, self.sync_every, self.offset):
+        while not self.schedule.due(n):
             n += 1
         return n
 
     def window_start(self, updates_done: int) -> int:
         """The window start (update 0 or a sync) whose weights update ``updates_done`` reads as its reference."""
         n = updates_done - 1
-        while n > 0 and not should_sync(n, self.sync_every, self.offset):
+        while n > 0 and not self.schedule.due(n):
             n -= 1
         return max(n, 0)
 
@@ -133,7 +133,7 @@ class LookaheadReference(StoredReferenceLogps, TrainerCallback):
 
     def before_optimizer_step(self, ctx: UpdateContext) -> SyncRecord:
         engine, updates_done = ctx.engine, ctx.updates_done
-        synced = should_sync(updates_done, self.sync_every, self.offset)
+        synced = self.schedule.due(updates_done)
         if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
             return SyncRecord(False, 0.0)
         engine.synchronize()

@@ -18,9 +18,9 @@ class HumanlineMixin:
 
     Keyword arguments on top of the TRL trainer's own:
 
-    * ``transform``: the per-token log-ratio transform (:class:`hl_core.humanline.ClipTransform` by default, with
+    * ``transform``: the per-token log-ratio transform (``hl_core.humanline.ClipTransform`` by default, with
       the paper's bounds; ``SampleTransform()`` for humanline sampling, ``NoTransform()`` for none);
-    * ``schedule``: the reference sync (:class:`hl_core.humanline.SyncSchedule`; every update by default; ``None``
+    * ``schedule``: the reference sync (``hl_core.humanline.SyncSchedule``; every update by default; ``None``
       keeps the reference frozen).
     """
 
@@ -51,7 +51,7 @@ class HumanlineMixin:
 
     @property
     def humanline_history(self):
-        """One row per update: ``update``, ``loss``, ``clipped_frac``, ``synced`` (:class:`HumanlineSyncCallback`)."""
+        """One row per update: ``update``, ``loss``, ``clipped_frac``, ``synced`` (``HumanlineSyncCallback``)."""
         return self.humanline_sync.history
 
     def training_step(self, *args, **kwargs):

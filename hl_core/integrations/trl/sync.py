@@ -1,4 +1,4 @@
-"""The reference sync on TRL's trainers: :class:`HumanlineSyncCallback`.
+"""The reference sync on TRL's trainers: ``HumanlineSyncCallback``.
 
 Where it fires (measured by ``tests/test_trl_dpo.py`` with trl 1.16, transformers 5.23, accelerate 1.15,
 DeepSpeed 0.19):
@@ -9,11 +9,11 @@ DeepSpeed 0.19):
 * **under DeepSpeed** (accelerate): the optimizer step happens inside ``accelerator.backward``, which calls
   ``engine.backward`` then ``engine.step()`` at the accumulation boundary; ``on_pre_optimizer_step`` fires after it,
   on the post-update weights, and a torch step pre-hook on the optimizer inside the engine fires once per ZeRO
-  parameter sub-group, between sub-group updates. So the callback wraps the policy engine's ``step`` instead: the
-  sync runs at the boundary, after the engine's backward, before its step (clipping included), with the weights
-  that produced this update's loss.
+  parameter sub-group, between sub-group updates. So the callback attaches the sync to the policy engine instead
+  (``ReferenceSync.attach(engine)``): it runs at the boundary, after the engine's backward, before its step
+  (clipping included), with the weights that produced this update's loss.
 
-The copy is :func:`hl_core.humanline.pair_parameters` + :class:`hl_core.humanline.ReferenceSync`: each rank writes
+The copy is ``hl_core.humanline.pair_parameters`` + ``hl_core.humanline.ReferenceSync``: each rank writes
 its own shard (ZeRO-3: its partition), nothing is gathered, no collective runs.
 """
 
@@ -35,7 +35,7 @@ class HumanlineSyncCallback(TrainerCallback):
         schedule: when and how far to sync; ``None`` keeps the reference frozen.
 
     Attributes:
-        records: one :class:`hl_core.humanline.SyncRecord` per update.
+        records: one ``hl_core.humanline.SyncRecord`` per update.
         history: one row per update: ``update``, ``loss`` (the update's loss, mean over ranks), ``clipped_frac``
             (counted tokens the transform changed, mean over micro-batches and ranks) and ``synced``.
     """
@@ -46,38 +46,35 @@ class HumanlineSyncCallback(TrainerCallback):
         self.sync: Optional[ReferenceSync] = None
         self.records: List[SyncRecord] = []
         self.history: List[dict] = []
-        self._engine, self._engine_step = None, None
+        self._attachment = None  # the engine's step, under DeepSpeed
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
         if self.schedule is None or self.schedule.every is None:
             return
-        self.sync = ReferenceSync(pair_parameters(trainer.model_wrapped, trainer.ref_model), self.schedule)
+        pairs = pair_parameters(trainer.model_wrapped, trainer.ref_model)
+        self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
         if trainer.is_deepspeed_enabled:
-            self._wrap_engine_step(trainer.model_wrapped)
+            self._attach_engine(trainer.model_wrapped)
 
-    def _wrap_engine_step(self, engine) -> None:
-        """Run the sync first in ``engine.step()`` at an accumulation boundary (see the module docstring)."""
-        original = engine.step
-
-        def step(*args, **kwargs):
-            if engine.is_gradient_accumulation_boundary():
-                self.before_optimizer_step()
-            return original(*args, **kwargs)
-
-        engine.step = step
-        self._engine, self._engine_step = engine, original
+    def _attach_engine(self, engine) -> None:
+        """The sync first in ``engine.step()`` at an accumulation boundary (``ReferenceSync.attach``; see the module
+        docstring)."""
+        self._attachment = self.sync.attach(engine)
 
     def before_optimizer_step(self) -> None:
         """The sync for update ``state.global_step`` (updates done so far, from 0)."""
         self.records.append(self.sync.before_optimizer_step(self.trainer.state.global_step))
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if self.sync is not None and self._engine is None:
+        if self.sync is not None and self._attachment is None:
             self.before_optimizer_step()
 
     def on_step_end(self, args, state, control, **kwargs):
         trainer = self.trainer
+        if self._attachment is not None:  # the attached sync ran inside this update's engine.step()
+            ran = self.sync.updates_seen == state.global_step and self.sync.last_record is not None
+            self.records.append(self.sync.last_record if ran else SyncRecord(False))
         update, trainer._humanline_update = trainer._humanline_update, {}
         row = [torch.as_tensor(update.get("loss", 0.0), dtype=torch.float64),
                torch.as_tensor(update.get("clipped", 0.0), dtype=torch.float64) / max(update.get("micro", 0), 1)]
@@ -87,6 +84,6 @@ class HumanlineSyncCallback(TrainerCallback):
                              "clipped_frac": shown[1].item(), "synced": synced})
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._engine is not None:
-            self._engine.step = self._engine_step
-            self._engine = None
+        if self._attachment is not None:
+            self._attachment.remove()
+            self._attachment = None

@@ -290,7 +290,8 @@ class Trainer(TrainerSafety):
         return row
 
     def context(self) -> CallbackContext:
-        return CallbackContext(self.updates_done, self.engine, self.output_dir, self.callback_state)  # what a callback reads
+        """What a callback reads (``hl_core.callbacks.CallbackContext``)."""
+        return CallbackContext(self.updates_done, self.engine, self.output_dir, self.callback_state)
 
     def _loss(self, batch, train: bool):
         """Token log-probs of both models -> humanline transform -> the objective's loss and metrics."""

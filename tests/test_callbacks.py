@@ -12,7 +12,8 @@ STEPS, K = 4, 2
 
 def _overrides(tmp_path, callback):
     return [f"output_dir={tmp_path / 'run'}", f"train.max_steps={STEPS}", f"humanline.sync_every={K}",
-            "checkpoint.save_every=2", "checkpoint.save_final=false", "eval.every=null", f"train.callbacks=[{callback}]"]
+            "checkpoint.save_every=2", "checkpoint.save_final=false", "eval.every=null",
+            f"train.callbacks=[{callback}]"]
 
 
 def test_events_fire_in_order_with_their_context(tmp_path):
@@ -29,7 +30,8 @@ def test_events_fire_in_order_with_their_context(tmp_path):
     assert [e["synced"] for e in before] == [n % K == 0 for n in range(STEPS)]  # the reference synced first
     assert not any(e["row"] for e in before)
     after = [e for e in got if e["event"] == "after_update"]
-    assert [(e["updates_done"], e["step"], e["synced"]) for e in after] == [(n + 1, n, n % K == 0) for n in range(STEPS)]
+    expected_after = [(n + 1, n, n % K == 0) for n in range(STEPS)]
+    assert [(e["updates_done"], e["step"], e["synced"]) for e in after] == expected_after
     saves = [e for e in got if e["event"] == "on_save"]
     assert [e["updates_done"] for e in saves] == [2, 4] and all(e["files"] for e in saves)
     assert saves[0]["checkpoint"] != saves[1]["checkpoint"]

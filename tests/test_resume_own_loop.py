@@ -20,7 +20,8 @@ RESTORE_LINE = 'sync.load_state_dict(state["sync"])'
 
 
 def _rows(stdout):
-    return [(int(n), float(loss), float(clipped), synced == "True") for n, loss, clipped, synced in LINE.findall(stdout)]
+    return [(int(n), float(loss), float(clipped), synced == "True")
+            for n, loss, clipped, synced in LINE.findall(stdout)]
 
 
 def _run(script, nproc, *args):

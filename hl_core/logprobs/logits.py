@@ -178,7 +178,8 @@ def to_prefix_layout(next_logps: torch.Tensor) -> torch.Tensor:
     return torch.cat([next_logps.new_zeros(next_logps.shape[0], 1), next_logps[:, :-1]], dim=1)
 
 
-def mask_from_labels(labels: torch.Tensor, ignore_index: int = -100, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+def mask_from_labels(labels: torch.Tensor, ignore_index: int = -100,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """The token mask the transforms take, from Hugging Face style labels (``ignore_index`` on the prompt and the
     padding, the token id on every completion token).
 

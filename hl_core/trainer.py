@@ -33,7 +33,7 @@ from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, 
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
 from .loop.lifecycle import already_complete, begin_run
-from .loop.post_training import announce, run_post_training
+from .loop.post_training import SignalRecord, announce, run_post_training
 from .loop.report import RunReport, StepTimes, configure_bars
 from .loop.safety import TrainerSafety
 from .loop.sources import OfflineSource, data_order, epoch_steps
@@ -375,9 +375,10 @@ class Trainer(TrainerSafety):
 def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None,
         callbacks: Sequence[TrainerCallback] = ()) -> Dict[str, float]:
     """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a ``final/`` model
-    and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher passes the post-training
-    evals; ``loop.post_training``), its result the summary's ``post_training_eval``; the lock is held until then."""
-    trainer = Trainer(recipe, callbacks)
+    and ``eval.after_training`` is on, ``after_training(recipe, final_dir)``, a module-level function called in a child
+    process (the launcher passes the post-training evals; ``loop.post_training``), its result the summary's
+    ``post_training_eval``; the lock is held until then."""
+    trainer, record = Trainer(recipe, callbacks), None
     try:
         trainer.setup()
         summary = trainer.train()
@@ -386,9 +387,13 @@ def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object
                      and summary.get("updates", 0) >= recipe.train.max_steps and not summary.get("already_complete"))
         if evaluates:
             announce(recipe.output_dir, summary)  # while the trainer's handlers still hold a signal back
+            record = SignalRecord(trainer.signals.received)  # from here a signal is recorded, never the default
+            record.install(previous=trainer.signals.hand_over(record))
         trainer.close(keep_lock=True)
         if evaluates:
-            summary = run_post_training(after_training, recipe, final, summary, trainer.signals.received or 0)
+            summary = run_post_training(after_training, recipe, final, summary, record=record)
         return summary
     finally:
+        if record is not None:
+            record.restore()  # a second call does nothing
         trainer.close()

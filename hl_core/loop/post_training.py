@@ -13,6 +13,7 @@ relayed line by line to this process's ``sys.stdout`` / ``sys.stderr``.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import shutil
@@ -23,6 +24,8 @@ import tempfile
 import threading
 from pathlib import Path
 from typing import Callable, Dict, Optional, TextIO
+
+import torch
 
 from .. import children
 
@@ -117,6 +120,14 @@ def _relay(stream, sink: Callable[[], TextIO], name: str) -> threading.Thread:
     return thread
 
 
+def release_device_memory() -> None:
+    """The trained engines' memory back to the device before the child allocates its own (torch's caching
+    allocator would keep the freed blocks for this process). A finalizer run here may meet a signal: recorded."""
+    gc.collect()
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.empty_cache()
+
+
 def run_in_child(fn: Callable, recipe, final: Path, record: SignalRecord, workdir: Path) -> Optional[int]:
     """``fn(recipe, final)`` in a child process; returns its exit code, or None when ``record`` holds a signal
     before it started. A signal while it runs goes to the child's group (``record``); the child's group is ended
@@ -124,6 +135,7 @@ def run_in_child(fn: Callable, recipe, final: Path, record: SignalRecord, workdi
     (workdir / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json", exclude_unset=True)))
     cmd = [sys.executable, "-m", "hl_core.loop.eval_child", target_of(fn), str(workdir / "recipe.json"), str(final),
            str(workdir / "result.json")]
+    release_device_memory()
     if record.signum is not None:
         return None
     proc = children.popen(cmd, env=_child_env(fn), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,

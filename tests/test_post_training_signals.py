@@ -4,7 +4,9 @@ runs (Python drops an exception raised there) still ends the run with 128 + the 
 agreeing; the child's output reaches the run's streams; a failing child is exit code 1; a signal that came
 before the child started stops the run at once.
 
-``HL_TEST_SIGNAL_TRIES`` (default 3) repeats the finalizer cases; the acceptance ran 20.
+``HL_TEST_SIGNAL_TRIES`` (default 3) repeats the finalizer cases, ``HL_TEST_SIGNAL_RUN_TRIES`` (default 1) the
+real run's (a tiny recipe trained to its end, then SIGTERM while its data-quality evaluation runs); the acceptance
+ran 20 of each.
 """
 
 from __future__ import annotations
@@ -18,12 +20,13 @@ import time
 
 import pytest
 
-from helpers import REPO, _env
+from helpers import REPO, TINY_HUMANLINE, _env
 from post_training_targets import fails, finalizers_in_a_loop, says_hello
 from hl_core.config import load_recipe
 from hl_core.loop.post_training import run_post_training
 
 TRIES = int(os.environ.get("HL_TEST_SIGNAL_TRIES", "3"))
+RUN_TRIES = int(os.environ.get("HL_TEST_SIGNAL_RUN_TRIES", "1"))
 WAIT_S = 120.0
 
 
@@ -108,3 +111,42 @@ def test_a_lambda_is_refused():
     assert target_of(says_hello) == "post_training_targets:says_hello"
     with pytest.raises(ValueError, match="module-level function"):
         target_of(lambda recipe, final: None)
+
+
+def _sigterm_a_run_during_its_evaluation(out, data) -> tuple:
+    """A one-update tiny run whose data-quality evaluation (32k rows, one at a time) outlasts the test: SIGTERM to
+    the run's process group once the evaluation said it started. Returns (exit code, output)."""
+    cmd = [sys.executable, str(REPO / "launchers" / "run.py"), str(TINY_HUMANLINE), f"output_dir={out}",
+           "train.max_steps=1", "eval.every=null", "checkpoint.save_every=null", "logging.progress_bar=false",
+           "eval.data_quality.enabled=true", f"eval.data_quality.data={data}", "eval.data_quality.batch_size=1"]
+    log_path = out.parent / f"{out.name}.log"
+    with open(log_path, "w+") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=_env(), stdout=log, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True)
+        try:
+            deadline = time.monotonic() + 600
+            while "post-training evals: data_quality" not in log_path.read_text():
+                assert proc.poll() is None and time.monotonic() < deadline, log_path.read_text()[-3000:]
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGTERM)
+            proc.wait(timeout=WAIT_S)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    return proc.returncode, log_path.read_text()
+
+
+def test_sigterm_during_a_real_runs_evaluation_ends_it_with_143(tmp_path):
+    data = tmp_path / "quality.jsonl"
+    data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text() * 64)
+    started = time.monotonic()
+    for i in range(RUN_TRIES):
+        out = tmp_path / f"try{i}"
+        code, output = _sigterm_a_run_during_its_evaluation(out, data)
+        assert code == 128 + signal.SIGTERM, f"try {i + 1} of {RUN_TRIES}: exit {code}\n{output[-3000:]}"
+        summary = json.loads((out / "summary.json").read_text())
+        assert summary["exit_code"] == 143 and summary["post_training_eval"] == "interrupted by SIGTERM", summary
+        assert "Exception ignored" not in output and (out / "final" / "model.safetensors").is_file()
+        print(f"real run try {i + 1} of {RUN_TRIES}: exit 143, summary.json agrees "
+              f"({time.monotonic() - started:.0f} s so far)", file=sys.stderr, flush=True)

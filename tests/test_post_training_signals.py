@@ -38,10 +38,10 @@ def _gone(pid: int) -> bool:
     return False
 
 
-def _one_try(out, mode: str):
-    """The post-training phase alone (``tests/post_training_targets.py``); SIGTERM inside a finalizer: sent by
-    the finalizer (``self``), or by this test to the run's process once the finalizers run (``external``).
-    Returns (exit code, output, the child's pid)."""
+def _one_try(out, mode: str, sig: int = signal.SIGTERM):
+    """The post-training phase alone (``tests/post_training_targets.py``); a signal inside a finalizer: SIGTERM
+    sent by the finalizer (``self``), or ``sig`` sent by this test to the run's process once the finalizers run
+    (``external``). Returns (exit code, output, the child's pid)."""
     proc = subprocess.Popen([sys.executable, str(REPO / "tests" / "post_training_targets.py"), str(out), mode],
                             cwd=REPO, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
@@ -51,7 +51,7 @@ def _one_try(out, mode: str):
             assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()[0][-3000:]
             time.sleep(0.02)
         if mode == "external":
-            os.kill(proc.pid, signal.SIGTERM)  # the run's process alone, as `kill PID` or SLURM's step signal
+            os.kill(proc.pid, sig)  # the run's process alone, as `kill PID` or SLURM's step signal
         output = proc.communicate(timeout=WAIT_S)[0]
     finally:
         if proc.poll() is None:
@@ -60,19 +60,21 @@ def _one_try(out, mode: str):
     return proc.returncode, output, int(marker.read_text())
 
 
-@pytest.mark.parametrize("mode", ["self", "external"])
-def test_sigterm_inside_a_finalizer_ends_the_run_with_143(tmp_path, mode):
-    started = time.monotonic()
-    for i in range(TRIES):
+@pytest.mark.parametrize("mode, sig", [("self", signal.SIGTERM), ("external", signal.SIGTERM),
+                                       ("external", signal.SIGINT)], ids=["self-SIGTERM", "SIGTERM", "SIGINT"])
+def test_a_signal_inside_a_finalizer_ends_the_run_with_128_plus_it(tmp_path, mode, sig):
+    started, name, code_expected = time.monotonic(), signal.Signals(sig).name, 128 + sig
+    for i in range(TRIES if sig == signal.SIGTERM else 1):
         out = tmp_path / f"try{i}"
-        code, output, child = _one_try(out, mode)
-        assert code == 128 + signal.SIGTERM, f"try {i + 1} of {TRIES}: exit {code}\n{output[-3000:]}"
+        code, output, child = _one_try(out, mode, sig)
+        assert code == code_expected, f"try {i + 1} of {TRIES}: exit {code}\n{output[-3000:]}"
         summary = json.loads((out / "summary.json").read_text())
-        assert summary["exit_code"] == 143 and summary["post_training_eval"] == "interrupted by SIGTERM", summary
-        assert "SIGTERM received during the post-training evaluations: stopped them (exit code 143)" in output
+        assert summary["exit_code"] == code_expected and summary["post_training_eval"] == f"interrupted by {name}"
+        assert f"{name} received during the post-training evaluations: stopped them (exit code {code_expected})" \
+            in output
         assert "Exception ignored" not in output and "Traceback" not in output, output[-3000:]
         assert _gone(child), f"the evaluations' process {child} outlived the run"
-    print(f"{TRIES} tries of `{mode}` in {time.monotonic() - started:.1f} s")
+    print(f"{TRIES if sig == signal.SIGTERM else 1} tries of `{mode}` {name} in {time.monotonic() - started:.1f} s")
 
 
 def _recipe(tmp_path):

@@ -5,7 +5,7 @@ success), then its result. SIGTERM/SIGINT during it stop it: ``summary.json`` re
 runs the evaluations again.
 
 The evaluations run in a child process (``hl_core/children.py``; ``hl_core/loop/eval_child.py`` imports and calls
-the function), and this process's handlers only record a signal and pass it on to the child's process group: a
+the function), and this process's handlers only record a signal and stop the child's process group (SIGTERM): a
 handler that raised could land inside a finalizer (``DeepSpeedEngine.__del__``), where Python prints
 "Exception ignored in" and drops the exception, and the evaluations would run to the end. The child's output is
 relayed line by line to this process's ``sys.stdout`` / ``sys.stderr``.
@@ -34,9 +34,10 @@ POLL_S = 0.5  # how often the wait for the child looks whether a signal came and
 
 
 class SignalRecord:
-    """SIGTERM/SIGINT handler of the post-training phase: records the first signal and sends every one to the
-    child's process group (``child``, once started). It never raises, so a signal that lands inside a finalizer
-    still counts."""
+    """SIGTERM/SIGINT handler of the post-training phase: records the first signal and, for every one, sends
+    SIGTERM to the child's process group (``child``, once started; SIGTERM whichever came: a SIGINT there would be
+    a ``KeyboardInterrupt``, which a finalizer in the child could drop too). It never raises, so a signal that
+    lands inside a finalizer still counts."""
 
     def __init__(self, pending: Optional[int] = None):
         self.signum: Optional[int] = pending or None
@@ -49,7 +50,7 @@ class SignalRecord:
         child = self.child
         if child is not None:
             try:
-                os.killpg(child, signum)
+                os.killpg(child, signal.SIGTERM)
             except (ProcessLookupError, PermissionError):
                 pass
 

@@ -33,7 +33,7 @@ from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, 
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
 from .loop.lifecycle import already_complete, begin_run
-from .loop.post_training import SignalRecord, announce, run_post_training
+from .loop.post_training import announce, run_post_training
 from .loop.report import RunReport, StepTimes, configure_bars
 from .loop.safety import TrainerSafety
 from .loop.sources import OfflineSource, data_order, epoch_steps
@@ -385,10 +385,8 @@ def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object
         final = Path(recipe.output_dir) / ckpt.FINAL_DIR
         evaluates = (after_training is not None and trainer.is_main and recipe.eval.after_training and final.exists()
                      and summary.get("updates", 0) >= recipe.train.max_steps and not summary.get("already_complete"))
-        if evaluates:
-            announce(recipe.output_dir, summary)  # while the trainer's handlers still hold a signal back
-            record = SignalRecord(trainer.signals.received)  # from here a signal is recorded, never the default
-            record.install(previous=trainer.signals.hand_over(record))
+        if evaluates:  # from here a signal is recorded (with one the trainer's handlers hold), never the default
+            record = announce(recipe.output_dir, summary, trainer.signals)
         trainer.close(keep_lock=True)
         if evaluates:
             summary = run_post_training(after_training, recipe, final, summary, record=record)

@@ -28,6 +28,7 @@ from typing import Callable, Dict, Optional, TextIO
 import torch
 
 from .. import children
+from .guard import StopSignals
 
 SIGNALS = (signal.SIGTERM, signal.SIGINT)
 POLL_S = 0.5  # how often the wait for the child looks whether a signal came and the child outlived it
@@ -75,9 +76,16 @@ def _write(path: Path, summary: Dict) -> None:
     path.write_text(json.dumps(summary, indent=2))
 
 
-def announce(output_dir: Path, summary: Dict) -> None:
-    """Before the trainer lets go of its signal handlers: ``summary.json`` says the run is not over yet."""
+def announce(output_dir: Path, summary: Dict, stop_signals: Optional[StopSignals] = None) -> SignalRecord:
+    """The post-training phase begins, before the trainer lets go of its signal handlers: ``summary.json`` says the
+    run is not over yet, and SIGTERM/SIGINT go to the returned ``SignalRecord`` from here, taken over from the
+    trainer's ``stop_signals`` with no moment of the defaults in between (a signal then would end the process
+    unrecorded); it holds the signal they received, if one came."""
     _write(Path(output_dir) / "summary.json", {**summary, "exit_code": None, "post_training_eval": "running"})
+    if stop_signals is None:
+        return SignalRecord().install()
+    record = SignalRecord(stop_signals.received)
+    return record.install(previous=stop_signals.hand_over(record))
 
 
 def target_of(fn: Callable) -> str:

@@ -377,20 +377,23 @@ class Trainer(TrainerSafety):
 def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None,
         callbacks: Sequence[LoopCallback] = ()) -> Dict[str, float]:
     """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a ``final/`` model
-    and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher passes the post-training
-    evals; ``loop.post_training``), its result the summary's ``post_training_eval``; the lock is held until then."""
-    trainer = Trainer(recipe, callbacks)
+    and ``eval.after_training`` is on, ``after_training(recipe, final_dir)``, a module-level function called in a child
+    process (the launcher passes the post-training evals; ``loop.post_training``), its result the summary's
+    ``post_training_eval``; the lock is held until then."""
+    trainer, record = Trainer(recipe, callbacks), None
     try:
         trainer.setup()
         summary = trainer.train()
         final = Path(recipe.output_dir) / ckpt.FINAL_DIR
         evaluates = (after_training is not None and trainer.is_main and recipe.eval.after_training and final.exists()
                      and summary.get("updates", 0) >= recipe.train.max_steps and not summary.get("already_complete"))
-        if evaluates:
-            announce(recipe.output_dir, summary)  # while the trainer's handlers still hold a signal back
+        if evaluates:  # from here a signal is recorded (with one the trainer's handlers hold), never the default
+            record = announce(recipe.output_dir, summary, trainer.signals)
         trainer.close(keep_lock=True)
         if evaluates:
-            summary = run_post_training(after_training, recipe, final, summary, trainer.signals.received or 0)
+            summary = run_post_training(after_training, recipe, final, summary, record=record)
         return summary
     finally:
+        if record is not None:
+            record.restore()  # a second call does nothing
         trainer.close()

@@ -9,7 +9,9 @@
   a model known by name only (not downloaded yet) is compared by name;
 * the reference cache deletes only the part files its manifest lists, never follows a symbolic link at
   ``reference_cache/rank*`` and refuses a manifest entry naming a path outside it;
-* megatron-core's warnings about missing Transformer Engine / Apex are hidden and said once.
+* megatron-core's warnings about missing Transformer Engine / Apex are hidden and said once;
+* an ``output_dir`` that is a symbolic link is said in one line naming where it points; a link to nothing is
+  refused.
 """
 
 from __future__ import annotations
@@ -226,3 +228,28 @@ def test_megatron_warnings_about_missing_accelerations_are_hidden_and_said_once(
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "Transformer Engine" not in proc.stderr and "Apex is not installed" not in proc.stderr, proc.stderr
     assert proc.stdout.count("megatron-core: Transformer Engine and Apex not installed") == 1, proc.stdout
+
+
+def test_a_symlinked_output_dir_is_said_in_one_line_and_a_dangling_one_refused(tmp_path):
+    real, link = tmp_path / "scratch" / "run", tmp_path / "run"
+    real.mkdir(parents=True)
+    link.symlink_to(real)
+    recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={link}"])
+    start = begin_run(recipe, 1, rank=0)
+    assert (real / LOCK_FILE).is_file()  # the run's files go where the link points
+    start.lock.release()
+    assert start.notices == [f"`output_dir: {link}` is a symbolic link to `{real}`: the run writes there."]
+    relative = tmp_path / "relative"
+    relative.symlink_to("scratch/run")
+    start = begin_run(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={relative}"]), 1, rank=0)
+    start.lock.release()
+    assert start.notices == [f"`output_dir: {relative}` is a symbolic link to `scratch/run` (`{real}`): the run writes "
+                             "there."]
+    start = begin_run(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={real}"]), 1, rank=0)
+    start.lock.release()
+    assert start.notices == []
+    dangling = tmp_path / "dangling"
+    dangling.symlink_to(tmp_path / "nowhere")
+    with pytest.raises(RecipeError, match=f"is a symbolic link to `{tmp_path / 'nowhere'}`, which is not a directory"):
+        begin_run(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={dangling}"]), 1, rank=0)
+    assert not (tmp_path / "nowhere").exists()

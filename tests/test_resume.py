@@ -163,3 +163,51 @@ def test_resume_with_epochs_a_mixture_and_soft_syncing(tmp_path):
     last = run_recipe(recipe, overrides + [f"output_dir={out}"])
     assert f"Resumed from {out / 'checkpoints'}/step_{reached} at update {reached}" in last.stdout
     _assert_same_losses(straight, out)
+
+
+def test_resume_with_a_changed_training_file_is_refused_naming_it(tmp_path, capsys):
+    """The checkpoint's run record keeps the training file's SHA-256: the same rows in another order refuse the
+    resume (exit 2, one paragraph naming the file and both ways on); the bytes restored (a new mtime), it resumes."""
+    import hashlib
+
+    from launchers.run import main
+
+    out, data = tmp_path / "run", tmp_path / "data" / "train.jsonl"
+    data.parent.mkdir()
+    original = (REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text()
+    data.write_text(original)
+    common = [f"output_dir={out}", f"data.train.path={data}", "eval.every=null", "checkpoint.save_final=false"]
+    run_recipe(TINY_HUMANLINE, [*common, "train.max_steps=2"])
+    sha = hashlib.sha256(original.encode()).hexdigest()
+    record = json.loads((out / "checkpoints" / "step_2" / "complete.json").read_text())["run"]
+    assert record["data_train_files"] == [{"path": str(data), "files": {"train.jsonl": sha}}]
+    rows = original.splitlines(True)
+    data.write_text("".join(rows[1:] + rows[:1]))  # the same rows, one moved to the end
+    assert main([str(TINY_HUMANLINE), *common, "train.max_steps=4", "logging.progress_bar=false"]) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    for needle in (f"`{data}` changed since the checkpoint (SHA-256 {sha[:12]}... then", "restore the training data",
+                   "`checkpoint.resume=never checkpoint.overwrite=true` here", "or another `output_dir`"):
+        assert needle in err, err
+    data.write_text(original)
+    resumed = run_recipe(TINY_HUMANLINE, [*common, "train.max_steps=4"])
+    assert f"Resumed from {out / 'checkpoints'}/step_2 at update 2" in resumed.stdout
+    assert "changed since" not in resumed.stdout
+    assert [r["step"] for r in read_jsonl(out / "metrics.jsonl")] == [0, 1, 2, 3]
+
+
+def test_what_a_changed_training_source_names():
+    from hl_core.loop.run_record import train_data_change
+
+    one = [{"path": "d", "files": {"a.jsonl": "1" * 64, "b.jsonl": "2" * 64}}]
+    assert train_data_change(None, one) == ""  # a record from before the digests: not checked
+    assert train_data_change(one, [{"path": "elsewhere", "files": dict(one[0]["files"])}]) == ""  # same bytes
+    edited = [{"path": "d", "files": {"a.jsonl": "1" * 64, "b.jsonl": "3" * 64, "c.jsonl": "4" * 64}}]
+    assert train_data_change(one, edited) == ("`d/b.jsonl` changed since the checkpoint (SHA-256 222222222222... then, "
+                                              "333333333333... now); `d/c.jsonl` is new")
+    hub = [{"path": "org/prefs", "files": {}}]
+    assert train_data_change(hub, hub) == ""
+    assert train_data_change(hub, [{"path": "org/other", "files": {}}]) == (
+        "`data.train.path` was `org/prefs`, this run has `org/other`")
+    assert train_data_change(hub + one, hub + edited).startswith("`d/b.jsonl` changed")
+    assert train_data_change(hub + one, one) == "`data.train` had 2 source(s) at the checkpoint, this run has 1"

@@ -6,8 +6,9 @@
   complete and how to extend it;
 * a resume checks what the checkpoint was written with: another objective (a DPO checkpoint as KTO), model
   width, precision (fp32 -> bf16) or number of examples per update, fewer updates than done, a damaged
-  ``complete.json``: refused before any weights load (exit 2, one paragraph); new data, another split of the
-  same examples into micro-batches and a garbage ``latest`` work, each said in a line;
+  ``complete.json``, other training data: refused before any weights load (exit 2, one paragraph); the same data
+  from another path with another seed, another split of the same examples into micro-batches and a garbage
+  ``latest`` work, each said in a line;
 * dropout (``attention_dropout: 0.1``) reproduces: look-ahead equals a reference copy, a resumed run equals an
   uninterrupted one, held-out evaluations (dropout off) are equal for equal weights and do not change training;
 * ``train.on_nonfinite: skip`` with every update skipped writes no ``final/`` (exit 3);
@@ -68,15 +69,23 @@ def test_a_finished_lookahead_run_is_extended_exactly_and_changes_are_checked(tm
     (damaged / "checkpoints" / "step_3" / "complete.json").write_text("{not json")
     _refused(capsys, [f"output_dir={damaged}", "train.max_steps=6"], "complete.json` is damaged")
 
-    # allowed: new data, the same 8 examples per update as 2 x 4, a garbage `latest` (never read)
+    # refused: other training data (the same rows in another order)
+    data, copy = tmp_path / "train.jsonl", tmp_path / "copy" / "train.jsonl"
+    data.write_text("".join(reversed((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text().splitlines(True))))
+    _refused(capsys, [*common, "train.max_steps=6", f"data.train.path={data}"], "which was trained on other data",
+             f"this run has `{data}` (SHA-256", "restore the training data", "`checkpoint.resume=never")
+
+    # allowed: the same data from another path with another seed, the same 8 examples per update as 2 x 4, a
+    # garbage `latest` (never read)
     changed = tmp_path / "changed"
     shutil.copytree(out, changed)
     (changed / "checkpoints" / "latest").write_text("\x00garbage")
-    data = tmp_path / "train.jsonl"
-    data.write_text("".join(reversed((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text().splitlines(True))))
-    moved = run_recipe(TINY_HUMANLINE, [f"output_dir={changed}", "train.max_steps=4", f"data.train.path={data}",
-                                        "train.micro_batch_size=4", "train.gradient_accumulation_steps=2", *FAST])
-    assert "The training data or `train.seed` changed" in moved.stdout
+    copy.parent.mkdir()
+    shutil.copy(REPO / "tests/fixtures/tiny/prefs/train.jsonl", copy)
+    moved = run_recipe(TINY_HUMANLINE, [f"output_dir={changed}", "train.max_steps=4", f"data.train.path={copy}",
+                                        "train.seed=7", "train.micro_batch_size=4",
+                                        "train.gradient_accumulation_steps=2", *FAST])
+    assert "The training data's settings or path, or `train.seed`, changed" in moved.stdout
     assert "look-ahead log-probs do not cover what this run reads from update 3" in moved.stdout
     assert f"Resumed from {changed}/checkpoints/step_3 at update 3" in moved.stdout
     assert [r["step"] for r in read_jsonl(changed / "metrics.jsonl")] == [0, 1, 2, 3]

@@ -37,6 +37,7 @@ from ..objectives import reference_model_needed
 from ..storage.checkpoints import safe_load, wrote_lookahead
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
 from .lora import wrap_lora
+from .rendezvous import said_if_waiting
 
 # Imports inside functions: deepspeed (seconds to import, and it compiles ops) loads when an engine is built, not when
 # this module is named (tests and --plan read its helpers).
@@ -87,8 +88,11 @@ def _init_distributed(backend: Optional[str]) -> None:
     build = ds_comm.build_shm_op
     if backend in SHM_SKIPPED:
         ds_comm.build_shm_op = lambda: None
+    from deepspeed.constants import default_pg_timeout  # DEEPSPEED_TIMEOUT, read when DeepSpeed is imported
+
     try:
-        deepspeed.init_distributed(dist_backend=backend, verbose=False)
+        with said_if_waiting(default_pg_timeout, "DeepSpeed's, `DEEPSPEED_TIMEOUT` in minutes"):
+            deepspeed.init_distributed(dist_backend=backend, verbose=False, timeout=default_pg_timeout)
     finally:
         ds_comm.build_shm_op = build
 

@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional
 
 import torch
+from torch.distributed import constants as dist_constants
 
 from ..config import batch_layout, pipeline_microbatches
 from ..errors import RecipeError
@@ -61,6 +62,7 @@ from .megatron_checkpoint import LAYOUT_FILE, MegatronCheckpointing, _resolve_we
 from .megatron_convert import LazyHFCheckpoint, hf_state_dict, hf_to_mcore
 from .megatron_logps import pipeline_token_logps, vocab_parallel_token_logps
 from .megatron_specs import build_gpt_model, causal_mask, logits_transform, transformer_config, uses_transformer_engine
+from .rendezvous import said_if_waiting
 
 # Imports inside functions: megatron-core is an optional extra (`pip install -e .[megatron]`) and heavy; it loads when
 # a megatron engine is built, after the CPU shims (megatron_cpu.py) are in place.
@@ -92,7 +94,11 @@ class _PendingForward:
 
 def _init_distributed(backend: Optional[str]) -> None:
     if not torch.distributed.is_initialized():
-        torch.distributed.init_process_group(backend=launch_environment(backend))
+        backend = launch_environment(backend)
+        nccl = backend == "nccl" and dist_constants.default_pg_nccl_timeout is not None
+        timeout = dist_constants.default_pg_nccl_timeout if nccl else dist_constants.default_pg_timeout
+        with said_if_waiting(timeout, "torch's default"):
+            torch.distributed.init_process_group(backend=backend, timeout=timeout)
 
 
 class MegatronEngine(MegatronCheckpointing, Engine):

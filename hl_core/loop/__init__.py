@@ -9,5 +9,6 @@
 * ``report.py`` and ``sinks.py``: progress bar, printed lines, ``metrics.jsonl`` / TensorBoard / W&B, the summary;
 * ``lifecycle.py`` and ``run_record.py``: a run's start in its ``output_dir`` (the lock, another run's outputs, the
   checkpoint to resume and whether its run record allows it) and the line a finished run's rerun prints;
-* ``post_training.py``: the post-training evaluations' phase and what ``summary.json`` says about it.
+* ``post_training.py``: the post-training evaluations' phase and what ``summary.json`` says about it; the
+  evaluations run in a child process (``eval_child.py``) that a signal to the run stops.
 """

@@ -182,6 +182,16 @@ class StopSignals:
             signal.signal(sig, previous)
         self._previous.clear()
 
+    def hand_over(self, handler) -> Dict[int, object]:
+        """Put ``handler`` in place of this object's handlers with no moment of the defaults in between (a signal
+        then would end the process unrecorded); returns the handlers from before ``install``, which the new
+        owner puts back. ``uninstall`` then does nothing."""
+        previous = dict(self._previous)
+        for sig in previous:
+            signal.signal(sig, handler)
+        self._previous.clear()
+        return previous
+
     @property
     def requested(self) -> bool:
         return self.received is not None

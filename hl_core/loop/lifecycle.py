@@ -1,6 +1,7 @@
 """A run's start and end in its output directory, before the engine is built and after the loop:
 
-* the directory's lock (``storage.run_lock``: one run per ``output_dir``), taken by rank 0 first of all;
+* the directory's lock (``storage.run_lock``: one run per ``output_dir``), taken by rank 0 first of all; an
+  ``output_dir`` that is a symbolic link is said in one line naming where it points (a link to nothing: refused);
 * a ``final/`` replacement that a kill interrupted is put back (``storage.checkpoints.recover_final``);
 * the checkpoint to resume and its run record (``run_record``): a refused change ends the run here, before any
   weights are loaded;
@@ -131,12 +132,27 @@ def stale_stop_notice(stop_mtime: Optional[float], started_at: Optional[float], 
             f"stops (exit 0). If an earlier, killed run left it, delete `{path}` and rerun.")
 
 
+def symlink_notice(output_dir: Path) -> str:
+    """The line a run prints when ``output_dir`` is a symbolic link (naming where it points); '' when it is not.
+    A link to nothing is refused (``RecipeError``)."""
+    if not output_dir.is_symlink():
+        return ""
+    target, resolved = os.readlink(output_dir), output_dir.resolve()
+    if not resolved.is_dir():
+        raise RecipeError(
+            f"`output_dir: {output_dir}` is a symbolic link to `{target}`, which is not a directory (or does not "
+            f"exist). Fix: create `{resolved}`, or point `output_dir` at a directory.")
+    shown = f"`{target}`" if str(resolved) == target else f"`{target}` (`{resolved}`)"
+    return f"`output_dir: {output_dir}` is a symbolic link to {shown}: the run writes there."
+
+
 def begin_run(recipe, world_size: int, rank: int) -> RunStart:
     """Before the engine is built, on every rank (rank 0 alone takes the lock and changes the directory)."""
     output_dir = Path(recipe.output_dir)
+    link = symlink_notice(output_dir) if rank == 0 else ""
     lock = OutputDirLock(output_dir).acquire() if rank == 0 else None
     try:
-        notices = [lock.notice] if lock is not None and lock.notice else []
+        notices = [link, lock.notice] if lock is not None and lock.notice else [link]
         if rank == 0:
             notices.append(ckpt.recover_final(output_dir))
             stop = output_dir / STOP_FILE

@@ -4,11 +4,14 @@ A resume compares the checkpoint's record with this run's, before the engine is 
 
 * refused (one paragraph naming each change and the fix, exit code 2): another objective, model shape (or LoRA
   setting), precision (DeepSpeed's fp32 and bf16 optimizer states differ), or number of examples per update
-  (the data stream is consumed that many examples per update: another number moves every later update's data);
+  (the data stream is consumed that many examples per update: another number moves every later update's data),
+  or training data whose files hold other bytes (the record keeps each training file's SHA-256, hashed once per
+  run; the paragraph names the file: restore it, or start afresh);
 * allowed, one line each: more updates (``train.max_steps`` raised: the learning rate follows the new
-  ``train.max_steps``'s schedule from the update reached), new training data or seed (the run continues at the
-  same stream position of the new data's seeded order), new eval data (the held-out history before the resume,
-  measured on the other set, is dropped), another split of the same examples into micro-batches;
+  ``train.max_steps``'s schedule from the update reached), another path to the same training files, other data
+  settings or seed (the run continues at the same stream position of the new seeded order), new eval data (the
+  held-out history before the resume, measured on the other set, is dropped), another split of the same
+  examples into micro-batches;
 * a checkpoint without a record (an older version, or ``complete.json`` emptied by hand) is resumed unchecked,
   with one line saying so.
 """
@@ -26,7 +29,7 @@ from ..engines.base import lr_lambda
 from ..errors import RecipeError, UserError
 from ..models.specs import resolve_spec
 from ..storage.checkpoints import read_marker
-from ..storage.digests import local_files
+from ..storage.digests import content_digests, local_files
 
 FORMAT = 1
 MODEL_DIMS = ("model_type", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "vocab_size", "intermediate_size",
@@ -59,24 +62,31 @@ def _changed(key: str, saved, now) -> bool:
     return saved != now
 
 
-def _data(data, split: str) -> Optional[str]:
+def _data(data, split: str, train_files: List[Dict[str, str]]) -> Optional[str]:
+    """One digest of a split's sources, settings and files (``train_files``: the training sources' digests)."""
     source = getattr(data, split)
     if source is None and not (split == "eval" and data.eval_fraction):
         return None
     rest = data.model_dump(mode="json", exclude={"train", "eval"})
     # no eval source: carved from the train data (each source of a `data.train` mixture)
-    paths = [s.path for s in data.train_sources] if source is None or split == "train" else [source.path]
-    files = [local_files(path) for path in paths]
+    files = train_files if source is None or split == "train" else [local_files(source.path)]
     dumped = [s.model_dump(mode="json") for s in source] if isinstance(source, list) else (
         source.model_dump(mode="json") if source is not None else None)
     return _digest({"source": dumped, "settings": rest, "files": files[0] if len(files) == 1 else files,
                     "split": split})
 
 
+def _train_files(data) -> List[Dict[str, object]]:
+    """Each training source's path and its files' SHA-256 (hashed in full, once per run: ``content_digests``)."""
+    return [{"path": source.path, "files": content_digests(source.path)} for source in data.train_sources]
+
+
 def run_record(recipe, world_size: int) -> Dict[str, object]:
     """This run's record (JSON-serialisable): what a checkpoint it writes holds and what its data stream is."""
     dp, accumulation = batch_layout(recipe, world_size)
     train, lora = recipe.train, recipe.model.lora
+    train_files = _train_files(recipe.data)
+    digests = [source["files"] for source in train_files]
     return {
         "format": FORMAT,
         "objective": recipe.objective.name,
@@ -90,8 +100,9 @@ def run_record(recipe, world_size: int) -> Dict[str, object]:
         "max_steps": train.max_steps,
         "lr_schedule": [train.lr_schedule, train.warmup_steps],
         "seed": train.seed,
-        "data_train": _data(recipe.data, "train"),
-        "data_eval": _data(recipe.data, "eval"),
+        "data_train": _data(recipe.data, "train", digests),
+        "data_train_files": train_files,
+        "data_eval": _data(recipe.data, "eval", digests),
     }
 
 
@@ -107,6 +118,45 @@ REFUSED = {
                             "the data stream is consumed that many examples per update, so another number would "
                             "move every later update onto other examples"),
 }
+
+
+def _where(path: str, files: Dict[str, str], name: str) -> str:
+    """The path of file ``name`` of a source at ``path`` (a single file, or a directory of ``files``)."""
+    return path if list(files) == [Path(path).name] else f"{path}/{name}"
+
+
+def _source_change(key: str, old: Dict, new: Dict) -> str:
+    """What differs between a training source at the checkpoint (``old``) and now (``new``), naming the file."""
+    old_path, new_path = str(old.get("path")), str(new["path"])
+    old_files, new_files = old.get("files") or {}, new["files"]
+    moved = f"`{key}` was `{old_path}`, this run has `{new_path}`"
+    if not old_files or not new_files:  # a hub dataset on one side: compared by name
+        return moved
+    if len(old_files) == len(new_files) == 1 and _where(old_path, old_files, "") == old_path:  # one file each
+        (old_sha,), (new_sha,) = old_files.values(), new_files.values()
+        what = f"`{new_path}` changed since the checkpoint" if old_path == new_path else moved
+        return f"{what} (SHA-256 {old_sha[:12]}... then, {new_sha[:12]}... now)"
+    changed = sorted(n for n in old_files.keys() & new_files.keys() if old_files[n] != new_files[n])
+    parts = [f"`{_where(new_path, new_files, n)}` changed since the checkpoint (SHA-256 {old_files[n][:12]}... "
+             f"then, {new_files[n][:12]}... now)" for n in changed[:3]]
+    parts += [f"`{_where(old_path, old_files, n)}` is gone" for n in sorted(old_files.keys() - new_files.keys())[:3]]
+    parts += [f"`{_where(new_path, new_files, n)}` is new" for n in sorted(new_files.keys() - old_files.keys())[:3]]
+    return (f"{moved}: " if old_path != new_path else "") + "; ".join(parts)
+
+
+def train_data_change(saved, now: List[Dict]) -> str:
+    """'' when each training source holds the same bytes as at the checkpoint (another path to them is fine; a
+    hub dataset: the same name), or the checkpoint's record has no digests (an older version); else what changed,
+    naming the file."""
+    if not isinstance(saved, list):
+        return ""
+    if len(saved) != len(now):
+        return f"`data.train` had {len(saved)} source(s) at the checkpoint, this run has {len(now)}"
+    for i, (old, new) in enumerate(zip(saved, now)):
+        if old.get("files") == new["files"] and (new["files"] or old.get("path") == new["path"]):
+            continue
+        return _source_change("data.train.path" if len(now) == 1 else f"data.train[{i}].path", old, new)
+    return ""
 
 
 @dataclass
@@ -145,14 +195,22 @@ def check_resume_record(checkpoint: Path, recipe, record: Dict[str, object]) -> 
             "or start a new run in another `output_dir` (from its weights: `model.name_or_path=<that "
             "output_dir>/final`), or here with `checkpoint.resume=never checkpoint.overwrite=true`."
         )
+    changed = train_data_change(saved.get("data_train_files"), record["data_train_files"])
+    if changed:
+        raise RecipeError(
+            f"{where}, which was trained on other data: {changed}. Its {updates} updates consumed the start of that "
+            "data's seeded order, and the same position in other data holds other examples. Fix: restore the "
+            "training data as it was to continue this run, or start afresh: `checkpoint.resume=never "
+            "checkpoint.overwrite=true` here (deletes this run's checkpoints and `final/`), or another `output_dir`."
+        )
     check = ResumeCheck()
     if saved.get("max_steps") != record["max_steps"]:
         check.notices.append(_extension_line(saved, record, updates))
     if saved.get("data_train") != record["data_train"] or saved.get("seed") != record["seed"]:
         check.notices.append(
-            f"The training data or `train.seed` changed since `{checkpoint.name}`: this run continues at update "
-            f"{updates} from the same position ({updates} x {record['examples_per_update']} examples) of the new "
-            "data's seeded order.")
+            f"The training data's settings or path, or `train.seed`, changed since `{checkpoint.name}` (its files "
+            f"did not): this run continues at update {updates} from the same position ({updates} x "
+            f"{record['examples_per_update']} examples) of the new seeded order.")
     if saved.get("data_eval") != record["data_eval"]:
         check.eval_changed = True
         check.notices.append("The eval data changed since the checkpoint: the held-out results before the resume "

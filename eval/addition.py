@@ -6,10 +6,14 @@ disjoint. A row is ``{"prompt": "What is 23 + 45?", "answer": "68"}``; the recip
 asks for the number only.
 
 The reward, `sum_credit`, is 1 when the completion is the right number alone (surrounding spaces and a final
-full stop allowed), 0.5 when the right sum appears in a longer answer (``"34 + 36 = 70"``), 0 otherwise. Before
-training the model answers at length (``"To add 34 and 36, ..."``, ``"34 + 36 = "``), so a 0/1 reward would give
-GRPO groups of equal scores and no gradient; the half credit is the step in between. `accuracy` counts the
-exactly right, number-only answers.
+full stop allowed), 0.5 when the right sum appears in a longer answer (``"34 + 36 = 70"``), 0 otherwise, minus
+0.01 per character beyond the answer's length (at most 0.25). Before training the model answers at length
+(``"To add 34 and 36, ..."``, ``"34 + 36 = "``) and almost never right within a few tokens, so a 0/1 reward would
+give GRPO groups of equal scores and no gradient; the half credit and the length term are the steps in between.
+
+``python -m eval.addition score MODEL_DIR`` gives the held-out accuracy (greedy, the number alone and right) of an
+ordinary model directory, e.g. a run's ``final/merged``; ``python -m eval.addition plot RUN... -o curve.png`` plots
+the held-out and training reward per update.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ SEED = 20261129
 TRAIN_ROWS = 400
 EVAL_ROWS = 48
 LOW, HIGH = 10, 49  # both addends; sums 20..98 (no carry into a third digit)
+SYSTEM_PROMPT = "Answer with the number only."  # the recipe's rollout.system_prompt
 _NUMBER = re.compile(r"^\s*(-?\d+)\s*\.?\s*$")
 
 
@@ -53,7 +58,7 @@ def completion_number(completion: str) -> Optional[str]:
 
 def sum_credit(prompts, completions: Sequence[str], references: Sequence[Optional[str]]) -> List[float]:
     """1.0 per completion that is the reference number alone, 0.5 when it holds that number among other text, else
-    0.0 (``rollout.reward.function``).
+    0.0, minus 0.01 per character beyond the answer's length (at most 0.25) (``rollout.reward.function``).
 
     Args:
         prompts: the prompts (unused: the reference carries the answer).
@@ -70,8 +75,9 @@ def sum_credit(prompts, completions: Sequence[str], references: Sequence[Optiona
         answer = str(int(reference))
         if completion_number(completion) == answer:
             scores.append(1.0)
-        else:
-            scores.append(0.5 if answer in re.findall(r"\d+", str(completion)) else 0.0)
+            continue
+        score = 0.5 if answer in re.findall(r"\d+", str(completion)) else 0.0
+        scores.append(score - min(0.25, 0.01 * max(0, len(str(completion).strip()) - len(answer))))
     return scores
 
 
@@ -92,12 +98,84 @@ def write(directory: Path = DATA) -> List[Path]:
     return paths
 
 
+def greedy_accuracy(model_dir: str, rows: Sequence[dict], system_prompt: str = SYSTEM_PROMPT,
+                    max_new_tokens: int = 10, batch_size: int = 16) -> Dict[str, object]:
+    """Held-out accuracy of the model in ``model_dir`` (an ordinary HF directory, loaded with plain transformers):
+    greedy answers to ``rows`` with the recipe's system prompt, counted right when the number alone is the sum.
+
+    Returns:
+        ``{"accuracy": float, "right": int, "n": int, "answers": [str, ...]}``.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    tok.padding_side = "left"
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    answers: List[str] = []
+    for start in range(0, len(rows), batch_size):
+        chunk = rows[start:start + batch_size]
+        texts = [tok.apply_chat_template([{"role": "system", "content": system_prompt},
+                                          {"role": "user", "content": row["prompt"]}],
+                                         tokenize=False, add_generation_prompt=True) for row in chunk]
+        enc = tok(texts, return_tensors="pt", padding=True, add_special_tokens=False)
+        with torch.no_grad():
+            out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+        answers += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+    right = sum(completion_number(a) == row["answer"] for a, row in zip(answers, rows))
+    return {"accuracy": right / max(1, len(rows)), "right": right, "n": len(rows), "answers": answers}
+
+
+def plot_runs(runs: Sequence[Path], output: Path) -> Path:
+    """The held-out reward (``eval.jsonl``) and the training reward (``metrics.jsonl``) per update of each run, one
+    PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.0, 4.0))
+    for run in runs:
+        for name, key, style in (("eval.jsonl", "reward", "-o"), ("metrics.jsonl", "reward", ":")):
+            path = Path(run) / name
+            text = path.read_text() if path.is_file() else ""
+            rows = [json.loads(line) for line in text.splitlines() if line.strip()]
+            points = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]
+            if points:
+                label = f"{Path(run).name} {'held-out' if name == 'eval.jsonl' else 'train'}"
+                ax.plot(*zip(*points), style, label=label)
+    ax.set_xlabel("update")
+    ax.set_ylabel("mean reward (1 = the right number alone)")
+    ax.set_title("SmolLM2-135M-Instruct, humanline GRPO on two-digit additions")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(output, dpi=110)
+    plt.close(fig)
+    return output
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m eval.addition", description=__doc__.splitlines()[0])
-    parser.add_argument("--output", type=Path, default=DATA, help="directory for the two JSONL files")
+    sub = parser.add_subparsers(dest="command")
+    data = sub.add_parser("data", help="(re)write the train and held-out files (the default command)")
+    data.add_argument("--output", type=Path, default=DATA, help="directory for the two JSONL files")
+    score = sub.add_parser("score", help="greedy held-out accuracy of a model directory (e.g. a run's final/merged)")
+    score.add_argument("model", help="an ordinary Hugging Face model directory")
+    score.add_argument("--limit", type=int, default=EVAL_ROWS, help="held-out problems to answer")
+    plot = sub.add_parser("plot", help="held-out and training reward per update of runs, as a PNG")
+    plot.add_argument("runs", nargs="+", type=Path, help="run directories (eval.jsonl, metrics.jsonl)")
+    plot.add_argument("--output", "-o", type=Path, required=True, help="the PNG to write")
     args = parser.parse_args(argv)
-    for path in write(args.output):
-        print(path)
+    if args.command == "score":
+        result = greedy_accuracy(args.model, problems()["eval"][:args.limit])
+        print(json.dumps(result))
+    elif args.command == "plot":
+        print(plot_runs(args.runs, args.output))
+    else:
+        for path in write(args.output if args.command == "data" else DATA):
+            print(path)
     return 0
 
 

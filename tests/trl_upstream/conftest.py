@@ -33,7 +33,7 @@ def _vendored(item) -> bool:
 def pytest_configure(config):
     for name in ("slow", "low_priority"):  # the vendored files' own marks (TRL's pyproject.toml registers them)
         config.addinivalue_line("markers", f"{name}: TRL's mark")
-    config.addinivalue_line("markers", "trl_ci: the CI subset of TRL's trainer tests (tests/trl_upstream/ci_subset.txt)")
+    config.addinivalue_line("markers", "trl_ci: the CI subset of TRL's trainer tests (ci_subset.txt)")
     if MODE is not None:
         import trl
 
@@ -105,11 +105,14 @@ def pytest_runtest_makereport(item, call):
         item.config.stash[SUMMARY].add(harness.short_id(item.nodeid), result, cause, rep.duration, message)
 
 
+def _report_path() -> Path:
+    return Path(os.environ.get("HL_TRL_UPSTREAM_REPORT", f"/tmp/hl-trl-upstream-{MODE}.json"))
+
+
 def pytest_sessionfinish(session):
     if MODE is None or SUMMARY not in session.config.stash or not session.config.stash[SUMMARY].tests:
         return
-    path = Path(os.environ.get("HL_TRL_UPSTREAM_REPORT", f"/tmp/hl-trl-upstream-{MODE}.json"))
-    session.config.stash[SUMMARY].write(path)
+    session.config.stash[SUMMARY].write(_report_path())
 
 
 def pytest_terminal_summary(terminalreporter, config):
@@ -117,4 +120,4 @@ def pytest_terminal_summary(terminalreporter, config):
         return
     for line in config.stash[SUMMARY].table():
         terminalreporter.write_line(line)
-    terminalreporter.write_line(f"summary: {os.environ.get('HL_TRL_UPSTREAM_REPORT', f'/tmp/hl-trl-upstream-{MODE}.json')}")
+    terminalreporter.write_line(f"summary: {_report_path()}")

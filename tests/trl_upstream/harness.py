@@ -22,7 +22,8 @@ CI_LIST = HERE / "ci_subset.txt"
 ORG = "trl-internal-testing"
 MODES = ("trl", "humanline")
 # the test modules' own names for TRL's trainers -> our class of the same role (hl_core.integrations.trl)
-SWAPS = {"DPOTrainer": "HumanlineDPOTrainer", "KTOTrainer": "HumanlineKTOTrainer", "GRPOTrainer": "HumanlineGRPOTrainer"}
+SWAPS = {"DPOTrainer": "HumanlineDPOTrainer", "KTOTrainer": "HumanlineKTOTrainer",
+         "GRPOTrainer": "HumanlineGRPOTrainer"}
 EXPECTATIONS = ("pass", "refusal", "xfail")
 
 
@@ -189,7 +190,7 @@ def read_ci_list(path: Path = CI_LIST) -> Dict[str, Expectation]:
         if len(parts) < 2 or parts[0] not in EXPECTATIONS or (parts[0] == "xfail") != (len(parts) == 3):
             raise SystemExit(f"{path}:{number}: {raw!r} is not `pass TEST`, `refusal TEST` or `xfail TEST CAUSE`. "
                              "Fix: write one of those (TEST as pytest names it under vendored/).")
-        found[parts[1]] = Expectation(*parts)
+        found[parts[1]] = Expectation(test=parts[1], expect=parts[0], cause=parts[2] if len(parts) == 3 else "")
     return found
 
 

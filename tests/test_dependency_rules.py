@@ -6,7 +6,8 @@
   packages and modules at the root of ``hl_core``;
 * ``hl_core`` never reaches ``eval`` or ``launchers``; ``hl_core.config`` reaches no engine library;
 * no import circle between modules of ``hl_core``, ``eval`` and ``launchers``;
-* no Python file over 500 lines, the trainer under 400;
+* no Python file over 500 lines, the trainer under 400 (TRL's test files vendored unmodified in
+  ``tests/trl_upstream/vendored`` are not ours: ``tools/trl_vendor.py`` keeps them byte-identical to TRL's);
 * an import inside a function in ``hl_core`` says why (a comment on its line or the line above, or one
   ``# Imports inside functions: ...`` note in the module).
 """
@@ -28,6 +29,7 @@ RULES = [
 ]
 LAYER_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+)`\s*\|")
 MAX_LINES, MAX_TRAINER_LINES = 500, 400
+THIRD_PARTY = (Path("tests") / "trl_upstream" / "vendored",)  # other projects' files, kept byte-identical
 FILE_NOTE = "# Imports inside functions:"
 
 
@@ -198,6 +200,8 @@ def long_files(root: Path) -> List[str]:
     found = []
     for folder in (*PACKAGES, "bench", "tests"):
         for path in sorted((root / folder).rglob("*.py")):
+            if any(root / part in path.parents for part in THIRD_PARTY):
+                continue
             limit = MAX_TRAINER_LINES if path == root / "hl_core" / "trainer.py" else MAX_LINES
             count = len(path.read_text().splitlines())
             if count >= limit + (0 if limit == MAX_TRAINER_LINES else 1):

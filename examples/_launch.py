@@ -51,6 +51,8 @@ def parser(doc: str) -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--max-length", type=int, default=64)
     p.add_argument("--max-prompt-length", type=int, default=32)
+    p.add_argument("--checkpoint", help="resume from this directory when it holds a checkpoint; save there at a stop")
+    p.add_argument("--stop-after", type=int, help="stop after this many updates (of all), saving --checkpoint")
     return p
 
 

@@ -6,6 +6,7 @@ log-ratios and a shard-local reference sync between backward and ``engine.step()
 """
 
 import warnings
+from pathlib import Path
 
 import deepspeed
 import torch
@@ -48,7 +49,14 @@ def main(args):
     clip = ClipTransform(*args.clip)
     sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=args.sync_every))
 
-    for update in range(args.steps):
+    start, saved = 0, Path(args.checkpoint or "none") / "resume"
+    if saved.is_dir():  # resume: the engine's checkpoint (weights, optimizer, LR schedule), then each rank's sync state
+        _, client_state = policy.load_checkpoint(args.checkpoint, tag="resume")
+        sync.load_state_dict(torch.load(saved / f"humanline_rank{rank}.pt", weights_only=True))
+        start = client_state["updates_done"]
+    stop, binding = min(args.steps, args.stop_after or args.steps), []
+
+    for update in range(start, stop):
         first = (update * world + rank) * args.batch  # this rank's pairs of this update, in file order
         batch = collate_preference(pairs[first:first + args.batch], tokenizer.pad_token_id)
         mask = batch["completion_mask"].float()
@@ -67,6 +75,12 @@ def main(args):
         if rank == 0:
             print(f"update {update}  loss {shown[0].item() / world:.8f}  clipped {shown[1].item() / world:.4f}  "
                   f"synced {synced}", flush=True)
+        binding += [update] if shown[1].item() > 0 else []
+    if args.checkpoint and stop < args.steps:  # stopped early: what the resume above reads
+        policy.save_checkpoint(args.checkpoint, tag="resume", client_state={"updates_done": stop})
+        torch.save(sync.state_dict(), saved / f"humanline_rank{rank}.pt")
+    if rank == 0:
+        print(f"the clip bound at updates {binding} (bounds {tuple(args.clip)})", flush=True)
     torch.distributed.barrier()
 
 
@@ -74,5 +88,6 @@ if __name__ == "__main__":
     parser = example_parser(__doc__)
     parser.add_argument("--zero", type=int, default=3, choices=[0, 1, 2, 3])
     parser.add_argument("--persist-below", type=int, default=1000, help="ZeRO-3: smaller parameters stay whole")
+    parser.set_defaults(clip=(-0.05, 0.05))  # bounds that bind once the policy moves (the paper's +-1.5 bind later)
     args = parser.parse_args()
     launch(main, args, args.nproc)

@@ -6,6 +6,7 @@ adds a clip on the per-token log-ratios and a shard-local sync of each rank's TP
 """
 
 import warnings
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -77,8 +78,19 @@ def main(args):
     clip = ClipTransform(*args.clip)
     sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=args.sync_every))
 
+    start, saved = 0, Path(args.checkpoint or "none") / f"rank{rank}.pt"
+    if saved.exists():  # resume: this rank's chunks, optimizer and LR schedule, and its sync state (reference slices)
+        state = torch.load(saved, weights_only=True)
+        for chunk, weights in zip(policy, state["policy"]):
+            chunk.load_state_dict(weights)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        sync.load_state_dict(state["sync"])
+        start = state["updates_done"]
+    stop, binding = min(args.steps, args.stop_after or args.steps), []
+
     dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
-    for update in range(args.steps):
+    for update in range(start, stop):
         first = (update * dp + dp_rank) * args.batch  # TP peers take the same pairs
         batch = collate_preference(pairs[first:first + args.batch], tokenizer.pad_token_id)
         mask = batch["completion_mask"].float()
@@ -97,6 +109,13 @@ def main(args):
         if rank == 0:
             print(f"update {update}  loss {loss.item():.8f}  clipped {1 - metrics['unclamped_frac'].item():.4f}  "
                   f"synced {synced}", flush=True)
+        binding += [update] if metrics["unclamped_frac"].item() < 1 else []
+    if args.checkpoint and stop < args.steps:  # stopped early: what the resume above reads, one file per rank
+        Path(args.checkpoint).mkdir(parents=True, exist_ok=True)
+        torch.save({"policy": [chunk.state_dict() for chunk in policy], "optimizer": optimizer.state_dict(),
+                    "scheduler": scheduler.state_dict(), "sync": sync.state_dict(), "updates_done": stop}, saved)
+    if rank == 0:
+        print(f"the clip bound at updates {binding} (bounds {tuple(args.clip)})", flush=True)
     ps.destroy_model_parallel()
     torch.distributed.destroy_process_group()
 
@@ -104,5 +123,6 @@ def main(args):
 if __name__ == "__main__":
     parser = example_parser(__doc__)
     parser.add_argument("--tp", type=int, default=2)
+    parser.set_defaults(clip=(-0.05, 0.05))  # bounds that bind once the policy moves (the paper's +-1.5 bind later)
     args = parser.parse_args()
     launch(main, args, args.nproc)

@@ -1,22 +1,25 @@
-"""The trainer's callback seam: three moments of an update where code that is not the loop's runs.
+"""The trainer's callback seam: code that is not the loop's runs at three moments of an update.
 
-* ``before_optimizer_step(ctx)``: after the update's last backward, the guard and gradient clipping's inputs, and
-  before the optimizer step (humanline's reference sync and the look-ahead reference's store run here; the moment
-  of transformers' ``TrainerCallback.on_pre_optimizer_step``); it may return a
-  :class:`hl_core.humanline.SyncRecord`, which the update's metrics row reports (``synced``, ``sync_time_s``);
-* ``after_update(ctx, row)``: after the optimizer step, with the update's metrics row (``ctx.updates_done`` already
-  counts it);
-* ``on_save(ctx, directory)``: after every rank has written a checkpoint's files into ``directory`` and before rank
-  0 marks it complete (a callback may add files to the checkpoint here).
+A callback subclasses ``LoopCallback`` and overrides any of its events; each receives one ``CallbackContext`` (the
+state it may read, shaped like Megatron-Bridge's ``CallbackContext``) and returns nothing. The events, in the order
+they fire in an update (``docs/concepts/callbacks.md`` has the table):
+
+* ``before_optimizer_step(ctx)``: after the update's last backward and the guard's reduction, after the reference's
+  sync (``ctx.sync``), before the optimizer step (gradient clipping runs inside the step). A skipped (non-finite)
+  update runs none;
+* ``after_update(ctx)``: after the optimizer step and the metrics row (``ctx.row``; ``ctx.updates_done`` counts it),
+  before any evaluation or checkpoint of that update;
+* ``on_save(ctx)``: after every rank has written a checkpoint's files into ``ctx.checkpoint_dir`` and before rank 0
+  marks it complete (a callback may add files to the checkpoint here).
 
 A recipe adds callbacks with ``train.callbacks`` (``package.module:Name`` and its keyword arguments); a script passes
-them to ``hl_core.trainer.run(recipe, callbacks=[...])``. A skipped (non-finite) update runs no
-``before_optimizer_step``.
+them to ``hl_core.trainer.run(recipe, callbacks=[...])``. Humanline's reference sync is not a callback: the trainer
+runs it itself, just before the callbacks' ``before_optimizer_step``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 import importlib
 from typing import Any, Callable, Dict, Iterable, List, Optional
@@ -26,65 +29,73 @@ from .humanline import SyncRecord
 
 
 @dataclass
-class UpdateContext:
-    """Where the run stands: ``updates_done`` optimizer updates so far, the ``engine``, the ``output_dir``."""
+class CallbackContext:
+    """What a callback may read. Modifying the run's objects through it is at the callback's own risk.
+
+    Attributes:
+        updates_done: optimizer updates done so far (``after_update``: including this one).
+        engine: the run's engine (``hl_core.engines.Engine``: ``rank``, ``world_size``, the models).
+        output_dir: the run's output directory.
+        user_state: one dict for the whole run, shared by every callback and event (keep your own state here).
+        sync: ``before_optimizer_step``: what this update's reference sync did (a ``SyncRecord``); else None.
+        row: ``after_update``: the update's metrics row, as ``metrics.jsonl`` gets it; else None.
+        checkpoint_dir: ``on_save``: the checkpoint being written; else None.
+    """
 
     updates_done: int
     engine: Any
     output_dir: Path
+    user_state: Dict[str, Any] = field(default_factory=dict)
+    sync: Optional[SyncRecord] = None
+    row: Optional[Dict[str, Any]] = None
+    checkpoint_dir: Optional[Path] = None
 
 
-class TrainerCallback:
-    """Override any of the three moments; each default does nothing."""
+class LoopCallback:
+    """A callback of the trainer's loop: override any event; each default does nothing. Events return nothing."""
 
-    def before_optimizer_step(self, ctx: UpdateContext) -> Optional[SyncRecord]:
-        return None
+    def before_optimizer_step(self, ctx: CallbackContext) -> None:
+        """After the update's last backward and the reference's sync, before the optimizer step."""
 
-    def after_update(self, ctx: UpdateContext, row: Dict[str, Any]) -> None:
-        pass
+    def after_update(self, ctx: CallbackContext) -> None:
+        """After the optimizer step, with the update's metrics row in ``ctx.row``."""
 
-    def on_save(self, ctx: UpdateContext, directory: Path) -> None:
-        pass
+    def on_save(self, ctx: CallbackContext) -> None:
+        """After every rank wrote ``ctx.checkpoint_dir``'s files, before the checkpoint is marked complete."""
 
 
 class CallbackList:
-    """The run's callbacks, called in order; ``before_optimizer_step`` merges their sync records (synced if any
-    synced, their seconds added)."""
+    """The trainer's side of the seam: the reference's sync first (``reference.sync_before_step(ctx)``, which returns
+    the update's ``SyncRecord``), then the callbacks in order, each event's part of the context filled in."""
 
-    def __init__(self, callbacks: Iterable[TrainerCallback] = ()):
-        self.callbacks: List[TrainerCallback] = list(callbacks)
+    def __init__(self, callbacks: Iterable[LoopCallback] = (), reference=None):
+        self.callbacks: List[LoopCallback] = list(callbacks)
+        self.reference = reference
 
-    def before_optimizer_step(self, ctx: UpdateContext) -> SyncRecord:
-        merged = SyncRecord(False)
+    def before_optimizer_step(self, ctx: CallbackContext) -> SyncRecord:
+        ctx.sync = self.reference.sync_before_step(ctx) if self.reference is not None else SyncRecord(False)
+        self._fire("before_optimizer_step", ctx)
+        return ctx.sync
+
+    def after_update(self, ctx: CallbackContext, row: Dict[str, Any]) -> None:
+        ctx.row = row
+        self._fire("after_update", ctx)
+
+    def on_save(self, ctx: CallbackContext, directory: Path) -> None:
+        ctx.checkpoint_dir = Path(directory)
+        self._fire("on_save", ctx)
+
+    def _fire(self, event: str, ctx: CallbackContext) -> None:
         for callback in self.callbacks:
-            record = callback.before_optimizer_step(ctx)
-            if record is not None:
-                merged = SyncRecord(merged.synced or record.synced, merged.seconds + record.seconds,
-                                    merged.bytes + record.bytes)
-        return merged
-
-    def after_update(self, ctx: UpdateContext, row: Dict[str, Any]) -> None:
-        for callback in self.callbacks:
-            callback.after_update(ctx, row)
-
-    def on_save(self, ctx: UpdateContext, directory: Path) -> None:
-        for callback in self.callbacks:
-            callback.on_save(ctx, directory)
+            if getattr(callback, event)(ctx) is not None:
+                raise TypeError(
+                    f"{type(callback).__name__}.{event} returned a value: callback events return nothing, and the "
+                    "trainer would drop it. Fix: keep what it computes in ctx.user_state (one dict for the run).")
 
 
-class ReferenceSyncCallback(TrainerCallback):
-    """Humanline's sync (``hl_core.humanline.ReferenceSync``) at the trainer's ``before_optimizer_step``."""
-
-    def __init__(self, sync):
-        self.sync = sync
-
-    def before_optimizer_step(self, ctx: UpdateContext) -> SyncRecord:
-        return self.sync.before_optimizer_step(ctx.updates_done)
-
-
-def build_callbacks(specs) -> List[TrainerCallback]:
+def build_callbacks(specs) -> List[LoopCallback]:
     """The recipe's ``train.callbacks``: each ``path`` imported and called with its ``args``; a refusal (exit 2)
-    names the entry when it cannot be imported, built, or is no ``TrainerCallback``."""
+    names the entry when it cannot be imported, built, or is no ``LoopCallback``."""
     built = []
     for i, spec in enumerate(specs):
         key = f"train.callbacks[{i}]"
@@ -94,9 +105,9 @@ def build_callbacks(specs) -> List[TrainerCallback]:
         except TypeError as exc:
             raise RecipeError(f"`{key}: {spec.path}` could not be built with the arguments {spec.args} ({exc}). "
                               "Fix: give `args` the keyword arguments it takes.") from None
-        if not isinstance(callback, TrainerCallback):
-            raise RecipeError(f"`{key}: {spec.path}` built a {type(callback).__name__}, not a TrainerCallback. Fix: "
-                              "subclass hl_core.callbacks.TrainerCallback.")
+        if not isinstance(callback, LoopCallback):
+            raise RecipeError(f"`{key}: {spec.path}` built a {type(callback).__name__}, not a LoopCallback. Fix: "
+                              "subclass hl_core.callbacks.LoopCallback.")
         built.append(callback)
     return built
 

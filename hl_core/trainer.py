@@ -28,7 +28,7 @@ from .engines import build_engine
 from .engines.base import check_launch_environment
 from .humanline import SyncRecord
 from .humanline.recipe import build_transform
-from .callbacks import CallbackList, TrainerCallback, UpdateContext, build_callbacks
+from .callbacks import CallbackContext, CallbackList, LoopCallback, build_callbacks
 from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, UpdateChecks
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
@@ -48,12 +48,13 @@ STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): ch
 
 
 class Trainer(TrainerSafety):
-    """The loop; ``callbacks`` (``hl_core.callbacks.TrainerCallback``) run after the reference's and the recipe's."""
+    """The loop; ``callbacks`` (``hl_core.callbacks.LoopCallback``) run after the recipe's."""
 
-    def __init__(self, recipe: Recipe, callbacks: Sequence[TrainerCallback] = ()):
+    def __init__(self, recipe: Recipe, callbacks: Sequence[LoopCallback] = ()):
         self.recipe = recipe
         self.output_dir = Path(recipe.output_dir)
         self.extra_callbacks = list(callbacks)
+        self.callback_state: Dict[str, object] = {}  # the callbacks' ``user_state``, for the whole run
 
     # ---------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
@@ -146,7 +147,7 @@ class Trainer(TrainerSafety):
             cache=cache_location(recipe, self.engine) if mode == "cached" else None, show_progress=self.is_main,
             bars=self.bars,
         )
-        self.callbacks = CallbackList([self.reference.callback, *build_callbacks(recipe.train.callbacks), *self.extra_callbacks])
+        self.callbacks = CallbackList([*build_callbacks(recipe.train.callbacks), *self.extra_callbacks], self.reference)
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
     def _resume(self) -> None:
@@ -288,8 +289,9 @@ class Trainer(TrainerSafety):
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
         return row
 
-    def context(self) -> UpdateContext:
-        return UpdateContext(self.updates_done, self.engine, self.output_dir)  # what a callback is told
+    def context(self) -> CallbackContext:
+        """What a callback reads (``hl_core.callbacks.CallbackContext``)."""
+        return CallbackContext(self.updates_done, self.engine, self.output_dir, self.callback_state)
 
     def _loss(self, batch, train: bool):
         """Token log-probs of both models -> humanline transform -> the objective's loss and metrics."""
@@ -373,7 +375,7 @@ class Trainer(TrainerSafety):
 
 
 def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None,
-        callbacks: Sequence[TrainerCallback] = ()) -> Dict[str, float]:
+        callbacks: Sequence[LoopCallback] = ()) -> Dict[str, float]:
     """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a ``final/`` model
     and ``eval.after_training`` is on, ``after_training(recipe, final_dir)`` (the launcher passes the post-training
     evals; ``loop.post_training``), its result the summary's ``post_training_eval``; the lock is held until then."""

@@ -12,7 +12,7 @@ import torch.multiprocessing as mp
 
 from helpers import REPO, TINY_HUMANLINE, free_port, read_jsonl, run_recipe
 
-from hl_core.humanline import should_sync
+from hl_core.humanline import SyncSchedule
 from hl_core.objectives import group_advantages, grpo_loss
 from hl_core.rollout.rewards import MathReward, format_ok, tag_count
 
@@ -138,8 +138,8 @@ def test_newline_format_rule_and_the_math_reward_sum():
 
 
 def test_sync_offset_by_hand():
-    assert [n for n in range(40) if should_sync(n, 16)] == [0, 16, 32]
-    assert [n for n in range(40) if should_sync(n, 16, 15)] == [15, 31]  # after updates 16, 32 counted from 1
+    assert [n for n in range(40) if SyncSchedule(16).due(n)] == [0, 16, 32]
+    assert [n for n in range(40) if SyncSchedule(16, 15).due(n)] == [15, 31]  # after updates 16, 32 counted from 1
 
 
 def test_sync_offset_outside_the_period_is_refused(capsys, monkeypatch):

@@ -5,7 +5,8 @@ import math
 import pytest
 import torch
 
-from hl_core.humanline import ClipTransform, NoTransform, clip_log_ratio, unclamped_fraction
+from hl_core.humanline import ClipTransform, NoTransform
+from hl_core.humanline.functional import clip_log_ratio, unclamped_fraction
 from hl_core.objectives.dpo import dpo_loss
 
 

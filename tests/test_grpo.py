@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hl_core.humanline import clip_log_ratio
+from hl_core.humanline.functional import clip_log_ratio
 from hl_core.objectives import OBJECTIVES, group_advantages, grpo_loss
 
 

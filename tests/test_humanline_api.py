@@ -122,3 +122,33 @@ def test_ddp_and_fsdp2_sync_their_local_shards_through_the_optimizer_hook(tmp_pa
                 assert (r["ref_vs_pre_policy"] if r["synced"] else r["ref_vs_pre_ref"]) == 0.0, (kind, r)
         assert report["fsdp2"]["records"][0]["local_shard"] == [3, 8]  # FSDP2: half the rows of the [6, 8] weight
         assert report["ddp"]["records"][0]["local_shard"] == [6, 8]
+
+
+def test_the_input_helpers_give_the_layout_the_transforms_take():
+    """``prefix_token_logps`` shifts (0 at position 0) and equals the plain log-softmax; ``fused_sequence_token_logps``
+    gives the same from the hidden states; ``mask_from_labels`` of -100 labels is our collators' completion mask.
+    The trainer's DeepSpeed engine calls these same functions."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    import hl_core.engines.deepspeed_engine as ds_engine
+    import hl_core.logprobs.logits as logits_module
+    from hl_core.data.tokens import pad_right
+    from hl_core.humanline import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
+
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(REPO / "tests/fixtures/tiny/model"))
+    batch = pad_right([[5, 6, 7, 8, 9], [5, 6, 11]], [[0, 0, 1, 1, 1], [0, 1, 1]], pad_token_id=0)
+    ids, attention = batch["input_ids"], batch["attention_mask"]
+    logits = model(input_ids=ids, attention_mask=attention).logits
+    got = prefix_token_logps(logits, ids)
+    plain = logits.float().log_softmax(-1)[:, :-1].gather(-1, ids[:, 1:, None]).squeeze(-1)
+    assert got.shape == ids.shape and torch.equal(got[:, 0], torch.zeros(2))
+    assert torch.allclose(got[:, 1:], plain, atol=1e-5)
+    fused = fused_sequence_token_logps(model, ids, attention)
+    assert torch.allclose(fused * attention, got * attention, atol=1e-5)
+    labels = ids.masked_fill(batch["completion_mask"] == 0, -100)
+    mask = mask_from_labels(labels)
+    assert mask.dtype == torch.float32 and torch.equal(mask, batch["completion_mask"].float())
+    assert mask_from_labels(torch.zeros(1, 3, dtype=torch.long))[0].tolist() == [0.0, 1.0, 1.0]  # never position 0
+    assert ds_engine.fused_sequence_token_logps is fused_sequence_token_logps
+    assert logits_module.prefix_token_logps is prefix_token_logps  # what sequence_token_logps (the engine's) calls

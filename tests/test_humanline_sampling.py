@@ -8,7 +8,8 @@ import pytest
 import torch
 from scipy import stats
 
-from hl_core.humanline import SampleTransform, log_beta_sample, rejection_mask
+from hl_core.humanline import SampleTransform
+from hl_core.humanline.functional import log_beta_sample, rejection_mask
 from hl_core.humanline.recipe import build_transform, transform_names
 
 

@@ -10,7 +10,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import free_port
-from hl_core.humanline import clip_log_ratio
+from hl_core.humanline.functional import clip_log_ratio
 from hl_core.objectives import OBJECTIVES, kto_loss, kto_reference_point, mismatched_pairs
 
 

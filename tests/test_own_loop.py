@@ -106,3 +106,20 @@ def test_the_docs_page_shows_lines_of_the_scripts_that_run():
     for snippet in snippets:
         for line in filter(str.strip, snippet.splitlines()):
             assert line.strip() in lines, line
+
+
+def test_the_plain_torch_snippets_pasted_in_order_are_the_script_in_its_order():
+    """The plain PyTorch section's snippets (but its last, the DDP/FSDP2 lines of ``api_sync.py``) are lines of
+    ``examples/torch_dpo.py`` in the script's own order, indentation included: the resumable loop, pasted in order."""
+    page = (REPO / "docs" / "howto" / "own-loop.md").read_text()
+    section = page.split("## A plain PyTorch loop")[1].split("\n## ")[0]
+    snippets = re.findall(r"```python\n(.*?)```", section, re.S)
+    assert len(snippets) >= 6
+    script = (EXAMPLES / "torch_dpo.py").read_text().splitlines()
+    at = 0
+    for line in filter(str.strip, "".join(snippets[:-1]).splitlines()):
+        assert line in script[at:], f"not in examples/torch_dpo.py after line {at}: {line}"
+        at = script.index(line, at) + 1
+    for needed in ("sync.attach(optimizer)", 'sync.load_state_dict(state["sync"])', '"sync": sync.state_dict()',
+                   "prefix_token_logps(", "mask_from_labels(labels)"):
+        assert needed in section

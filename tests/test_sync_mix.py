@@ -11,7 +11,8 @@ from helpers import REPO, run_worker
 
 from hl_core.config import check_recipe, load_recipe
 from hl_core.errors import RecipeError
-from hl_core.humanline import ParameterPairs, ReferenceSync, SyncSchedule, mix_into
+from hl_core.humanline import ParameterPairs, ReferenceSync, SyncSchedule
+from hl_core.humanline.functional import mix_into
 from hl_core.objectives import reference_mode
 from launchers.run import main
 

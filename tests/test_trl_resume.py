@@ -103,23 +103,25 @@ def test_the_control_trl_itself_resumes_exactly(kind, weights, tmp_path):  # noq
 
 
 @needs_fused
-def test_the_reference_file_holds_this_ranks_shards(weights, tmp_path):  # noqa: F811
+def test_the_sync_file_holds_this_ranks_reference_shards_and_counts(weights, tmp_path):  # noqa: F811
     trainer, _ = humanline_losses(dpo, weights, tmp_path)
-    shards = torch.load(tmp_path / "out" / f"checkpoint-{SAVE}" / "humanline_reference_rank0.pt", weights_only=True)
+    state = torch.load(tmp_path / "out" / f"checkpoint-{SAVE}" / "humanline_sync_rank0.pt", weights_only=True)
     names = [name for name, _ in trainer.model.named_parameters()]
-    assert sorted(shards) == sorted(names)
+    assert sorted(state["reference_shards"]) == sorted(names) and state["num_syncs"] == 2  # updates 0 and 3
 
 
 @needs_fused
 def test_without_the_saved_reference_the_resumed_losses_differ(weights, tmp_path):  # noqa: F811
-    """The comparison can fail: the same resume with the reference file removed (so the reference is the initial
-    weights, as before this was saved) gives other losses."""
+    """The comparison can fail: the same resume with the reference shards removed from the sync file (so the
+    reference is the initial weights, as before they were saved) gives other losses."""
     import shutil
 
     whole, _ = humanline_losses(dpo, weights, tmp_path / "whole")
     checkpoint = tmp_path / "bare"
     shutil.copytree(tmp_path / "whole" / "out" / f"checkpoint-{SAVE}", checkpoint)
-    (checkpoint / "humanline_reference_rank0.pt").unlink()
+    state = torch.load(checkpoint / "humanline_sync_rank0.pt", weights_only=True)
+    del state["reference_shards"]  # the counts stay: only the moved reference is lost
+    torch.save(state, checkpoint / "humanline_sync_rank0.pt")
     resumed, _ = humanline_losses(dpo, weights, tmp_path / "resumed", resume=str(checkpoint))
     losses = [row["loss"] for row in whole.humanline_history]
     again = [row["loss"] for row in resumed.humanline_history]

@@ -329,7 +329,7 @@ class ParallelConfig(_Section):
 class CallbackSpec(_Section):
     """One trainer callback (``hl_core.callbacks``); a bare string is its ``path``."""
 
-    path: str = Field(description="`package.module:Name`: a `TrainerCallback` subclass or a factory returning one.")
+    path: str = Field(description="`package.module:Name`: a `hl_core.callbacks.LoopCallback` subclass or a factory returning one.")
     args: Dict[str, Any] = Field(default_factory=dict, description="Keyword arguments it is built with.")
 
     @model_validator(mode="before")

@@ -1,40 +1,34 @@
-"""Humanline, written once: the public API that our trainer, your DeepSpeed loop, your Megatron-core loop and the TRL
-adapter all call.
+"""Humanline, written once: the public API that our trainer, your own loop (plain torch, DDP, FSDP2, DeepSpeed,
+Megatron-core) and the TRL adapter all call.
 
 The method ("Humanline: Online Alignment as Perceptual Loss", Liu, Muennighoff, Ethayarajh, 2025) is described in
 the project's docs, ``docs/concepts/method.md``; the page "humanline in your own loop" (``docs/howto/own-loop.md``)
-shows these names at work, and ``docs/reference/humanline-api.md`` says which are stable.
+builds a loop from these names, and ``docs/reference/humanline-api.md`` says which are stable.
 
+* **Inputs**: ``prefix_token_logps`` (per-token log-probs from logits, 0 at position 0), ``fused_sequence_token_logps``
+  (the same from the hidden states, without the logits), ``mask_from_labels`` (the mask over them).
 * **Transforms** of per-token log-ratios, applied before tokens are summed into a sequence reward (DPO, KTO) or
-  exponentiated into a ratio (GRPO): :class:`ClipTransform` (``clamp(lp_pol - lp_ref, log_eps_P, log_eps_R)``),
-  :class:`SampleTransform` (two-sided token rejection), :class:`NoTransform` (the plain log-ratio); the functions
-  :func:`clip_log_ratio`, :func:`rejection_mask`, :func:`unclamped_fraction`. Their metrics are device tensors.
-* **The schedule**: :class:`SyncSchedule` (``k``, offset, mix), :func:`should_sync`, :func:`mix_into`.
-* **The shard-local sync**: :func:`pair_parameters` (two DeepSpeed engines at ZeRO 0-3, two lists of Megatron-core
-  model chunks at any TP/PP, two ``nn.Module`` objects with DDP or FSDP2), :func:`pair_lora_adapters` (a PEFT model's
-  trainable adapter and its frozen reference twin), :class:`ParameterPairs`.
-* **The moment**: :class:`ReferenceSync` (``before_optimizer_step(updates_done)``, or ``attach(optimizer)``), and
-  :class:`SyncRecord`.
+  exponentiated into a ratio (GRPO): ``ClipTransform``, ``SampleTransform``, ``NoTransform`` (base
+  ``LogRatioTransform``). Their metrics are device tensors.
+* **The sync**: ``SyncSchedule`` (``k``, offset, mix); ``pair_parameters`` (two DeepSpeed engines at ZeRO 0-3, two
+  lists of Megatron-core model chunks at any TP/PP, two ``nn.Module`` objects with DDP or FSDP2) or
+  ``pair_lora_adapters`` (a PEFT model's trainable adapter and its frozen reference twin) give ``ParameterPairs``;
+  ``ReferenceSync`` runs it at the right moment (``attach(optimizer_or_engine)`` or
+  ``before_optimizer_step(updates_done)``, never both: ``SyncUsageError``), reports a ``SyncRecord`` and saves its
+  state (``state_dict``).
+* **The arithmetic** under the classes (the clamp, the rejection draws, the elementwise mix) is in
+  ``hl_core.humanline.functional``.
 """
 
+from ..logprobs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
+from . import functional
+from .attach import SyncUsageError
 from .hooks import ReferenceSync, SyncRecord
-from .sampling import log_beta_sample, rejection_mask
-from .schedule import SyncSchedule, mix_into, should_sync
+from .schedule import SyncSchedule
 from .sync import ParameterPairs, pair_lora_adapters, pair_parameters
-from .transforms import (
-    DEFAULT_LOG_EPS_P,
-    DEFAULT_LOG_EPS_R,
-    ClipTransform,
-    LogRatioTransform,
-    NoTransform,
-    SampleTransform,
-    clip_log_ratio,
-    unclamped_fraction,
-)
+from .transforms import ClipTransform, LogRatioTransform, NoTransform, SampleTransform
 
 __all__ = [
-    "DEFAULT_LOG_EPS_P",
-    "DEFAULT_LOG_EPS_R",
     "ClipTransform",
     "LogRatioTransform",
     "NoTransform",
@@ -43,12 +37,11 @@ __all__ = [
     "SampleTransform",
     "SyncRecord",
     "SyncSchedule",
-    "clip_log_ratio",
-    "log_beta_sample",
-    "mix_into",
+    "SyncUsageError",
+    "functional",
+    "fused_sequence_token_logps",
+    "mask_from_labels",
     "pair_lora_adapters",
     "pair_parameters",
-    "rejection_mask",
-    "should_sync",
-    "unclamped_fraction",
+    "prefix_token_logps",
 ]

@@ -25,5 +25,5 @@ def build_transform(humanline_cfg, seed: int = 0) -> LogRatioTransform:
 
 
 def sync_schedule(humanline_cfg) -> SyncSchedule:
-    """``humanline.sync_every``, ``sync_offset`` and ``sync_mix`` as a :class:`SyncSchedule`."""
+    """``humanline.sync_every``, ``sync_offset`` and ``sync_mix`` as a ``SyncSchedule``."""
     return SyncSchedule(humanline_cfg.sync_every, humanline_cfg.sync_offset, humanline_cfg.sync_mix)

@@ -17,7 +17,7 @@ from typing import Iterator, List, Sequence, Tuple, Union
 
 import torch
 
-from .schedule import mix_into
+from .functional import mix_into
 
 Pair = Tuple[str, torch.Tensor, torch.Tensor]
 Models = Union[torch.nn.Module, Sequence[torch.nn.Module]]
@@ -78,7 +78,7 @@ def sync_pair(policy: torch.Tensor, reference: torch.Tensor, mix: float = 1.0) -
 class ParameterPairs:
     """The matching ``(name, policy parameter, reference parameter)`` of two models of one layout.
 
-    Build it with :func:`pair_parameters` or :func:`pair_lora_adapters`; :meth:`sync` is the shard-local copy.
+    Build it with ``pair_parameters`` or ``pair_lora_adapters``; ``sync`` is the shard-local copy.
     """
 
     def __init__(self, pairs: Sequence[Pair]):
@@ -113,7 +113,18 @@ class ParameterPairs:
 
     @torch.no_grad()
     def load_reference_shards(self, shards: dict) -> None:
-        """The inverse of :meth:`reference_shards` on the same layout."""
+        """The inverse of ``reference_shards`` on the same layout (the same ZeRO stage, world size and TP/PP).
+
+        Raises:
+            ValueError: a parameter is missing from ``shards`` or its shard has another shape.
+        """
+        for name, _, ref in self.pairs:
+            local = ref.ds_tensor if hasattr(ref, "ds_tensor") else _local(ref)
+            if name not in shards or tuple(shards[name].shape) != tuple(local.shape):
+                found = tuple(shards[name].shape) if name in shards else "nothing"
+                raise ValueError(f"the saved reference shards hold {found} for `{name}` where this rank's shard is "
+                                 f"{tuple(local.shape)}: restore on the layout that saved them (the same ZeRO stage, "
+                                 "number of processes and TP/PP sizes), each rank its own file")
         for name, _, ref in self.pairs:
             target = ref.ds_tensor.data if hasattr(ref, "ds_tensor") else _local(ref)
             target.copy_(shards[name].to(target.device, target.dtype))
@@ -122,7 +133,7 @@ class ParameterPairs:
 
 
 def pair_parameters(policy: Models, reference: Models) -> ParameterPairs:
-    """Pair the parameters of two models that share one layout, for :class:`ReferenceSync`.
+    """Pair the parameters of two models that share one layout, for ``ReferenceSync``.
 
     Args:
         policy: the trained model: an ``nn.Module``, a DDP or FSDP2 module, a DeepSpeed engine (ZeRO 0-3), or a

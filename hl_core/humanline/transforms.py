@@ -11,68 +11,10 @@ from typing import Dict, Tuple
 
 import torch
 
+from .functional import (
+    DEFAULT_LOG_EPS_P, DEFAULT_LOG_EPS_R, check_bounds, clip_log_ratio, fraction, unclamped_fraction,
+)
 from .sampling import DEFAULT_BETA_P, DEFAULT_BETA_R, DEFAULT_GAMMA_P, DEFAULT_GAMMA_R, rejection_mask
-
-DEFAULT_LOG_EPS_P = -1.5
-DEFAULT_LOG_EPS_R = 1.5
-
-Metrics = Dict[str, torch.Tensor]
-
-
-def _check_bounds(log_eps_P: float, log_eps_R: float) -> None:
-    if not log_eps_P <= 0.0 <= log_eps_R:
-        raise ValueError(f"need log_eps_P <= 0 <= log_eps_R, got ({log_eps_P}, {log_eps_R})")
-
-
-def clip_log_ratio(
-    log_ratio: torch.Tensor, log_eps_P: float = DEFAULT_LOG_EPS_P, log_eps_R: float = DEFAULT_LOG_EPS_R
-) -> torch.Tensor:
-    """Humanline's asymmetric log-space clip, ``clamp(log_ratio, log_eps_P, log_eps_R)``.
-
-    Args:
-        log_ratio: per-token ``lp_pol - lp_ref``.
-        log_eps_P: lower bound (``<= 0``).
-        log_eps_R: upper bound (``>= 0``).
-
-    Returns:
-        The clipped log-ratio: a token outside ``[log_eps_P, log_eps_R]`` takes the bound's value and gets zero
-        gradient (plain ``clamp``).
-
-    Shape:
-        any; the output has the input's shape.
-    """
-    _check_bounds(log_eps_P, log_eps_R)
-    return torch.clamp(log_ratio, min=log_eps_P, max=log_eps_R)
-
-
-def _fraction(count: torch.Tensor, total: torch.Tensor, empty: float) -> torch.Tensor:
-    """``count / total`` in float64 on the device (``empty`` where ``total`` is 0): the same double as Python's
-    ``float(count) / int(total)``, without reading either on the host."""
-    total = total.to(torch.float64)
-    return torch.where(total > 0, count.to(torch.float64) / total.clamp(min=1), torch.full_like(total, empty))
-
-
-def unclamped_fraction(
-    log_ratio: torch.Tensor, mask: torch.Tensor, log_eps_P: float, log_eps_R: float
-) -> torch.Tensor:
-    """Fraction of non-masked tokens strictly inside ``(log_eps_P, log_eps_R)``: the tokens clipping leaves alone.
-
-    Args:
-        log_ratio: per-token log-ratios.
-        mask: 1 on tokens that count, 0 elsewhere.
-        log_eps_P: lower bound.
-        log_eps_R: upper bound.
-
-    Returns:
-        A 0-dim float64 tensor on ``log_ratio``'s device; 1.0 when no token counts.
-
-    Shape:
-        ``log_ratio`` and ``mask``: ``[B, T]``.
-    """
-    mask = mask.bool()
-    inside = (log_ratio > log_eps_P) & (log_ratio < log_eps_R) & mask
-    return _fraction(inside.sum(), mask.sum(), 1.0)
-
 
 class LogRatioTransform:
     """Base of the transforms: ``__call__(policy_logps, ref_logps, mask) -> (log_ratios, metrics)``.
@@ -130,7 +72,7 @@ class ClipTransform(LogRatioTransform):
     METRIC_KEYS = ("unclamped_frac",)
 
     def __init__(self, log_eps_P: float = DEFAULT_LOG_EPS_P, log_eps_R: float = DEFAULT_LOG_EPS_R):
-        _check_bounds(log_eps_P, log_eps_R)
+        check_bounds(log_eps_P, log_eps_R)
         self.log_eps_P, self.log_eps_R = float(log_eps_P), float(log_eps_R)
 
     def __call__(self, policy_logps, ref_logps, mask):
@@ -142,7 +84,7 @@ class ClipTransform(LogRatioTransform):
 class SampleTransform(LogRatioTransform):
     """Humanline sampling: ``d = lp_pol - lp_ref``; a rejected token keeps ``d``'s value but no gradient.
 
-    ``d_hl = where(rejected, d.detach(), d) * mask`` with ``rejected`` from :func:`rejection_mask`. The transform
+    ``d_hl = where(rejected, d.detach(), d) * mask`` with ``rejected`` from ``rejection_mask``. The transform
     keeps one ``torch.Generator`` per device, seeded with ``seed``, so runs repeat (give each data-parallel rank its
     own seed for independent draws; tensor/pipeline-parallel peers must share one).
 
@@ -154,7 +96,7 @@ class SampleTransform(LogRatioTransform):
         ``(log_ratios, {"rejected_frac": ..., "unclamped_frac": 1 - rejected_frac})``.
 
     Shape:
-        as :class:`ClipTransform`.
+        as ``ClipTransform``.
     """
 
     name = "sample"
@@ -190,6 +132,6 @@ class SampleTransform(LogRatioTransform):
         rejected = rejection_mask(policy_logps, ref_logps, mask, self.gamma_P, self.gamma_R, self.beta_P, self.beta_R,
                                   generator=self.generator(policy_logps.device))
         sampled = torch.where(rejected, log_ratio.detach(), log_ratio) * mask.to(policy_logps.dtype)
-        rejected_frac = _fraction(rejected.sum(), mask.bool().sum(), 0.0)
+        rejected_frac = fraction(rejected.sum(), mask.bool().sum(), 0.0)
         return sampled, {"rejected_frac": rejected_frac, "unclamped_frac": 1.0 - rejected_frac}
 

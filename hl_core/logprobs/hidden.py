@@ -5,8 +5,8 @@
 without one, ``z_n = (hidden[n] @ weight.T + bias) / temperature``), computed a block of tokens at a time: at
 most one ``[block, V]`` float32 block of logits exists in the forward and in the backward, which recomputes each
 block from the saved hidden states and the per-token log-sum-exp instead of keeping any; a block is a fixed small
-share of the whole (:func:`block_rows`). Only tokens with a valid label are computed (padding and positions without a
-next token cost nothing); their positions come from the host-side batch (:func:`valid_positions`), so the device is
+share of the whole (``block_rows``). Only tokens with a valid label are computed (padding and positions without a
+next token cost nothing); their positions come from the host-side batch (``valid_positions``), so the device is
 never read. Without autograd (the reference's forward, the look-ahead store, the cache, evaluation) only the forward
 runs: no gradient buffer, nothing saved.
 
@@ -19,7 +19,7 @@ Two implementations of one function:
   upstream gradient. A no-grad forward never calls it: its forward allocates an input-gradient buffer and reads a
   token count on the host even when asked for no gradients.
 
-:func:`logps_from_hidden` makes a Hugging Face causal LM (or a PEFT wrapper of one) return these log-probs from
+``logps_from_hidden`` makes a Hugging Face causal LM (or a PEFT wrapper of one) return these log-probs from
 its forward instead of logits, so the call still goes through the training engine's forward (DeepSpeed's backward
 hooks) and the output layer is still called as a module (ZeRO-3 gathers its weight for the forward and again for
 the backward, and releases it after each).
@@ -48,10 +48,10 @@ def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch
                        backend: str = "auto", index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``hidden [..., H]``, ``weight [V, H]``, ``labels [...]`` -> float32 log-probs ``[...]``; a label outside
     ``[0, V)`` gives 0 and no gradient. Equal to ``log_softmax(z).gather(labels)`` over the full logits ``z`` to
-    float32 rounding. ``block_tokens``: the most tokens per block (:func:`block_rows`). ``backend``: ``auto`` (Liger
+    float32 rounding. ``block_tokens``: the most tokens per block (``block_rows``). ``backend``: ``auto`` (Liger
     on CUDA when it applies, else ``torch``), ``torch``, or ``liger`` (Liger on any device, when installed and it
     applies; for tests). ``index``: the flat positions of the valid labels, ascending, on ``hidden``'s device, when
-    the caller has them (built on the host from the batch: :func:`valid_positions`); without it they are found with
+    the caller has them (built on the host from the batch: ``valid_positions``); without it they are found with
     ``nonzero``, a read of the device on a GPU."""
     vocab, width = weight.shape
     flat_labels = labels.reshape(-1)
@@ -243,7 +243,7 @@ def logps_from_hidden(model: torch.nn.Module, labels: torch.Tensor, temperature:
     ``[B, T]`` of ``labels`` (``-1``: 0, not computed) from the last hidden states, with the sampling temperature
     and the config's ``final_logit_softcapping``, instead of logits. The decoder runs as usual (its attention mask,
     packed positions, gradient checkpointing, compiled layers); only the causal LM's own forward and its output
-    layer's are replaced, on the instances, and restored on exit. ``index``: :func:`valid_positions` of ``labels``,
+    layer's are replaced, on the instances, and restored on exit. ``index``: ``valid_positions`` of ``labels``,
     on their device (found there when not given)."""
     lm = causal_lm(model)
     head, decoder = output_layer(lm), lm.get_decoder()
@@ -273,11 +273,30 @@ def logps_from_hidden(model: torch.nn.Module, labels: torch.Tensor, temperature:
 def fused_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                                block_tokens: int = 256, temperature: float = 1.0, module: Optional[torch.nn.Module] = None,
                                device: Optional[torch.device] = None) -> torch.Tensor:
-    """:func:`.logits.sequence_token_logps` from the hidden states (``train.fused_logprobs``): ``[B, T]``, 0 at
-    position 0 and wherever ``attention_mask`` is 0 (the plain path leaves numbers there that no objective reads).
-    ``model`` is what is called (a training engine), ``module`` the causal LM inside it (default: ``model``).
-    ``input_ids`` and ``attention_mask`` may be the host-side batch: the labels and their valid positions are built
-    where they are and moved, with them, to ``device`` (default: where they are) without waiting."""
+    """Per-token log-probs from the last hidden states and the output layer, never holding the ``[B, T, V]`` logits
+    (our trainer's ``train.fused_logprobs``): ``prefix_token_logps``'s values, to float32 rounding.
+
+    ``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` for ``t >= 1``; 0 at position 0 and wherever
+    ``attention_mask`` is 0. The model is called once (through ``model``, so a training engine's hooks run) with its
+    causal LM's forward and output layer swapped, for the call only, for a blockwise log-softmax of the labels.
+    The output layer must be a plain ``nn.Linear`` (no adapter on it).
+
+    Args:
+        model: what is called: a Hugging Face causal LM, a PEFT wrapper of one, or a training engine holding one.
+        input_ids: the token ids (may be the host-side batch: labels and their valid positions are built there and
+            moved to ``device`` with them, without waiting).
+        attention_mask: 1 on real tokens, 0 on padding.
+        block_tokens: the most tokens per float32 block of logits.
+        temperature: the logits are divided by it first.
+        module: the causal LM inside ``model`` (default: ``model``).
+        device: where the forward runs (default: where ``input_ids`` are).
+
+    Returns:
+        float32 log-probs, differentiable with respect to the model's parameters.
+
+    Shape:
+        ``input_ids``, ``attention_mask`` and the output: ``[B, T]`` (DPO: chosen rows first, then rejected).
+    """
     has_next = torch.cat([attention_mask[:, 1:], attention_mask.new_zeros(attention_mask.shape[0], 1)], dim=1).bool()
     labels = next_token_labels(input_ids, has_next & attention_mask.bool())
     index = valid_positions(labels)

@@ -112,7 +112,7 @@ class _ChunkedTokenLogps(torch.autograd.Function):
 
 def vocab_parallel_logps(logits, labels, chunk_size: int, temperature: float, group, vocab_start: int,
                          vocab_size: int) -> torch.Tensor:
-    """:func:`token_logps` over vocab-parallel logits ``[B, T, V/tp]`` (this rank's slice starts at
+    """``token_logps`` over vocab-parallel logits ``[B, T, V/tp]`` (this rank's slice starts at
     ``vocab_start`` of ``vocab_size``); identical on every rank of ``group``."""
     valid = (labels >= 0) & (labels < vocab_size)
     safe_labels = torch.where(valid, labels, torch.full_like(labels, -1))  # -1: on no rank's slice
@@ -138,8 +138,27 @@ def sequence_token_logps(
 
 def prefix_token_logps(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size: int = DEFAULT_CHUNK,
                        temperature: float = 1.0) -> torch.Tensor:
-    """``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` from the model's ``logits`` over ``input_ids``
-    (``[B, T]``, 0 at position 0)."""
+    """Per-token log-probs from a causal LM's logits, in the layout the humanline transforms take.
+
+    ``out[b, t] = log p(input_ids[b, t] | input_ids[b, :t])`` for ``t >= 1`` and ``out[b, 0] = 0`` (the first token
+    has no prefix): the shift is done here, so ``out`` lines up with ``input_ids`` and with a mask over it
+    (``mask_from_labels``). Computed a sequence chunk at a time: no ``[B, T, V]`` float32 copy of the logits exists.
+    Padding and prompt positions get numbers too; the mask removes them. Our trainer's DeepSpeed engine calls this on
+    the model's logits.
+
+    Args:
+        logits: the model's output over ``input_ids`` (any float dtype; unshifted, as ``model(input_ids).logits``).
+        input_ids: the token ids the model read.
+        chunk_size: sequence positions per float32 block.
+        temperature: the logits are divided by it first (1.0: the plain log-probs).
+
+    Returns:
+        float32 log-probs, 0 at position 0, differentiable with respect to ``logits``.
+
+    Shape:
+        ``logits``: ``[B, T, V]``; ``input_ids`` and the output: ``[B, T]``. For DPO, ``B = 2N``: the ``N`` chosen
+        rows first, then the ``N`` rejected rows in the same order.
+    """
     # score position t's logits against token t + 1 over the whole (unsliced) logits tensor, the last
     # position against an invalid label: slicing the logits would make autograd allocate a second
     # logits-sized gradient for the slice
@@ -157,6 +176,31 @@ def next_token_labels(input_ids: torch.Tensor, has_next: torch.Tensor) -> torch.
 def to_prefix_layout(next_logps: torch.Tensor) -> torch.Tensor:
     """``next_logps[b, t] = log p(token t + 1 | ...)`` to ``out[b, t] = log p(token t | tokens before t)``, 0 at 0."""
     return torch.cat([next_logps.new_zeros(next_logps.shape[0], 1), next_logps[:, :-1]], dim=1)
+
+
+def mask_from_labels(labels: torch.Tensor, ignore_index: int = -100,
+                     dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """The token mask the transforms take, from Hugging Face style labels (``ignore_index`` on the prompt and the
+    padding, the token id on every completion token).
+
+    ``mask[b, t] = 1`` where ``labels[b, t] != ignore_index``, else 0; position 0 is always 0 (no log-prob there:
+    ``prefix_token_logps``). Equal to our collators' ``completion_mask`` (prompt 0, completion and its EOS 1,
+    padding 0) for labels built the same way.
+
+    Args:
+        labels: unshifted labels, aligned with ``input_ids`` (as passed to a Hugging Face model's ``labels=``).
+        ignore_index: the value that marks a token that does not count.
+        dtype: the mask's dtype (the log-probs' float dtype: the transforms multiply by it).
+
+    Returns:
+        A 0/1 mask.
+
+    Shape:
+        ``labels`` and the output: ``[B, T]``.
+    """
+    mask = (labels != ignore_index).to(dtype)
+    mask[:, 0] = 0
+    return mask
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor, dim: Optional[int] = None) -> torch.Tensor:

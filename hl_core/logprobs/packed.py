@@ -4,7 +4,7 @@ Each sequence keeps its own positions (``0 .. len - 1``), and attention never cr
 transformers builds a block-causal mask from ``position_ids`` when ``attention_mask`` is None (a position that
 does not follow its predecessor by one starts a new sequence), for eager, sdpa and flex attention, and
 flash-attention takes its variable-length path from the same ``position_ids``. Per-token log-probs come back in
-the padded ``[rows, T]`` layout the objectives consume (:func:`unpack_token_logps`), so no objective changes.
+the padded ``[rows, T]`` layout the objectives consume (``unpack_token_logps``), so no objective changes.
 
 Bins are filled first-fit in decreasing length (ties by row index): deterministic for a given batch.
 """
@@ -84,7 +84,7 @@ def pack_rows(input_ids: torch.Tensor, attention_mask: torch.Tensor, capacity: i
 
 def unpack_token_logps(packed_logps: torch.Tensor, packed: Packed) -> torch.Tensor:
     """``[bins, width]`` log-probs of the packed layout (``out[b, c] = log p(token c | tokens before c)``) back to
-    the padded ``[rows, T]`` layout of :func:`.logits.sequence_token_logps`: row ``r``'s position
+    the padded ``[rows, T]`` layout of ``sequence_token_logps``: row ``r``'s position
     ``t`` (``1 <= t < length``) is its bin's ``offset + t``; position 0 and padding are 0. Differentiable (one
     gather, its index built on the host from ``packed.places`` and moved without waiting)."""
     rows, steps = packed.shape
@@ -110,7 +110,7 @@ def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor,
                                 capacity: int, pad_token_id: int, chunk_tokens: int = 256,
                                 temperature: float = 1.0, fused: bool = False, module=None,
                                 device: Optional[torch.device] = None) -> torch.Tensor:
-    """:func:`.logits.sequence_token_logps` through one packed forward: same ``[rows, T]`` result.
+    """``sequence_token_logps`` through one packed forward: same ``[rows, T]`` result.
     ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``). ``fused``: from the
     hidden states (:mod:`.hidden`; ``module`` is the causal LM inside ``model``), only for tokens that have a next
     token in their own sequence. ``input_ids`` and ``attention_mask`` may be the host-side batch: the bins (and the

@@ -43,7 +43,7 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_other_run(recipe, target)  # another run's outputs in output_dir
     resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None
     check_speed_options(recipe)  # model.kernels and train.fused_logprobs against the model family and this machine
-    build_callbacks(recipe.train.callbacks)  # train.callbacks: importable, built, TrainerCallbacks
+    build_callbacks(recipe.train.callbacks)  # train.callbacks: importable, built, LoopCallbacks
     tokenizer = None
     if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
         tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary

@@ -9,8 +9,8 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from ..humanline import ReferenceSync, SyncRecord, SyncSchedule, should_sync
-from ..callbacks import ReferenceSyncCallback, TrainerCallback, UpdateContext
+from ..humanline import ReferenceSync, SyncRecord, SyncSchedule
+from ..callbacks import CallbackContext
 from ..errors import DataError
 from ..storage.checkpoints import reference_logps_file, safe_load
 from .store import LogpStore, forward_batches, forward_is_deterministic
@@ -33,14 +33,18 @@ class ReferenceLogps:
     """The engine's reference model (``copy``), or none (``none``); the base of the copy-free modes.
 
     ``logps(batch, temperature, policy_logps)`` serves the trainer, ``token_logps(batch, model)`` the objectives'
-    extra forwards (KTO's KL rows), and ``callback`` is the trainer callback that keeps it current: humanline's
-    ``ReferenceSync`` over the engine's ``reference_pairs()`` when ``schedule`` syncs, else one that does nothing."""
+    extra forwards (KTO's KL rows), and ``sync_before_step(ctx)`` keeps it current before each optimizer step:
+    humanline's ``ReferenceSync`` over the engine's ``reference_pairs()`` when ``schedule`` syncs, else nothing."""
 
     def __init__(self, engine, mode: str, reason: str, schedule: Optional[SyncSchedule] = None):
         self.engine, self.mode, self.reason = engine, mode, reason
-        self.callback: TrainerCallback = TrainerCallback()
+        self.sync: Optional[ReferenceSync] = None
         if schedule is not None and schedule.every is not None:
-            self.callback = ReferenceSyncCallback(ReferenceSync(engine.reference_pairs(), schedule))
+            self.sync = ReferenceSync(engine.reference_pairs(), schedule)
+
+    def sync_before_step(self, ctx: CallbackContext) -> SyncRecord:
+        """The reference's part of update ``ctx.updates_done``, after its last backward and before its step."""
+        return self.sync.before_optimizer_step(ctx.updates_done) if self.sync is not None else SyncRecord(False)
 
     @property
     def available(self) -> bool:
@@ -99,8 +103,8 @@ class StoredReferenceLogps(ReferenceLogps):
         )
 
 
-class LookaheadReference(StoredReferenceLogps, TrainerCallback):
-    """Look-ahead syncing: ``callback`` is this object; at each window start it replaces the stored log-probs
+class LookaheadReference(StoredReferenceLogps):
+    """Look-ahead syncing: at each window start (``sync_before_step``) it replaces the stored log-probs
     with the policy's for the batches up to the next sync (see the module docstring). A window is computed whole
     even where it reaches past ``max_steps`` (with the eval set), so a finished run extended to more updates
     continues exactly; a resume whose window the checkpoint does not cover starts a new window there."""
@@ -108,22 +112,21 @@ class LookaheadReference(StoredReferenceLogps, TrainerCallback):
     def __init__(self, engine, reason: str, humanline, max_steps: int, batches_of_update: Callable[[int], List[dict]],
                  eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool]):
         super().__init__(engine, "lookahead", reason)
-        self.callback = self
-        self.sync_every, self.offset, self.max_steps = humanline.sync_every, humanline.sync_offset, max_steps
+        self.schedule, self.max_steps = SyncSchedule(humanline.sync_every, humanline.sync_offset), max_steps
         self.batches_of_update, self.eval_batches, self.eval_at = batches_of_update, eval_batches, eval_at
         self.policy_is_reference = True  # until update 0's optimizer step (a resume loads its state instead)
 
     def window_end(self, start: int) -> int:
         """The next sync after ``start``: the last update whose forward reads ``start``'s weights."""
         n = start + 1
-        while not should_sync(n, self.sync_every, self.offset):
+        while not self.schedule.due(n):
             n += 1
         return n
 
     def window_start(self, updates_done: int) -> int:
         """The window start (update 0 or a sync) whose weights update ``updates_done`` reads as its reference."""
         n = updates_done - 1
-        while n > 0 and not should_sync(n, self.sync_every, self.offset):
+        while n > 0 and not self.schedule.due(n):
             n -= 1
         return max(n, 0)
 
@@ -131,9 +134,9 @@ class LookaheadReference(StoredReferenceLogps, TrainerCallback):
         return (self.eval_batches is not None
                 and any(self.eval_at(u) for u in range(first, min(last, self.max_steps) + 1)))
 
-    def before_optimizer_step(self, ctx: UpdateContext) -> SyncRecord:
+    def sync_before_step(self, ctx: CallbackContext) -> SyncRecord:
         engine, updates_done = ctx.engine, ctx.updates_done
-        synced = should_sync(updates_done, self.sync_every, self.offset)
+        synced = self.schedule.due(updates_done)
         if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
             return SyncRecord(False, 0.0)
         engine.synchronize()

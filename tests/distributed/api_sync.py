@@ -41,22 +41,15 @@ report = {}
 for kind in ("ddp", "fsdp2"):
     policy, reference = build(kind), build(kind)
     sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=2))
-    records, original = [], sync.before_optimizer_step
-
-    def counted(updates_done, _original=original, _records=records):
-        with CountCollectives() as counter:
-            record = _original(updates_done)
-        _records.append({"n": updates_done, "synced": record.synced, "collectives": counter.count})
-        return record
-
-    sync.before_optimizer_step = counted
     optimizer = torch.optim.AdamW(policy.parameters(), lr=0.1)
     sync.attach(optimizer)
-    gen = torch.Generator().manual_seed(rank)
+    records, gen = [], torch.Generator().manual_seed(rank)
     for n in range(4):
         policy(torch.randn(4, 8, generator=gen)).pow(2).sum().backward()
         before, ref_before = whole(policy), whole(reference)
-        optimizer.step()
+        with CountCollectives() as counter:  # the whole step, the attached sync included
+            optimizer.step()
+        records.append({"n": n, "synced": sync.last_record.synced, "collectives": counter.count})
         optimizer.zero_grad()
         after, ref_after = whole(policy), whole(reference)
         records[-1].update(

@@ -43,7 +43,7 @@ args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
 calls = []
-original = ReferenceSync.before_optimizer_step
+original = ReferenceSync._run  # every sync, called by hand or attached
 
 
 def counted(self, updates_done):
@@ -66,10 +66,10 @@ def counted(self, updates_done):
     return record
 
 
-ReferenceSync.before_optimizer_step = counted
+ReferenceSync._run = counted
 if args.late:  # the sync after the optimizer step, at TRL's on_step_end
     HumanlineSyncCallback.on_pre_optimizer_step = lambda self, *a, **k: None
-    HumanlineSyncCallback._wrap_engine_step = lambda self, engine: None
+    HumanlineSyncCallback._attach_engine = lambda self, engine: None
     base_step_end = HumanlineSyncCallback.on_step_end
 
     def late_step_end(self, a, state, control, **kwargs):

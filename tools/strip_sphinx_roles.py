@@ -83,8 +83,9 @@ def split_grouped_args(text: str) -> str:
 
 
 def _docstring_spans(source: str):
-    """(start, end) character offsets of every docstring-like string literal in ``source``: a string statement, or
-    a triple-quoted (non-f, non-bytes) literal anywhere, such as a docstring handed to a function that sets ``__doc__``."""
+    """(start, end) character offsets of every docstring-like string literal in ``source``: a string statement,
+    or a triple-quoted (non-f, non-bytes) literal anywhere, such as a docstring handed to a helper that sets
+    ``__doc__``."""
     tree = ast.parse(source)
     starts = {(node.lineno, node.col_offset) for node in ast.walk(tree)
               if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)

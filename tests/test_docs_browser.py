@@ -1,7 +1,8 @@
 """The docs site checked the way people read it (issue 47): `mkdocs build --strict`, then the home page, the quickstart,
 the API pages and the own-loop page opened in headless Chromium (tools/docs_browser.py, CDP over a pipe). A page fails
 on raw markup (a Sphinx role, a literal `**`, a list item run into its paragraph), a console error, a code block wider
-than its column, or a page of the site missing from the navigation; the API pages must render argument tables.
+than its column (in a 1440 x 900 window: about 118 characters of code), or a page of the site missing from the
+navigation; the API pages must render argument tables.
 
 Screenshots are CI artifacts: `site/_browser/<page>.png` under the build directory (`DOCS_BROWSER_SITE`, default
 `build/docs-site/`, kept after the run). Skips, with the reason, only where Chromium is not installed
@@ -9,6 +10,7 @@ Screenshots are CI artifacts: `site/_browser/<page>.png` under the build directo
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -67,7 +69,7 @@ def test_the_site_reads_cleanly_in_a_browser(site):
     reports = docs_browser.inspect_site(site, site / "_browser", PAGES, BINARY)
     assert all(Path(r["screenshot"]).stat().st_size > 10_000 for r in reports.values())
     problems = {page: found for page, found in _problems(reports, site).items() if found}
-    assert problems == {}, f"screenshots in {site / '_browser'}"
+    assert problems == {}, f"{json.dumps(problems, indent=1)}\nscreenshots in {site / '_browser'}"
 
 
 @needs_chromium
@@ -89,3 +91,30 @@ def test_the_browser_check_fails_on_a_planted_raw_role(tmp_path):
     raw = " ".join(found["reference/api/"].get("raw markup", []))
     assert ":class:" in raw and "** not bold **" in raw
     assert any("refused" in item for item in found[""].get("list items run inline", []))
+
+
+# ------------------------------------------------------------------------------------------- the Markdown hooks
+
+sys.path.insert(0, str(REPO / "tools"))
+import docs_hooks  # noqa: E402
+
+sys.path.pop(0)
+
+
+def test_github_style_list_items_keep_their_blocks():
+    page = ("- **one.** text\n  more text:\n\n  | a | b |\n  |---|---|\n  | 1 | 2 |\n\n  after the table\n"
+            "- **two** next item\n  its line\n\nA paragraph.\n")
+    out = docs_hooks.widen_list_items(page)
+    assert "\n    | a | b |\n" in out and "\n    after the table\n\n- **two** next item\n    its line\n" in out
+    assert out.endswith("\n\nA paragraph.\n")
+    tight = "- a\n  b\n- c\n"
+    assert docs_hooks.widen_list_items(tight) == "- a\n    b\n- c\n"  # no blank lines put into a tight list
+    assert docs_hooks.widen_list_items("- a\n    b\n") == "- a\n    b\n"  # already 4 columns: unchanged
+    fenced = "```text\n- not an item\n  x\n```\n"
+    assert docs_hooks.widen_list_items(fenced) == fenced
+
+
+def test_indented_snippets_are_dedented_and_nothing_else_moves():
+    page = "text\n\n```python\n    a = 1\n        b = 2\n```\n\n  ```bash\n    run x\n  ```\n\n```\n```\n"
+    out = docs_hooks.dedent_fences(page)
+    assert out == "text\n\n```python\na = 1\n    b = 2\n```\n\n  ```bash\n  run x\n  ```\n\n```\n```\n"

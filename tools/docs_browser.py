@@ -35,7 +35,7 @@ from pathlib import Path
 CHROMIUM_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                   "--disable-background-networking", "--disable-component-update", "--disable-sync",
                   "--disable-extensions", "--mute-audio", "--hide-scrollbars", "--remote-debugging-pipe"]
-WIDTH, HEIGHT, MAX_SHOT_HEIGHT = 1280, 900, 6000
+WIDTH, HEIGHT, MAX_SHOT_HEIGHT = 1440, 900, 6000  # a common laptop screen (13-inch at its default scaling)
 
 # Runs in the page after its load event. Text outside <code>/<pre> is what a reader sees as prose.
 PROBE = r"""
@@ -214,10 +214,13 @@ def inspect_page(browser: Browser, url: str, screenshot: Path) -> dict:
         browser.send("Runtime.evaluate", {"expression": "document.fonts.ready", "awaitPromise": True}, session=session)
         report = browser.send("Runtime.evaluate", {"expression": PROBE, "returnByValue": True},
                               session=session)["result"]["value"]
-        height = min(report["height"], MAX_SHOT_HEIGHT)
+        height = min(report["height"], MAX_SHOT_HEIGHT)  # a window as tall as the page: all of it painted
+        browser.send("Emulation.setDeviceMetricsOverride", {"width": WIDTH, "height": height,
+                                                            "deviceScaleFactor": 1, "mobile": False}, session=session)
+        browser.send("Runtime.evaluate", {"expression": "new Promise(r => requestAnimationFrame(() => r(1)))",
+                                          "awaitPromise": True}, session=session)
         shot = browser.send("Page.captureScreenshot", {
-            "format": "png", "captureBeyondViewport": True,
-            "clip": {"x": 0, "y": 0, "width": WIDTH, "height": height, "scale": 1}}, session=session)
+            "format": "png", "clip": {"x": 0, "y": 0, "width": WIDTH, "height": height, "scale": 1}}, session=session)
         screenshot.parent.mkdir(parents=True, exist_ok=True)
         screenshot.write_bytes(base64.b64decode(shot["data"]))
         report["console"] = _console_errors(browser.events, session)

@@ -4,8 +4,8 @@ from a local HTTP server, inspected in the page, and screenshotted.
 
 Per page it reports:
 
-- ``raw``: Sphinx roles (``:class:`X``` renders as ``:class:`` before a code span) and literal ``**`` in the
-  rendered text outside code;
+- ``raw``: Sphinx roles (a role shows as a bare ``:class:`` prefix before a code span) and literal ``**`` in
+  the rendered text outside code;
 - ``inline_lists``: a paragraph holding a Markdown list item that did not become a list (``... - **refused** ...``);
 - ``console``: console errors, uncaught exceptions, failed loads;
 - ``wide_code``: code blocks wider than their column (content cut off, or a horizontal scroll bar);

@@ -74,8 +74,8 @@ def test_the_site_reads_cleanly_in_a_browser(site):
 
 @needs_chromium
 def test_the_browser_check_fails_on_a_planted_raw_role(tmp_path):
-    """A copy of the docs whose API module gets a raw Sphinx class role and a literal double asterisk in a docstring, and whose
-    home page gets a list run into its paragraph: the check names all three on the pages where they show."""
+    """A copy of the docs whose API module gets a raw Sphinx class role and a literal double asterisk in a docstring,
+    and whose home page gets a list run into its paragraph: the check names all three on the pages where they show."""
     copy = tmp_path / "repo"
     shutil.copytree(REPO, copy, ignore=shutil.ignore_patterns(".git", "build", "site", "runs", "__pycache__"))
     errors = copy / "hl_core" / "errors.py"

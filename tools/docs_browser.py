@@ -67,7 +67,8 @@ PROBE = r"""
       [...article.querySelectorAll("table")].filter(t => /Name/.test(t.querySelector("th")?.textContent || "")
         && /Description/.test(t.textContent)).length,
     nav: [...new Set(nav)],
-    height: Math.ceil(document.documentElement.scrollHeight),
+    height: Math.ceil(Math.max(document.documentElement.scrollHeight,  // the page, or the whole navigation
+      (document.querySelector(".md-sidebar--primary .md-sidebar__scrollwrap")?.scrollHeight || 0) + 160)),
   };
 })()
 """

@@ -1,7 +1,9 @@
-"""What the examples share: their command line (``parser``), the model (``load_model``), and ``launch``, which starts
-``main(args)`` on ``nproc`` local processes (gloo on CPU) when the script was not started by a launcher; under
+"""What the examples share: their command line (``parser``), the model (``load_model``), and ``launch``, which
+starts ``main(args)`` on ``nproc`` local processes (gloo on CPU) when the script was not started by a launcher; under
 torchrun / deepspeed / srun (``RANK`` set) it runs in the calling process. The processes die with this one: each asks
-the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path."""
+the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path. On CPU, DeepSpeed
+is told not to JIT-compile its shared-memory all-reduce (``no_shm_compile``): gloo's collectives serve, and a first
+run needs no compiler. The guard that names a missing extra is in ``_extras.py``."""
 
 import argparse
 import ctypes
@@ -16,6 +18,21 @@ import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM, PrinterCallback
 
 TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
+
+
+
+
+def no_shm_compile() -> None:
+    """On CPU, keep DeepSpeed from JIT-compiling its shared-memory all-reduce op (``deepspeed_shm_comm``: g++ and
+    ninja, about two minutes on two cores, once per Python environment) when it makes its communication backend.
+
+    DeepSpeed builds the op only if its probe lists it as compatible (``deepspeed.ops.__compatible_ops__``, a dict
+    it computes once per process and keeps); marked incompatible, DeepSpeed uses torch.distributed's gloo
+    collectives, as it does on platforms without the op. A no-op on GPUs (NCCL needs no such op) and when the
+    example does not use DeepSpeed.
+    """
+    if "deepspeed" in sys.modules and not torch.cuda.is_available():
+        sys.modules["deepspeed"].ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 
 def load_model(path, seed):
@@ -61,6 +78,7 @@ def _rank_main(rank, main, args, nproc, port):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the parent, even on its SIGKILL
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
+    no_shm_compile()
     main(args)
 
 
@@ -71,6 +89,7 @@ def launch(main, args, nproc: int) -> None:
         os.environ.setdefault("WORLD_SIZE", "1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
+        no_shm_compile()
         return main(args)
     context = mp.start_processes(_rank_main, (main, args, nproc, _free_port()), nprocs=nproc, join=False,
                                  start_method="spawn")

@@ -3,6 +3,9 @@ log-ratios and a shard-local reference sync between backward and ``engine.step()
 
     python examples/deepspeed_dpo.py                    # 2 CPU processes, ZeRO-3, the tiny model and pairs
     deepspeed --num_gpus 8 examples/deepspeed_dpo.py --model meta-llama/Meta-Llama-3-8B-Instruct --data pairs.jsonl
+
+Needs only the base install: `pip install -e .` (DeepSpeed is part of it). On CPU it compiles nothing (see
+``no_shm_compile`` in ``_launch.py``).
 """
 
 import warnings

@@ -3,10 +3,21 @@ adds a clip on the per-token log-ratios and a shard-local sync of each rank's TP
 
     python examples/megatron_dpo.py                   # 2 CPU processes, tensor parallel 2, the tiny model and pairs
     torchrun --nproc_per_node 8 examples/megatron_dpo.py --tp 8 --model DIR --data pairs.jsonl   # on GPUs
+
+Needs the `megatron` extra: `pip install -e ".[megatron]"` (without it the script says so and exits 2). On CPU
+Megatron-core's notes about Transformer Engine, Apex and GPU-only settings are silenced: the CPU path uses neither.
 """
+
+from _extras import require_extra
+
+require_extra("megatron", "megatron.core")  # before the imports that need it: one paragraph and exit 2
 
 import warnings
 from pathlib import Path
+
+# megatron-core warns on import, once per module and process, that Transformer Engine and Apex (optional GPU kernel
+# packages) are absent and it uses torch's own implementations: expected on CPU, so filtered before the imports
+warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not installed", category=UserWarning)
 
 import torch
 import torch.nn.functional as F

@@ -3,7 +3,13 @@
     python examples/trl_dpo.py                 # CPU, the tiny model and pairs, 8 updates
     accelerate launch --config_file zero3.yaml examples/trl_dpo.py --model meta-llama/Meta-Llama-3-8B-Instruct \
         --data pairs.jsonl --steps 1000 --clip -1.5 1.5 --sync-every 1
+
+Needs the `trl` extra: `pip install -e ".[trl]"` (without it the script says so and exits 2).
 """
+
+from _extras import require_extra
+
+require_extra("trl", "trl")  # before the imports that need it: one paragraph and exit 2
 
 import argparse
 import json

@@ -4,7 +4,13 @@ the clipped log-ratio against a reference synced every k updates, then PPO-clipp
     python examples/trl_grpo.py                # CPU, the tiny model and groups, 8 updates
     accelerate launch --config_file zero3.yaml examples/trl_grpo.py --model Qwen/Qwen2.5-1.5B-Instruct \
         --data groups.jsonl --steps 1000 --clip -1.5 1.5 --sync-every 12
+
+Needs the `trl` extra: `pip install -e ".[trl]"` (without it the script says so and exits 2).
 """
+
+from _extras import require_extra
+
+require_extra("trl", "trl")  # before the imports that need it: one paragraph and exit 2
 
 import argparse
 import json

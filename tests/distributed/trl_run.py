@@ -20,6 +20,10 @@ from transformers import TrainerCallback
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 warnings.filterwarnings("ignore")
 os.environ.setdefault("TQDM_DISABLE", "1")
+if "--zero" in sys.argv and not torch.cuda.is_available():  # CPU ranks under DeepSpeed: gloo's collectives, and no
+    import deepspeed.ops  # JIT-compiled shared-memory all-reduce (g++ and ninja, minutes; examples/_launch.py)
+
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
 
 from sync_harness import CountCollectives  # noqa: E402
 from trl_data import build  # noqa: E402

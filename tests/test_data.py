@@ -309,6 +309,35 @@ def test_no_double_bos_and_template_fallback(tok):
         tokenize_preference(rec, tok, 64, 32, chat_template="nnone")
 
 
+def test_adds_bos_is_kept_beside_the_tokenizer_not_on_it(tok):
+    """The BOS fact is asked once per tokenizer object and cached outside it (no attribute written onto a Hugging
+    Face object); the entry goes with the tokenizer."""
+    import copy
+    import gc
+
+    from hl_core.data import tokens
+
+    before = dict(vars(tok))
+    calls = []
+
+    class Counting:
+        bos_token_id = tok.bos_token_id
+
+        def __call__(self, text, add_special_tokens=True):
+            calls.append(add_special_tokens)
+            return tok(text, add_special_tokens=add_special_tokens)
+
+    assert tokens.adds_bos(tok) == tokens.adds_bos(copy.deepcopy(tok)) and vars(tok) == before
+    counting = Counting()
+    first = tokens.adds_bos(counting)
+    assert tokens.adds_bos(counting) == first and len(calls) == 2 and vars(counting) == {}
+    key = id(counting)
+    assert key in tokens._ADDS_BOS
+    del counting
+    gc.collect()
+    assert key not in tokens._ADDS_BOS
+
+
 B = 1  # BOS id used in the hand-computed truncation cases
 
 

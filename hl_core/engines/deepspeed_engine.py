@@ -208,7 +208,7 @@ class DeepSpeedEngine(Engine):
         with torch.no_grad(), (self.lora.reference_forward() if self.lora is not None else contextlib.nullcontext()):
             return forward(engine, input_ids, attention_mask, temperature=temperature)
 
-    def _policy_module(self):
+    def trained_module(self):
         return self.policy.module
 
     @torch.no_grad()

@@ -382,7 +382,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def _policy_module(self):
+    def trained_module(self):
         return self.policy_module
 
     def generation_module(self):
@@ -393,6 +393,9 @@ class MegatronEngine(MegatronCheckpointing, Engine):
 
     def full_state_dict(self):
         raise RecipeError("The megatron engine has no full-state export for vLLM yet; use `engine.name=deepspeed`.")
+
+    def weight_buckets(self, bucket_bytes: int):
+        raise RecipeError("The megatron engine pushes no weights into vLLM yet; use `engine.name=deepspeed`.")
 
     def close(self, destroy_process_group: bool = True) -> None:
         self._pending = []

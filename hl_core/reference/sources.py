@@ -64,7 +64,7 @@ class ReferenceLogps:
         """After the engine loaded ``checkpoint`` (``updates_done`` updates): restore what this mode keeps; a notice
         when the checkpoint was written in another mode (e.g. ``train.on_nonfinite: skip`` chose a copy after a
         look-ahead run stopped)."""
-        if getattr(self.engine, "resynced_at_resume", False):
+        if self.engine.resynced_at_resume:
             return ("The checkpoint was written with look-ahead syncing and keeps no reference copy; this run keeps "
                     f"one ({self.reason}). It starts from the policy's weights at the resume: one extra sync there.")
         return None
@@ -77,7 +77,7 @@ class StoredReferenceLogps(ReferenceLogps):
         super().__init__(engine, mode, reason)
         self.store = store or LogpStore()
         self.policy_is_reference = False  # before the first optimizer step (look-ahead): read the policy itself
-        self.detach_is_exact = forward_is_deterministic(engine._policy_module())
+        self.detach_is_exact = forward_is_deterministic(engine.trained_module())
 
     @property
     def available(self) -> bool:

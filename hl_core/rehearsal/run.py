@@ -205,7 +205,7 @@ class Progress:
 
 
 def _vocab_widths(engine, vocab: int) -> List[int]:
-    tp = getattr(engine, "tp", 1)
+    tp = engine.tp
     return sorted({vocab, vocab // tp})
 
 
@@ -274,8 +274,8 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
                 rows.append(trainer.train_step())
                 timed = dict(phases.seconds)
             kernels_skipped = kernel_mode.skipped if kernel_mode is not None else 0
-        coords = dict(dp=engine.dp_rank, dp_size=engine.dp_size, tp=getattr(engine, "tp_rank", 0),
-                      pp_stage=getattr(engine, "pp_rank", 0))
+        coords = dict(dp=engine.dp_rank, dp_size=engine.dp_size, tp=engine.tp_rank,
+                      pp_stage=engine.pp_rank)
         memory = dict(
             at_rest=rest["total"], weights=rest["weights"], optimizer=rest["optimizer"], reference=rest["reference"],
             kept_other=rest["other"], backward_gradients=phases.backward_live, step_gradients=ledger.peak.get("step", 0),

@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -218,16 +219,9 @@ def render_sbatch(
     """The sbatch script text. Raises ``UserError`` for bad recipes or values."""
     from hl_core.config import check_recipe, load_recipe
 
-    values = [("The recipe path", recipe_path), ("The working directory", workdir), ("`--partition`", partition),
-              ("`--time`", time_limit), ("`--container`", container), ("`--account`", account), ("`--mem`", mem),
-              ("`--job-name`", job_name), ("`--python`", python), ("This repository's path", REPO_ROOT),
-              ("The python interpreter path", None if python or container else sys.executable)]
-    values += [("`--mount`", m) for m in mounts]
-    values += [(f"The override `{o.partition('=')[0]}`", o) for o in overrides]
-    values += [("`--sbatch-arg`", a) for a in sbatch_args]
-    for what, value in values:
-        if value is not None:
-            refuse_control_characters(str(value), what)
+    _refuse_control_in_inputs(recipe_path, overrides, workdir, mounts, sbatch_args, partition=partition,
+                              time_limit=time_limit, container=container, account=account, mem=mem, job_name=job_name,
+                              python=python)
     recipe = load_recipe(recipe_path, overrides)
     cluster = recipe.cluster
     nodes = nodes if nodes is not None else cluster.nodes
@@ -235,19 +229,7 @@ def render_sbatch(
     partition = partition if partition is not None else cluster.partition
     time_limit = time_limit if time_limit is not None else cluster.time
     container = container if container is not None else cluster.container
-    if nodes < 1:
-        raise UserError(f"`--nodes {nodes}` must be at least 1. Fix: e.g. `--nodes 1`.")
-    if gpus < 1:
-        raise UserError(
-            f"`--gpus-per-node {gpus}` must be at least 1 (it is also the number of ranks per node). "
-            "Fix: e.g. `--gpus-per-node 8`, or `--gpus-per-node 1 --cpu` for CPU ranks."
-        )
-    if not 0 < stop_before_s <= MAX_SIGNAL_S:
-        raise UserError(
-            f"`--stop-before {stop_before_s}` must be a number of seconds from 1 to {MAX_SIGNAL_S} (SLURM's limit for "
-            "`--signal`): how long before the time limit the run is asked to checkpoint and stop. Fix: e.g. "
-            f"`--stop-before {DEFAULT_STOP_BEFORE_S}` (the default), more than one checkpoint save takes."
-        )
+    _check_job_size(nodes, gpus, stop_before_s)
     world = nodes * gpus
     if check:
         from hl_core.models.specs import check_layout
@@ -261,7 +243,64 @@ def render_sbatch(
     for what, value in (("The resolved recipe path", recipe_abs), ("`output_dir`", output_dir)):
         refuse_control_characters(str(value), what)
     name = job_name or f"hl-{re.sub(r'[^A-Za-z0-9_.-]+', '-', recipe.name or recipe_abs.stem)}"
+    directives = _directives(name, nodes, gpus, cpu, log_dir, stop_before_s, sbatch_args, cpus_per_task=cpus_per_task,
+                             mem=mem, partition=partition, account=account, time_limit=time_limit)
+    job = _launch(recipe, recipe_abs, workdir, container, python, cpu, mounts, use_checkout, check)
+    run_args = [str(recipe_abs), *overrides, "checkpoint.resume=auto"]
+    return TEMPLATE.format(
+        recipe_q=shlex.quote(str(recipe_abs)),
+        directives="\n".join(directives),
+        stop_name=STOP_FILE_NAME,
+        workdir_q=shlex.quote(str(workdir)),
+        output_dir_q=shlex.quote(str(output_dir)),
+        log_dir_q=shlex.quote(str(log_dir)),
+        nproc_q=shlex.quote(str(gpus)),
+        run_py_q=shlex.quote(job.run_py),
+        run_args="\n".join(f"  {shlex.quote(a)}" for a in run_args),
+        env_exports="\n".join(job.env_exports),
+        srun_extra=job.srun_extra,
+        launcher=job.launcher,
+    )
 
+
+def _refuse_control_in_inputs(recipe_path, overrides: Sequence[str], workdir, mounts: Sequence[str],
+                              sbatch_args: Sequence[str], **options) -> None:
+    """Every value that reaches the script, checked for control characters before anything reads it."""
+    names = {"partition": "`--partition`", "time_limit": "`--time`", "container": "`--container`",
+             "account": "`--account`", "mem": "`--mem`", "job_name": "`--job-name`", "python": "`--python`"}
+    values = [("The recipe path", recipe_path), ("The working directory", workdir)]
+    values += [(names[key], options[key]) for key in names]
+    values += [("This repository's path", REPO_ROOT),
+               ("The python interpreter path", None if options["python"] or options["container"] else sys.executable)]
+    values += [("`--mount`", m) for m in mounts]
+    values += [(f"The override `{o.partition('=')[0]}`", o) for o in overrides]
+    values += [("`--sbatch-arg`", a) for a in sbatch_args]
+    for what, value in values:
+        if value is not None:
+            refuse_control_characters(str(value), what)
+
+
+def _check_job_size(nodes: int, gpus: int, stop_before_s: int) -> None:
+    """Nodes and ranks per node at least 1; the stop signal's lead within SLURM's limit."""
+    if nodes < 1:
+        raise UserError(f"`--nodes {nodes}` must be at least 1. Fix: e.g. `--nodes 1`.")
+    if gpus < 1:
+        raise UserError(
+            f"`--gpus-per-node {gpus}` must be at least 1 (it is also the number of ranks per node). "
+            "Fix: e.g. `--gpus-per-node 8`, or `--gpus-per-node 1 --cpu` for CPU ranks."
+        )
+    if not 0 < stop_before_s <= MAX_SIGNAL_S:
+        raise UserError(
+            f"`--stop-before {stop_before_s}` must be a number of seconds from 1 to {MAX_SIGNAL_S} (SLURM's limit for "
+            "`--signal`): how long before the time limit the run is asked to checkpoint and stop. Fix: e.g. "
+            f"`--stop-before {DEFAULT_STOP_BEFORE_S}` (the default), more than one checkpoint save takes."
+        )
+
+
+def _directives(name: str, nodes: int, gpus: int, cpu: bool, log_dir: Path, stop_before_s: int,
+                sbatch_args: Sequence[str], *, cpus_per_task, mem, partition, account, time_limit) -> List[str]:
+    """The ``#SBATCH`` lines: the job's size and resources, its time limit (longer than the stop signal's lead),
+    the log, requeueing and the stop signal, then ``--sbatch-arg`` options."""
     directives = [
         _directive("job-name", name, "The job name"),
         _directive("nodes", nodes, "`--nodes`"),
@@ -295,10 +334,27 @@ def render_sbatch(
     for extra in sbatch_args:
         option, _, value = extra.lstrip("-").partition("=")
         if not _OPTION.fullmatch(option):
-            raise UserError(f"`--sbatch-arg {extra}`: `{option}` is not an sbatch option name. Fix: e.g. `--sbatch-arg qos=high`.")
+            raise UserError(
+                f"`--sbatch-arg {extra}`: `{option}` is not an sbatch option name. Fix: e.g. `--sbatch-arg qos=high`."
+            )
         directives.append(_directive(option, value, f"`--sbatch-arg {option}`") if value else f"#SBATCH --{option}")
+    return directives
 
-    run_args = [str(recipe_abs), *overrides, "checkpoint.resume=auto"]
+
+@dataclass
+class _Launch:
+    """How each node starts its ranks: the launcher command, what ``srun`` adds, the run script's path (inside a
+    container: the image's or the mounted checkout's) and the environment lines before it."""
+
+    launcher: str
+    srun_extra: str
+    run_py: str
+    env_exports: List[str]
+
+
+def _launch(recipe, recipe_abs: Path, workdir: Path, container, python, cpu: bool, mounts: Sequence[str],
+            use_checkout: bool, check: bool) -> _Launch:
+    """The job's launch on the host's python, or in ``container`` (its mounts checked)."""
     srun_extra, env_exports = "", []
     run_py = str(REPO_ROOT / "launchers" / "run.py")
     if container:
@@ -318,21 +374,7 @@ def render_sbatch(
         launcher = shlex.quote(python or sys.executable)
     if cpu:
         env_exports.append("export CUDA_VISIBLE_DEVICES=''  # --cpu: gloo ranks on CPU")
-
-    return TEMPLATE.format(
-        recipe_q=shlex.quote(str(recipe_abs)),
-        directives="\n".join(directives),
-        stop_name=STOP_FILE_NAME,
-        workdir_q=shlex.quote(str(workdir)),
-        output_dir_q=shlex.quote(str(output_dir)),
-        log_dir_q=shlex.quote(str(log_dir)),
-        nproc_q=shlex.quote(str(gpus)),
-        run_py_q=shlex.quote(run_py),
-        run_args="\n".join(f"  {shlex.quote(a)}" for a in run_args),
-        env_exports="\n".join(env_exports),
-        srun_extra=srun_extra,
-        launcher=launcher,
-    )
+    return _Launch(launcher, srun_extra, run_py, env_exports)
 
 
 def build_parser() -> argparse.ArgumentParser:

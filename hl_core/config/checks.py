@@ -19,7 +19,24 @@ from .sections_run import POST_TRAINING_EVALS
 def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks (the
     checkpoint to resume is checked against it, else against ``WORLD_SIZE`` from the launcher, else 1)."""
-    hl = recipe.humanline
+    check_engine_fit(recipe)
+    check_reference_free(recipe)
+    check_token_budget(recipe)
+    check_speed_keys(recipe)
+    check_parallel_engine(recipe)
+    check_rollout_and_eval(recipe)
+    check_reference_source(recipe)
+    check_sink_packages(recipe)
+    check_resume_target(recipe, world_size)
+    check_data_paths(recipe)
+    check_model_path(recipe)
+    if world_size is not None:
+        batch_layout(recipe, world_size)
+
+
+def check_engine_fit(recipe: Recipe) -> None:
+    """The engine can run the recipe: its package is installed, and it does what the method, the rollouts and
+    the packing ask."""
     if recipe.model.lora_enabled:
         check_lora(recipe)
     if recipe.engine.name == "megatron":
@@ -28,7 +45,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 "`engine.name: megatron` needs the `megatron-core` package. "
                 "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
             )
-    if recipe.objective.name == "sft" and (hl.enabled or recipe.rollout.every is not None):
+    if recipe.objective.name == "sft" and (recipe.humanline.enabled or recipe.rollout.every is not None):
         raise RecipeError(
             "`objective.name: sft` trains on demonstrations only: it uses no reference (so no humanline "
             "transform or syncing) and no rollouts. Fix: set `humanline.transform=none humanline.sync_every=null "
@@ -51,14 +68,20 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "need Transformer Engine's attention (its local DotProductAttention refuses `packed_seq_params`), which "
             "this setup does not install. Fix: `data.packing=false`, or `engine.name=deepspeed`."
         )
-    check_reference_free(recipe)
-    check_token_budget(recipe)
-    check_speed_keys(recipe)
+
+
+def check_parallel_engine(recipe: Recipe) -> None:
+    """Tensor and pipeline parallelism only on the megatron engine."""
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "
             "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
         )
+
+
+def check_rollout_and_eval(recipe: Recipe) -> None:
+    """Rollout groups only for GRPO; a reward that can be computed where rollouts or held-out rewards need one;
+    held-out data for periodic evaluations; a data-quality source to score."""
     reward = recipe.rollout.reward
     if recipe.rollout.group != "all" and recipe.objective.name != "grpo":
         raise RecipeError(
@@ -89,8 +112,10 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"mixture of {len(recipe.data.train_sources)} sources. Fix: name the data to score with "
             "`eval.data_quality.data=...` (one source's path or name)."
         )
-    check_reference_source(recipe)
-    check_sink_packages(recipe)
+
+
+def check_resume_target(recipe: Recipe, world_size: Optional[int]) -> None:
+    """``checkpoint.resume`` names something that exists and fits this run; ``output_dir`` can be written."""
     resume = recipe.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise RecipeError(
@@ -99,6 +124,10 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     check_resume(recipe, world_size or env_world_size() or 1)
     check_output_dir(recipe.output_dir)
+
+
+def check_data_paths(recipe: Recipe) -> None:
+    """Every local data file exists and is a regular file."""
     sources = [("data.train" if not recipe.data.mixture else f"data.train[{i}]", source)
                for i, source in enumerate(recipe.data.train_sources)] + [("data.eval", recipe.data.eval)]
     for key, source in sources:
@@ -113,6 +142,10 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 f"`{key}.path: {source.path}` is {kind}, not a regular file: reading it would never end or would "
                 "block. Fix: give a .jsonl/.json/.parquet file."
             )
+
+
+def check_model_path(recipe: Recipe) -> None:
+    """A local-looking ``model.name_or_path`` exists (a run's ``final/`` named as such)."""
     if _looks_local(recipe.model.name_or_path) and not Path(recipe.model.name_or_path).exists():
         written_by_a_run = Path(recipe.model.name_or_path).name == "final"
         raise RecipeError(
@@ -122,8 +155,6 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                if written_by_a_run else "")
             + "Fix: give an existing model directory, or a Hugging Face name such as `meta-llama/Meta-Llama-3-8B-Instruct`."
         )
-    if world_size is not None:
-        batch_layout(recipe, world_size)
 
 
 def check_sink_packages(recipe: Recipe) -> None:

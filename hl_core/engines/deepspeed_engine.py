@@ -21,7 +21,7 @@ import gc
 import importlib
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -93,6 +93,49 @@ def _init_distributed(backend: Optional[str]) -> None:
         ds_comm.build_shm_op = build
 
 
+def deepspeed_configs(recipe, accumulation: int) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """DeepSpeed's configs for the policy (ZeRO stage, bf16, clipping) and the reference (no optimizer: ZeRO-3
+    partitioned like the policy, else whole)."""
+    train, stage = recipe.train, recipe.engine.zero_stage
+    bf16 = recipe.engine.precision == "bf16"
+    zero = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = recipe.engine.zero3_param_persistence_threshold
+    policy_config = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if train.max_grad_norm is not None:
+        policy_config["gradient_clipping"] = train.max_grad_norm
+    reference_config = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": dict(zero) if stage == 3 else {"stage": 0},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+    }
+    return policy_config, reference_config
+
+
+def adamw(policy: torch.nn.Module, train, fused: bool) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters: weight decay on matrices, none on vectors (norms, biases)."""
+    decay, no_decay = [], []
+    for name, param in policy.named_parameters():
+        if not param.requires_grad:  # LoRA's frozen base weights and reference adapter
+            continue
+        shape = getattr(param, "ds_shape", param.shape)  # loaded under zero.Init: already partitioned
+        (no_decay if len(shape) < 2 else decay).append(param)
+    groups = [
+        {"params": params, "weight_decay": wd}
+        for params, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if params
+    ]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps, fused=fused)
+
+
 class DeepSpeedEngine(Engine):
     def __init__(self, recipe, tokenizer):
         import deepspeed
@@ -110,28 +153,7 @@ class DeepSpeedEngine(Engine):
             torch.cuda.set_device(self.device)
         train = recipe.train
 
-        bf16 = recipe.engine.precision == "bf16"
-        zero = {"stage": self.zero_stage}
-        if self.zero_stage == 3:
-            zero["stage3_param_persistence_threshold"] = recipe.engine.zero3_param_persistence_threshold
-        policy_config = {
-            "train_micro_batch_size_per_gpu": train.micro_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "zero_optimization": zero,
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        if train.max_grad_norm is not None:
-            policy_config["gradient_clipping"] = train.max_grad_norm
-        reference_config = {
-            "train_micro_batch_size_per_gpu": train.micro_batch_size,
-            "gradient_accumulation_steps": 1,
-            "zero_optimization": dict(zero) if self.zero_stage == 3 else {"stage": 0},
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 10**9,
-        }
-
+        policy_config, reference_config = deepspeed_configs(recipe, self.gradient_accumulation_steps)
         self._lora_reference = reference_model_needed(recipe)  # LoRA: a reference adapter (copy mode only)
         self.lora = None
         check_speed_options(recipe)  # model.kernels, train.fused_logprobs: before any weights are built
@@ -148,20 +170,7 @@ class DeepSpeedEngine(Engine):
         for model in (policy, reference) if self.compiled else ():
             if model is not None:
                 self.compiled.compile(model)
-        decay, no_decay = [], []
-        for name, param in policy.named_parameters():
-            if not param.requires_grad:  # LoRA's frozen base weights and reference adapter
-                continue
-            shape = getattr(param, "ds_shape", param.shape)  # loaded under zero.Init: already partitioned
-            (no_decay if len(shape) < 2 else decay).append(param)
-        groups = [
-            {"params": params, "weight_decay": wd}
-            for params, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if params
-        ]
-        optimizer = torch.optim.AdamW(
-            groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps,
-            fused=self.device.type == "cuda",
-        )
+        optimizer = adamw(policy, train, fused=self.device.type == "cuda")
         schedule = lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
         self.policy, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=policy, optimizer=optimizer, config=policy_config,

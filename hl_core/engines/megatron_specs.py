@@ -183,11 +183,13 @@ class GemmaRMSNorm(torch.nn.Module):
 
 
 def _gemma2_modules():
-    """Gemma 2 classes subclassing megatron-core's (imported lazily: megatron is optional)."""
+    """Gemma 2 classes subclassing megatron-core's: the core attention, self-attention, MLP and model."""
+    return (_gemma2_core_attention(), *_gemma2_norm_wrappers())
+
+
+def _gemma2_core_attention():
+    """Gemma 2's core attention on megatron-core's module (imported lazily: megatron is optional)."""
     from megatron.core import tensor_parallel
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.attention import SelfAttention
-    from megatron.core.transformer.mlp import MLP
     from megatron.core.transformer.module import MegatronModule
     from megatron.core.utils import divide
 
@@ -236,6 +238,16 @@ def _gemma2_modules():
             context = torch.matmul(probs, v)  # [b, np, sq, hn]
             return context.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
 
+    return Gemma2CoreAttention
+
+
+def _gemma2_norm_wrappers():
+    """Gemma 2's self-attention and MLP (their outputs through Gemma's extra norms) and its model (the embedding
+    scale), subclassing megatron-core's (imported lazily: megatron is optional)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.mlp import MLP
+
     class Gemma2SelfAttention(SelfAttention):
         """Self-attention whose output goes through Gemma's post-attention norm (before the residual)."""
 
@@ -271,7 +283,7 @@ def _gemma2_modules():
         def _scale_embeddings(self, module, inputs, output):
             return output * torch.tensor(self.config.embedding_multiplier, dtype=output.dtype)
 
-    return Gemma2CoreAttention, Gemma2SelfAttention, Gemma2MLP, Gemma2GPTModel
+    return Gemma2SelfAttention, Gemma2MLP, Gemma2GPTModel
 
 
 def gemma2_block_spec(config, pp_rank: Optional[int] = None):

@@ -16,9 +16,9 @@ them to ``hl_core.trainer.run(recipe, callbacks=[...])``. A skipped (non-finite)
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from pathlib import Path
-import importlib
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from .errors import RecipeError

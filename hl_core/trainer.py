@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from .callbacks import CallbackList, TrainerCallback, UpdateContext, build_callbacks
 from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
 from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
@@ -28,11 +29,10 @@ from .engines import build_engine
 from .engines.base import check_launch_environment
 from .humanline import SyncRecord
 from .humanline.recipe import build_transform
-from .callbacks import CallbackList, TrainerCallback, UpdateContext, build_callbacks
 from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, UpdateChecks
+from .loop.lifecycle import already_complete, begin_run
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
-from .loop.lifecycle import already_complete, begin_run
 from .loop.post_training import announce, run_post_training
 from .loop.report import RunReport, StepTimes, configure_bars
 from .loop.safety import CheckpointParts, Progress, RunSafety, SafetySettings
@@ -150,7 +150,8 @@ class Trainer:
             cache=cache_location(recipe, self.engine) if mode == "cached" else None, show_progress=self.is_main,
             bars=self.bars,
         )
-        self.callbacks = CallbackList([self.reference.callback, *build_callbacks(recipe.train.callbacks), *self.extra_callbacks])
+        self.callbacks = CallbackList([self.reference.callback, *build_callbacks(recipe.train.callbacks),
+                                       *self.extra_callbacks])
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
     def _resume(self) -> None:
@@ -277,7 +278,8 @@ class Trainer:
             step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size,
         )
         row["tokens_per_s"] = guard[0] * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
-        self.nonfinite = (nonfinite, checks.detail()) if nonfinite is not None else None  # acted on once the row is logged
+        # acted on once the row is logged
+        self.nonfinite = (nonfinite, checks.detail()) if nonfinite is not None else None
         if "rollout" in rollout_metrics:
             row["rollout"] = bool(rollout_metrics["rollout"])
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
@@ -334,7 +336,8 @@ class Trainer:
     def _eval_batches(self, with_rows: bool = False):
         """This rank's eval micro-batches (``data.build.eval_batches``), with their real row counts if asked."""
         recipe, engine = self.recipe, self.engine
-        for batch, real in eval_batches(self.collate, self.eval_data, recipe.eval.batch_size or recipe.train.micro_batch_size,
+        size = recipe.eval.batch_size or recipe.train.micro_batch_size
+        for batch, real in eval_batches(self.collate, self.eval_data, size,
                                         engine.dp_rank, engine.dp_size, recipe.eval.max_batches):
             yield (batch, real) if with_rows else batch
 

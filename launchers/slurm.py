@@ -17,8 +17,8 @@ requeues the job with ``scontrol requeue`` unless ``final/`` exists. On preempti
 SIGTERM to every process of the step: each rank saves a resumable checkpoint at the next update boundary and
 exits 4 (``hl_core/loop/guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it.
 Logs: ``<output_dir>/slurm/<job name>-<job id>.out`` (appended across requeues). Values from the recipe and
-the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
-must be plain tokens and are rejected otherwise.
+the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a
+shell) must be plain tokens and are rejected otherwise.
 
 With ``--container`` the job runs in an image (``launchers/containers.py``: pyxis/enroot or Apptainer, the image's own
 code unless ``--use-checkout``), with ``output_dir``, the recipe's data and model paths and the Hugging Face cache
@@ -99,7 +99,8 @@ MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 {env_exports}
-echo "[slurm] job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}): $NUM_NODES node(s) x $NPROC_PER_NODE rank(s), rendezvous $MASTER_ADDR:$MASTER_PORT, $(date -u +%FT%TZ)"
+echo "[slurm] job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}): $NUM_NODES node(s) x $NPROC_PER_NODE rank(s), \
+rendezvous $MASTER_ADDR:$MASTER_PORT, $(date -u +%FT%TZ)"
 
 # One launcher per node; torchrun starts NPROC_PER_NODE ranks and meets the others on the first node.
 srun --nodes="$NUM_NODES" --ntasks="$NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1{srun_extra} \\
@@ -389,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", help="SLURM partition (default: cluster.partition)")
     p.add_argument("--time", help="time limit, e.g. 24:00:00 (default: cluster.time)")
     p.add_argument("--container", help="container image: pyxis/enroot `[USER@][REGISTRY#]IMAGE[:TAG]` or a .sqsh file "
-                   "(`srun --container-image`), or Apptainer: a .sif file or a docker:// URI (default: cluster.container)")
+                   "(`srun --container-image`), or Apptainer: a .sif file or a docker:// URI (default: "
+                   "cluster.container)")
     p.add_argument("--mount", action="append", default=[], metavar="DIR",
                    help="with --container: mount DIR (repeatable) instead of each path the recipe names; a recipe path "
                    "outside every mount is refused")
@@ -402,11 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem", help="memory per node, e.g. 0 (all) or 500G")
     p.add_argument("--job-name", help="job name (default: hl-<recipe name>)")
     p.add_argument("--stop-before", type=int, default=DEFAULT_STOP_BEFORE_S,
-                   help=f"seconds before the time limit to ask the run to checkpoint and stop (default {DEFAULT_STOP_BEFORE_S})")
+                   help=f"seconds before the time limit to ask the run to checkpoint and stop (default "
+                        f"{DEFAULT_STOP_BEFORE_S})")
     p.add_argument("--python", help="python on the compute nodes (default: this interpreter; `python` in a container)")
     p.add_argument("--sbatch-arg", action="append", default=[], metavar="OPT[=VALUE]",
                    help="extra #SBATCH option, repeatable, e.g. --sbatch-arg qos=high")
-    p.add_argument("--no-check", action="store_true", help="skip the recipe and layout checks (e.g. data not on this host)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the recipe and layout checks (e.g. data not on this host)")
     p.add_argument("--script", help="also write the script to this path")
     return p
 
@@ -437,7 +441,8 @@ def main(argv=None) -> int:
             print(script, end="")
             return 0
         if shutil.which("sbatch") is None:
-            raise UserError("`sbatch` is not on PATH. Fix: run on a SLURM login node, or use `--dry-run` to print the script.")
+            raise UserError("`sbatch` is not on PATH. Fix: run on a SLURM login node, or use `--dry-run` to print the "
+                            "script.")
         _, log_dir = job_dirs(recipe)
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / f"sbatch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sh"

@@ -14,10 +14,10 @@ import torch.multiprocessing as mp
 from helpers import free_port
 from hl_core.config import HumanlineConfig
 from hl_core.humanline.recipe import build_transform, transform_names
-from hl_core.objectives import OBJECTIVES, ObjectiveInputs
-from hl_core.rollout import RolloutSource
 from hl_core.loop.metrics import MetricMeans, declared_metric_keys
 from hl_core.loop.sources import OfflineSource
+from hl_core.objectives import OBJECTIVES, ObjectiveInputs
+from hl_core.rollout import RolloutSource
 
 
 class _OneProcess:
@@ -66,7 +66,8 @@ def _make_inputs(name, transform):
     mask[:, :2] = 0
     batch = {}
     if name == "kto":
-        batch = {"kl_input_ids": torch.zeros(rows, length, dtype=torch.long), "kl_attention_mask": torch.ones(rows, length),
+        batch = {"kl_input_ids": torch.zeros(rows, length, dtype=torch.long),
+                 "kl_attention_mask": torch.ones(rows, length),
                  "kl_completion_mask": mask.clone(), "desirable": torch.tensor([True, False, True, False]),
                  "kl_same_prompt": torch.tensor([False, False, True, False])}
     if name == "grpo":

@@ -9,8 +9,13 @@ trl = pytest.importorskip("trl")
 from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import NoTransform  # noqa: E402
 from hl_core.integrations.trl import (  # noqa: E402
-    TESTED_TRL, HumanlineDPOTrainer, HumanlineGRPOTrainer, HumanlineKTOTrainer, HumanlineTrlSettingError,
-    UnsupportedTrlError, check_trl,
+    TESTED_TRL,
+    HumanlineDPOTrainer,
+    HumanlineGRPOTrainer,
+    HumanlineKTOTrainer,
+    HumanlineTrlSettingError,
+    UnsupportedTrlError,
+    check_trl,
 )
 
 

@@ -30,9 +30,9 @@ from .._common import (
     is_offline,
     looks_local,
     read_rows,
+    version_of,
     write_json,
     write_jsonl,
-    version_of,
 )
 
 log = logging.getLogger(__name__)
@@ -215,7 +215,8 @@ def _uses_chat_template(lm, chat_template: Union[str, bool], prompt: str) -> boo
     if chat_template == "auto":
         return prompt != "minerva" and has_chat_template(lm)
     if chat_template and not has_chat_template(lm):
-        raise EvalError("chat_template=true but the model's tokenizer has no chat template. Fix: use --no-chat-template.")
+        raise EvalError("chat_template=true but the model's tokenizer has no chat template. Fix: use "
+                        "--no-chat-template.")
     return bool(chat_template)
 
 

@@ -153,7 +153,8 @@ def check_model_path(recipe: Recipe) -> None:
             + ("It is the `final/` model of another run: train that run first (for `recipes/repro/*`: "
                "`python launchers/run.py recipes/repro/warmup.yaml`), or point the key at its output. "
                if written_by_a_run else "")
-            + "Fix: give an existing model directory, or a Hugging Face name such as `meta-llama/Meta-Llama-3-8B-Instruct`."
+            + "Fix: give an existing model directory, or a Hugging Face name such as "
+              "`meta-llama/Meta-Llama-3-8B-Instruct`."
         )
 
 
@@ -206,38 +207,45 @@ def check_lora(recipe: Recipe) -> None:
             "are not in the optimizer, so ZeRO-2 already shards all that LoRA trains), or `model.lora.r=null`."
         )
     if not installed("peft"):
-        raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or `model.lora.r=null`.")
+        raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or "
+                          "`model.lora.r=null`.")
     evals = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
     if evals and recipe.eval.after_training and not lora.save_merged:
         raise RecipeError(
-            f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only the "
-            "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or `eval.after_training=false`."
+            f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only "
+            f"the "
+            "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or "
+            "`eval.after_training=false`."
         )
 
 
 def check_speed_keys(recipe: Recipe) -> None:
     """``train.fused_logprobs``, ``train.compile`` and ``model.kernels`` work on the DeepSpeed engine's transformers
-    model (``train.compile`` at ZeRO 0-2, and not with Liger's kernels); megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
-    The model family and the machine are checked by ``hl_core.models.speed.check_speed_options``."""
+    model (``train.compile`` at ZeRO 0-2, and not with Liger's kernels); megatron-core has its own layers and a
+    vocab-parallel output layer (whose log-probs are already chunked). The model family and the machine are checked by
+    ``hl_core.models.speed.check_speed_options``."""
     if recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3 and recipe.train.compile:
         raise RecipeError(
             "`train.compile: true` does not pay under `engine.zero_stage: 3`: ZeRO-3 gathers and releases each layer's "
             "parameters in Python hooks inside the layer, which break a compiled layer's graph and recompile it (the "
-            "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: `engine.zero_stage=2` "
-            "(or 0-1), or `train.compile=false`.")
+            "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: "
+            "`engine.zero_stage=2` (or 0-1), or `train.compile=false`.")
     if recipe.train.compile and recipe.model.kernels == "liger":
         raise RecipeError(
             "`train.compile: true` with `model.kernels: liger` stops inside torch.compile: dynamo cannot trace Liger's "
             "RMSNorm autograd function in a compiled decoder layer (an AssertionError in overwrite_tensor_vt_proxy; "
-            "torch 2.11 with liger-kernel 0.8.5 on an H100, bench/gpu_check.py, 2026-11-25). Each alone speeds up humanline "
+            "torch 2.11 with liger-kernel 0.8.5 on an H100, bench/gpu_check.py, 2026-11-25). Each alone speeds up "
+            "humanline "
             "DPO there (compiled layers 1.22x, Liger 1.20x). Fix: `model.kernels=none` or `train.compile=false`.")
     if recipe.engine.name != "megatron":
         return
-    keys = [k for k, on in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),
+    keys = [k for k, on
+            in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),
                             ("model.kernels", recipe.model.kernels != "none")) if on]
     if keys:
         raise RecipeError(
-            f"`{'`, `'.join(keys)}` {'is' if len(keys) == 1 else 'are'} not available with `engine.name: megatron`: they act "
+            f"`{'`, `'.join(keys)}` {'is' if len(keys) == 1 else 'are'} not available with `engine.name: megatron`: "
+            f"they act "
             "on the transformers model of the DeepSpeed engine, while megatron-core runs its own layers and computes "
             "log-probs over its vocab-parallel output layer in chunks already. Fix: `train.fused_logprobs=false "
             "train.compile=false model.kernels=none`, or `engine.name=deepspeed`.")
@@ -274,7 +282,8 @@ def check_token_budget(recipe: Recipe) -> None:
     if budget < floor:
         raise RecipeError(
             f"`train.max_tokens_per_micro_batch: {budget}` cannot hold the largest example: {why}. Nothing is ever "
-            f"cut or dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those lengths."
+            f"cut or dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those "
+            f"lengths."
         )
 
 
@@ -305,7 +314,8 @@ def check_reference_source(recipe: Recipe) -> None:
                    "before training go stale; syncing on offline data already builds no reference copy "
                    "(`humanline.reference: lookahead`, chosen by `auto`)")
         elif recipe.rollout.every is not None:
-            why = "rollouts (`rollout.every`) are sampled during training, so their log-probs cannot be computed before it"
+            why = ("rollouts (`rollout.every`) are sampled during training, so their log-probs cannot be computed "
+                   "before it")
         if why:
             raise RecipeError(f"`train.cache_reference_logps: true` does not apply: {why}. "
                               "Fix: `train.cache_reference_logps=false`.")

@@ -168,7 +168,8 @@ class Engine(abc.ABC):
     def micro_batch_positions(self, step: int, micro_index: int, micro_batch_size: int) -> range:
         """Positions in the (global, endless) data stream of this rank's share of one micro-batch:
         update ``step``, accumulation index ``micro_index``; data-parallel ranks take consecutive slices."""
-        first = ((step * self.gradient_accumulation_steps + micro_index) * self.dp_size + self.dp_rank) * micro_batch_size
+        first = ((step * self.gradient_accumulation_steps + micro_index) * self.dp_size
+                 + self.dp_rank) * micro_batch_size
         return range(first, first + micro_batch_size)
 
     @abc.abstractmethod

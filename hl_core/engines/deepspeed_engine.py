@@ -148,7 +148,8 @@ class DeepSpeedEngine(Engine):
         self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
         self.dp_rank = self.rank  # data parallel only
         self.zero_stage = recipe.engine.zero_stage
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         train = recipe.train
@@ -159,7 +160,8 @@ class DeepSpeedEngine(Engine):
         check_speed_options(recipe)  # model.kernels, train.fused_logprobs: before any weights are built
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled, packing=recipe.data.packing,
+            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled,
+            packing=recipe.data.packing,
         )
         check_speed_options(recipe, model_type=policy.config.model_type)
         if recipe.model.lora_enabled:
@@ -203,7 +205,8 @@ class DeepSpeedEngine(Engine):
         fused = self.recipe.train.fused_logprobs  # from the hidden states, without the [B, T, V] logits
         if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
             forward = functools.partial(packed_sequence_token_logps, capacity=self.recipe.data.max_length,
-                                        pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=self.recipe.train.logps_chunk_tokens,
+                                        pad_token_id=self.tokenizer.pad_token_id or 0,
+                                        chunk_tokens=self.recipe.train.logps_chunk_tokens,
                                         fused=fused, module=engine.module, device=self.device)
         elif fused:
             forward = functools.partial(fused_sequence_token_logps, block_tokens=self.recipe.train.logps_chunk_tokens,
@@ -211,7 +214,8 @@ class DeepSpeedEngine(Engine):
         else:
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
             forward = functools.partial(sequence_token_logps,
-                                        chunk_size=chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens))
+                                        chunk_size=chunk_positions(input_ids.shape[0],
+                                                                   self.recipe.train.logps_chunk_tokens))
         if model == "policy":
             return forward(engine, input_ids, attention_mask, temperature=temperature)
         with torch.no_grad(), (self.lora.reference_forward() if self.lora is not None else contextlib.nullcontext()):
@@ -361,7 +365,8 @@ class DeepSpeedEngine(Engine):
         self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False,
                                     exclude_frozen_parameters=self.lora is not None)
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
-        if self.has_reference and self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
+        if (self.has_reference and self.recipe.humanline.sync_every is not None
+                and (self.zero_stage == 3 or self.rank == 0)):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
             torch.save(self._sync_pairs.reference_shards(), path)
         self.barrier()
@@ -369,7 +374,8 @@ class DeepSpeedEngine(Engine):
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
         load_path, client_state = self.policy.load_checkpoint(directory, tag=tag, load_module_strict=self.lora is None)
         if load_path is None:
-            raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
+            raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check "
+                              f"`checkpoint.resume`.")
         if self.has_reference and self.recipe.humanline.sync_every is not None:
             rank = self.rank if self.zero_stage == 3 else 0
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
@@ -379,8 +385,8 @@ class DeepSpeedEngine(Engine):
                 return client_state or {}
             if not path.exists():
                 raise RecipeError(
-                    f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs the reference. "
-                    "Fix: resume from a checkpoint written by a syncing run with the same world size."
+                    f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs "
+                    "the reference. Fix: resume from a checkpoint written by a syncing run with the same world size."
                 )
             self._load_reference_shards(safe_load(path))
         return client_state or {}

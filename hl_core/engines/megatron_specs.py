@@ -105,7 +105,8 @@ def transformer_config(hf_config, *, tp: int, pp: int, dtype: torch.dtype, cpu: 
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     if hf_config.num_hidden_layers % pp:
         raise RecipeError(
-            f"`parallel.pp={pp}` must divide the model's {hf_config.num_hidden_layers} layers. Fix: choose another `parallel.pp`."
+            f"`parallel.pp={pp}` must divide the model's {hf_config.num_hidden_layers} layers. Fix: choose another "
+            f"`parallel.pp`."
         )
     if kv_heads % tp or hf_config.vocab_size % tp:
         raise RecipeError(
@@ -209,7 +210,8 @@ def _gemma2_core_attention():
             self.window = config.sliding_window if (self.layer_number - 1) in config.sliding_layers else None
             tp = config.tensor_model_parallel_size
             self.heads_per_partition = divide(config.num_attention_heads, tp)
-            self.dropout = torch.nn.Dropout(config.attention_dropout if attention_dropout is None else attention_dropout)
+            dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+            self.dropout = torch.nn.Dropout(dropout)
 
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                     packed_seq_params=None):
@@ -314,7 +316,8 @@ def gemma2_block_spec(config, pp_rank: Optional[int] = None):
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=GemmaRMSNorm,
-            mlp=ModuleSpec(module=mlp, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
+            mlp=ModuleSpec(module=mlp,
+                           submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
             mlp_bda=get_bias_dropout_add,
         ),
     )

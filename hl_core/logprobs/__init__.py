@@ -8,7 +8,12 @@ The names below are the package's interface; engines, eval and tests import them
 """
 
 from .logits import (
-    DEFAULT_CHUNK, chunk_positions, masked_mean, prefix_token_logps, sequence_token_logps, token_logps,
+    DEFAULT_CHUNK,
+    chunk_positions,
+    masked_mean,
+    prefix_token_logps,
+    sequence_token_logps,
+    token_logps,
     vocab_parallel_logps,
 )
 

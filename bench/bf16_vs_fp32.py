@@ -71,11 +71,13 @@ def main() -> None:
     print("|---|---:|---:|---:|---:|---:|")
     with tempfile.TemporaryDirectory() as tmp:
         for name, extra in SETTINGS.items():
-            (f32, z32, a32), (b16, z16, a16) = (run(p, extra, args.steps, Path(tmp) / f"{p}{len(name)}") for p in ("fp32", "bf16"))
+            (f32, z32, a32), (b16, z16, a16) = (run(p, extra, args.steps, Path(tmp) / f"{p}{len(name)}") for p
+                                                in ("fp32", "bf16"))
             diffs = [abs(x["loss"] - y["loss"]) for x, y in zip(f32, b16)]
             u32, u16 = [r["unclamped_frac"] for r in f32], [r["unclamped_frac"] for r in b16]
             print(f"| {name} | {max(diffs):.4f} / {statistics.fmean(diffs):.4f} | {u32[0]:.4f} / {u16[0]:.4f} | "
-                  f"{statistics.fmean(u32):.4f} / {statistics.fmean(u16):.4f} | {a32:.3f} / {a16:.3f} | {z32:.3f} / {z16:.3f} |",
+                  f"{statistics.fmean(u32):.4f} / {statistics.fmean(u16):.4f} | {a32:.3f} / {a16:.3f} | {z32:.3f} / "
+                  f"{z16:.3f} |",
                   flush=True)
 
 

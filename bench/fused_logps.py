@@ -116,7 +116,8 @@ def main(argv=None) -> int:
     name = torch.cuda.get_device_name(device) if cuda else "cpu"
     print(f"device: {name}; N={args.tokens} tokens, H={args.width}, V={args.vocab}, {args.dtype}; blockwise: {rows} "
           f"rows per block, {-(-args.tokens // rows)} blocks; best of {args.repeats} after a warm-up")
-    print(f"{'implementation':10} {'call':30} {'ms':>9} {'peak GiB':>9} {'vs plain':>9} {'max |dv|':>9} {'max |dg|':>9}")
+    print(f"{'implementation':10} {'call':30} {'ms':>9} {'peak GiB':>9} {'vs plain':>9} {'max |dv|':>9} "
+          f"{'max |dg|':>9}")
     for (impl, kind), r in results.items():
         ref = results[("plain", kind)]
         dv = (r["values"] - ref["values"]).abs().max().item()

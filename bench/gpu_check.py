@@ -36,8 +36,8 @@ Sections (a Llama-3.2-1B-shaped random-init model at full depth, bf16, sequences
    240 s, none runs past 200 s: at most about 7.5 minutes; the runs go in order of importance, TRL first, after a
    throw-away one-update TRL run: the call's first run measured TRL at a third of its speed on 2026-11-27).
 
-Sections 1-4 fit one 10-minute call and 5-7 another (`--sections 5 6 7`), 8 one of its own; the ratios of sections 5 and 7
-against section 1's runs are printed only when those ran in the same call. A dry run leaves out the runs that
+Sections 1-4 fit one 10-minute call and 5-7 another (`--sections 5 6 7`), 8 one of its own; the ratios of sections 5 and
+7 against section 1's runs are printed only when those ran in the same call. A dry run leaves out the runs that
 need a GPU-only package or minutes of CPU compilation (``"skipped"`` with the reason).
 
 Every run is its own process (a failure or an out-of-memory stays in its section; peak memory is its
@@ -103,7 +103,8 @@ def environment(args) -> dict:
             return None
 
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "cpu (dry run)"
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
     # the sources measured, by content (a copy of the tree may carry a stale or no git HEAD)
     digest = hashlib.sha256()
     for path in sorted(p for d in ("hl_core", "bench", "launchers") for p in (REPO / d).rglob("*.py")):
@@ -111,7 +112,8 @@ def environment(args) -> dict:
     return {
         "kind": "environment", "gpu": gpu, "dry_run": args.dry_run,
         "peak_bf16_tflops": args.peak_tflops or peak_tflops(gpu), "date": datetime.date.today().isoformat(),
-        "git_commit": commit or None, "source_sha256": digest.hexdigest()[:16], "torch": torch.__version__, "cuda": torch.version.cuda,
+        "git_commit": commit or None, "source_sha256": digest.hexdigest()[:16], "torch": torch.__version__,
+        "cuda": torch.version.cuda,
         **{name: version(name) for name in ("deepspeed", "transformers", "megatron-core", "flash-attn")},
     }
 
@@ -213,7 +215,8 @@ def main(argv=None) -> int:
             batch.clear()
 
         for run in plan:
-            why = missing_package(run) or (runs_mod.NO_DRY_RUN[run["no_dry_run"]] if args.dry_run and run.get("no_dry_run") else None)
+            why = missing_package(run) or (runs_mod.NO_DRY_RUN[run["no_dry_run"]] if args.dry_run
+                                           and run.get("no_dry_run") else None)
             left = args.time_budget - (time.perf_counter() - started)
             if why is None and not args.dry_run and left < 30:
                 why = f"the check's {args.time_budget:.0f}s time budget is spent"
@@ -233,7 +236,8 @@ def main(argv=None) -> int:
             handle.write(json.dumps(row) + "\n")
     failed = [r for r in results if r.get("error")]
     for r in failed:  # the last lines of a failed run's log, for the reader of a one-shot check
-        print(f"--- {r['id']} log tail ---\n" + "\n".join(logs.get(f"{r['id']}.log", "").splitlines()[-25:]), file=sys.stderr)
+        print(f"--- {r['id']} log tail ---\n" + "\n".join(logs.get(f"{r['id']}.log", "").splitlines()[-25:]),
+              file=sys.stderr)
     if args.markdown:
         Path(args.markdown).parent.mkdir(parents=True, exist_ok=True)
         Path(args.markdown).write_text(runs_mod.markdown(results))

@@ -45,7 +45,8 @@ FUSED, COMPILED, KERNELS = "train.fused_logprobs=true", "train.compile=true", "m
 # max(5e-2, 2 x the floor measured in the same check).
 TOLERANCE = {"bf16": 5e-2, "fp32": 1e-4}
 NOISE_FLOOR = ("ds_z3_hl_dpo", "ds_z2_hl_dpo", "bf16", 5)
-COMPARED = (NOISE_FLOOR, ("mg_hl_dpo_bf16", "ds_z2_hl_dpo", "bf16", 5), ("mg_hl_dpo_fp32", "ds_z0_hl_dpo_fp32", "fp32", None))
+COMPARED = (NOISE_FLOOR, ("mg_hl_dpo_bf16", "ds_z2_hl_dpo", "bf16", 5),
+            ("mg_hl_dpo_fp32", "ds_z0_hl_dpo_fp32", "fp32", None))
 EXTRA_UPDATES = 3  # after the measured ones: one with per-call memory instrumentation, two under the profiler
 
 
@@ -68,8 +69,10 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
     common = [
         f"data.train.path={pairs}", "data.eval=null", f"data.max_length={size['seq']}",
         f"data.max_prompt_length={size['prompt_tokens'] + 8}", f"train.micro_batch_size={size['pair_micro']}",
-        f"train.global_batch_size={size['global_pairs']}", f"train.max_steps={size['warmup'] + size['steps'] + EXTRA_UPDATES}",
-        "train.lr=1e-5", "train.warmup_steps=0", "train.lr_schedule=constant", "train.seed=0", "checkpoint.save_every=null",
+        f"train.global_batch_size={size['global_pairs']}",
+        f"train.max_steps={size['warmup'] + size['steps'] + EXTRA_UPDATES}",
+        "train.lr=1e-5", "train.warmup_steps=0", "train.lr_schedule=constant", "train.seed=0",
+        "checkpoint.save_every=null",
         "checkpoint.save_final=false", "logging.progress_bar=false", "eval.every=null",
         "model.random_init=true", f"model.name_or_path={full}", *device,
     ]
@@ -116,26 +119,33 @@ def plan_runs(workdir: Path, dry_run: bool, sections, profile_dir=None) -> List[
                    f"{size['gen_tokens']} new tokens, ZeRO-2 bf16",
              overrides=[*common, f"output_dir={workdir / 'ds_online_grpo'}", f"data.train.path={prompts}",
                         "data.max_prompt_length=32", f"data.max_length={32 + size['gen_tokens']}",
-                        f"rollout.num_generations={size['gen_samples']}", f"rollout.max_new_tokens={size['gen_tokens']}",
+                        f"rollout.num_generations={size['gen_samples']}",
+                        f"rollout.max_new_tokens={size['gen_tokens']}",
                         "rollout.backend=hf", "rollout.every=1", f"train.micro_batch_size={size['gen_prompts']}",
                         f"train.global_batch_size={size['gen_prompts']}",
                         f"train.max_steps={1 + size['gen_updates'] + EXTRA_UPDATES}",
                         "model.gradient_checkpointing=true"],
              warmup=1, steps=size["gen_updates"], gen_prompts=size["gen_prompts"], gen_samples=size["gen_samples"]),
-        run(5, "ds_z2_hl_dpo_fused", "DeepSpeed ZeRO-2 bf16, humanline DPO, log-probs from the hidden states (`train.fused_logprobs`)", hl_dpo,
+        run(5, "ds_z2_hl_dpo_fused",
+            "DeepSpeed ZeRO-2 bf16, humanline DPO, log-probs from the hidden states (`train.fused_logprobs`)", hl_dpo,
             [FUSED]),
-        run(5, "ds_z2_hl_dpo_compile", "DeepSpeed ZeRO-2 bf16, humanline DPO, compiled decoder layers (`train.compile`)", hl_dpo, [COMPILED],
+        run(5, "ds_z2_hl_dpo_compile",
+            "DeepSpeed ZeRO-2 bf16, humanline DPO, compiled decoder layers (`train.compile`)", hl_dpo, [COMPILED],
             no_dry_run="compile"),
-        run(5, "ds_z2_hl_dpo_liger", "DeepSpeed ZeRO-2 bf16, humanline DPO, Liger kernels (`model.kernels=liger`)", hl_dpo, [KERNELS],
+        run(5, "ds_z2_hl_dpo_liger", "DeepSpeed ZeRO-2 bf16, humanline DPO, Liger kernels (`model.kernels=liger`)",
+            hl_dpo, [KERNELS],
             needs=LIGER, no_dry_run="liger"),
         run(5, "ds_z2_hl_dpo_fast", "DeepSpeed ZeRO-2 bf16, humanline DPO, fused log-probs + Liger kernels (compile is "
             "refused with Liger)", hl_dpo, [FUSED, KERNELS], needs=LIGER, no_dry_run="liger"),
-        run(6, "ds_z2_hl_dpo_mix_padded", "DeepSpeed ZeRO-2 bf16, humanline DPO, long-tailed mix, padded (sdpa)", hl_dpo, mix),
-        run(6, "ds_z2_hl_dpo_mix_packed", "DeepSpeed ZeRO-2 bf16, humanline DPO, long-tailed mix, packed (`attn_implementation=auto`)", hl_dpo,
+        run(6, "ds_z2_hl_dpo_mix_padded", "DeepSpeed ZeRO-2 bf16, humanline DPO, long-tailed mix, padded (sdpa)",
+            hl_dpo, mix),
+        run(6, "ds_z2_hl_dpo_mix_packed",
+            "DeepSpeed ZeRO-2 bf16, humanline DPO, long-tailed mix, packed (`attn_implementation=auto`)", hl_dpo,
             [*mix, "data.packing=true", "model.attn_implementation=auto"]),
         trl_run("trl_dpo", "TRL DPOTrainer (defaults), plain DPO", liger=False),
         trl_run("trl_dpo_liger", "TRL DPOTrainer, `use_liger_kernel=True`, plain DPO", liger=True),
-        run(7, "ds_z2_dpo_fast", "ours: DeepSpeed ZeRO-2 bf16, plain DPO, fused log-probs + compiled layers", dpo, [FUSED, COMPILED],
+        run(7, "ds_z2_dpo_fast", "ours: DeepSpeed ZeRO-2 bf16, plain DPO, fused log-probs + compiled layers", dpo,
+            [FUSED, COMPILED],
             no_dry_run="compile"),
         run(7, "ds_z2_dpo_fast_liger", "ours: DeepSpeed ZeRO-2 bf16, plain DPO, fused log-probs + Liger kernels", dpo,
             [FUSED, KERNELS], needs=LIGER, no_dry_run="liger"),
@@ -214,7 +224,8 @@ def _measure(trainer, recipe, run: dict) -> dict:
     result = {"recipe": run["recipe"], "overrides": [o.replace(workdir, "<workdir>") for o in run["overrides"]],
               "engine": recipe.engine.name, "precision": recipe.engine.precision, "objective": recipe.objective.name,
               "zero_stage": recipe.engine.zero_stage if recipe.engine.name == "deepspeed" else None,
-              "gradient_checkpointing": recipe.model.gradient_checkpointing, "attention": recipe.model.attn_implementation,
+              "gradient_checkpointing": recipe.model.gradient_checkpointing,
+              "attention": recipe.model.attn_implementation,
               "setup_gib": _allocated_gib(engine)}
     if run["kind"] == "online":
         result.update(_sampler_throughput(trainer, run))
@@ -245,7 +256,8 @@ def _measure(trainer, recipe, run: dict) -> dict:
     )
     plan_g = plan["gib"]
     result["plan_gib"]["steady"] = plan_g["resident"]
-    result["plan_gib"]["activations"] = plan_g["activations_checkpointed" if plan["gradient_checkpointing"] else "activations_full"]
+    result["plan_gib"]["activations"] = plan_g["activations_checkpointed" if plan["gradient_checkpointing"]
+                                               else "activations_full"]
     result["plan_gib"]["total"] = plan_g["total"]
     if run["kind"] == "online":
         rollout = sum(r.get("rollout_time_s", 0.0) for r in measured)
@@ -393,7 +405,8 @@ def _ratio_row(a: dict, b: dict, row_id: str) -> dict:
     peaks = (a.get("peak_gib"), b.get("peak_gib"))
     return {"section": a["section"], "kind": "ratio", "id": row_id, "run": a["id"], "against": b["id"],
             "tokens_per_s": a["tokens_per_s"], "tokens_per_s_against": b["tokens_per_s"],
-            "tokens_per_s_ratio": a["tokens_per_s"] / b["tokens_per_s"], "peak_gib": peaks[0], "peak_gib_against": peaks[1],
+            "tokens_per_s_ratio": a["tokens_per_s"] / b["tokens_per_s"], "peak_gib": peaks[0],
+            "peak_gib_against": peaks[1],
             "peak_ratio": peaks[0] / peaks[1] if all(peaks) else None}
 
 
@@ -413,28 +426,36 @@ def markdown(results: List[dict]) -> str:
         note = r.get("skipped") and f"skipped: {r['skipped']}" or r.get("error") and "failed (see the JSON)" or ""
         if r.get("gen_tokens_per_s"):
             note = (f"sampler {r['gen_tokens_per_s']:,.0f} new tokens/s ({r['gen_rows']} rows, {r['gen_kv_cache']} KV "
-                    f"cache; static / dynamic {r['gen_static_vs_dynamic']:.2f}x); rollout {100 * r['rollout_share']:.0f}% "
+                    f"cache; static / dynamic {r['gen_static_vs_dynamic']:.2f}x); rollout "
+                    f"{100 * r['rollout_share']:.0f}% "
                     "of an update")
         plan = r.get("plan_gib") or {}
         lines.append(
-            f"| {r['section']} | {r['title']} | {_fmt(r.get('tokens_per_s'), '{:,.0f}')} | {_fmt(r.get('mfu'), '{:.1%}')} "
-            f"| {_fmt(r.get('peak_gib'))} ({_fmt(plan.get('total'))}) | {_fmt(r.get('steady_gib'))} ({_fmt(plan.get('steady'))}) "
-            f"| {_fmt(r.get('sync_frac') and 100 * r['sync_frac'], '{:.2f}')} | {note} |")
+            f"| {r['section']} | {r['title']} | {_fmt(r.get('tokens_per_s'), '{:,.0f}')} | "
+            f"{_fmt(r.get('mfu'), '{:.1%}')} "
+            f"| {_fmt(r.get('peak_gib'))} ({_fmt(plan.get('total'))}) | {_fmt(r.get('steady_gib'))} "
+            f"({_fmt(plan.get('steady'))}) | {_fmt(r.get('sync_frac') and 100 * r['sync_frac'], '{:.2f}')} | {note} |")
     for r in results[1:]:
         if r.get("kind") == "ratio":
             lines.append("")
-            lines.append(f"{r['run']} / {r['against']}: tokens/s {r['tokens_per_s']:,.0f} / {r['tokens_per_s_against']:,.0f} = "
-                         f"{r['tokens_per_s_ratio']:.2f}x; peak GiB {_fmt(r['peak_gib'])} / {_fmt(r['peak_gib_against'])}"
+            lines.append(f"{r['run']} / {r['against']}: tokens/s {r['tokens_per_s']:,.0f} / "
+                         f"{r['tokens_per_s_against']:,.0f} = "
+                         f"{r['tokens_per_s_ratio']:.2f}x; peak GiB {_fmt(r['peak_gib'])} / "
+                         f"{_fmt(r['peak_gib_against'])}"
                          + (f" = {r['peak_ratio']:.2f}x" if r.get("peak_ratio") else "")
-                         + (f"; MFU {_fmt(r['mfu'], '{:.1%}')} / {_fmt(r.get('mfu_against'), '{:.1%}')}" if "mfu" in r else "")
+                         + (f"; MFU {_fmt(r['mfu'], '{:.1%}')} / {_fmt(r.get('mfu_against'), '{:.1%}')}" if "mfu" in r
+                            else "")
                          + (f"; goals met: {r['goals_met']}" if "goals_met" in r else "")
-                         + (f"; max |loss difference| {r['max_abs_loss_diff']:.1e}" if "max_abs_loss_diff" in r else ""))
+                         + (f"; max |loss difference| {r['max_abs_loss_diff']:.1e}" if "max_abs_loss_diff" in r
+                            else ""))
     for r in results[1:]:
         if r.get("kind") == "comparison" and "max_abs_loss_diff" in r:
             lines.append("")
             lines.append(f"{r['id']} ({r['precision']}, {r['updates']} updates): max |loss difference| "
                          f"{r['max_abs_loss_diff']:.2e} ("
-                         + ("the bf16 noise floor" if r.get("noise_floor") else f"tolerance {r['tolerance']:.1e}") + "): "
+                         + ("the bf16 noise floor" if r.get("noise_floor") else f"tolerance {r['tolerance']:.1e}")
+                         + "): "
                          f"{', '.join(f'{x:.5f}' for x in r['losses'])} vs "
-                         f"{', '.join(f'{x:.5f}' for x in r['losses_against'])}; tokens/s ratio {r['tokens_per_s_ratio']:.2f}")
+                         f"{', '.join(f'{x:.5f}' for x in r['losses_against'])}; tokens/s ratio "
+                         f"{r['tokens_per_s_ratio']:.2f}")
     return "\n".join(lines) + "\n"

@@ -55,7 +55,8 @@ def trl_dpo(run: dict) -> dict:
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
     tokenizer = AutoTokenizer.from_pretrained(cfg["model_dir"])
     args = DPOConfig(
-        output_dir=cfg["output_dir"], per_device_train_batch_size=cfg["micro"], gradient_accumulation_steps=cfg["accumulation"],
+        output_dir=cfg["output_dir"], per_device_train_batch_size=cfg["micro"],
+        gradient_accumulation_steps=cfg["accumulation"],
         max_length=cfg["seq"], learning_rate=cfg["lr"], lr_scheduler_type="constant", warmup_steps=0,
         max_steps=cfg["warmup"] + cfg["steps"], bf16=cfg["bf16"], logging_steps=1, report_to="none", save_strategy="no",
         seed=0, beta=0.1, use_liger_kernel=cfg["liger"], max_grad_norm=1.0, use_cpu=not cuda, dataloader_num_workers=0,
@@ -63,7 +64,8 @@ def trl_dpo(run: dict) -> dict:
     )
     # the reference: a copy of the same random init (TRL would reload it from the model's name, and a config-only
     # directory has no weights to load)
-    trainer = Timed(model=model, ref_model=copy.deepcopy(model), args=args, train_dataset=load_dataset("json", data_files=cfg["data"], split="train"),
+    trainer = Timed(model=model, ref_model=copy.deepcopy(model), args=args,
+                    train_dataset=load_dataset("json", data_files=cfg["data"], split="train"),
                     processing_class=tokenizer, callbacks=[StepClock()])
     trainer.train()
     measured = slice(cfg["warmup"], None)
@@ -74,8 +76,10 @@ def trl_dpo(run: dict) -> dict:
     sequences = 2 * cfg["micro"] * cfg["accumulation"]
     mean_len = tokens / per_update / sequences
     flops_per_token = 4 * forward_flops_per_token(spec_of("llama3.2-1b", **cfg.get("spec", {})), mean_len)
-    return {"engine": "trl", "objective": "dpo", "mean_seq_len": mean_len, "flops_per_token": flops_per_token, "liger": cfg["liger"], "precision": "bf16 (amp)" if cfg["bf16"] else "fp32",
-            "updates_measured": len(clock["steps"][measured]), "step_time_s": seconds / max(1, len(clock["steps"][measured])),
+    return {"engine": "trl", "objective": "dpo", "mean_seq_len": mean_len, "flops_per_token": flops_per_token,
+            "liger": cfg["liger"], "precision": "bf16 (amp)" if cfg["bf16"] else "fp32",
+            "updates_measured": len(clock["steps"][measured]), "step_time_s": seconds
+            / max(1, len(clock["steps"][measured])),
             "tokens_per_update": tokens / max(1, len(clock["steps"][measured])), "tokens_per_s": tokens / seconds,
             "peak_gib": torch.cuda.max_memory_allocated() / 1024 ** 3 if cuda else None, "losses": losses,
             "trl": trl.__version__}

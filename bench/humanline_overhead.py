@@ -41,7 +41,8 @@ def main() -> None:
         common = DEFAULTS + [f"train.max_steps={total}"] + args.overrides
         runs = {
             "plain": Trainer(load_recipe(REPO / "recipes/tiny/offline_dpo.yaml", common + [f"output_dir={tmp}/plain"])),
-            "humanline": Trainer(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", common + [f"output_dir={tmp}/hl"])),
+            "humanline": Trainer(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", common
+                                             + [f"output_dir={tmp}/hl"])),
         }
         for trainer in runs.values():
             trainer.setup()

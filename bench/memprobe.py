@@ -78,7 +78,8 @@ def phase_memory(trainer, probe, base: int = 0) -> Dict[str, Dict[str, float]]:
             before = probe.current()
             out = call(*args, **kwargs)
             probe.sync()
-            key = f"{name}:{args[1] if len(args) > 1 else kwargs.get('model', 'policy')}" if name == "token_logps" else name
+            model = args[1] if len(args) > 1 else kwargs.get("model", "policy")
+            key = f"{name}:{model}" if name == "token_logps" else name
             peak, after = probe.peak(), probe.current()
             old = phases.get(key, {"peak": 0.0})
             phases[key] = {"before": (before - base) / GIB, "peak": max(old["peak"], (peak - base) / GIB),

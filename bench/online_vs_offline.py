@@ -30,7 +30,8 @@ from hl_core import children  # noqa: E402 (after the path insert; each run ends
 
 
 def run(recipe: str, overrides, cwd: Path) -> dict:
-    cmd = [sys.executable, str(REPO / "launchers" / "run.py"), str(REPO / recipe), *overrides, "logging.progress_bar=false"]
+    cmd = [sys.executable, str(REPO / "launchers" / "run.py"), str(REPO / recipe), *overrides,
+           "logging.progress_bar=false"]
     env = dict(os.environ, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false")
     proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True)
     if proc.returncode != 0:

@@ -32,7 +32,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
 from bench.memprobe import GIB, RssProbe  # noqa: E402
-from bench.shapes import TOKENIZER_DIR, _WORDS, _text, spec_of, write_model_dir  # noqa: E402
+from bench.shapes import _WORDS, TOKENIZER_DIR, _text, spec_of, write_model_dir  # noqa: E402
 
 MAX_LENGTH, PROMPT_TOKENS = 2048, 24
 MEDIAN, P95 = 150, 900
@@ -93,7 +93,8 @@ def main() -> int:
         model_dir = write_model_dir(spec, tmp / "model")
         lengths = long_tailed_pairs(tmp / "pairs.jsonl", rows=(args.updates + 1) * args.micro_batch)
         recipe = load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml", [
-            f"model.name_or_path={model_dir}", "model.attn_implementation=sdpa", f"data.train.path={tmp / 'pairs.jsonl'}",
+            f"model.name_or_path={model_dir}", "model.attn_implementation=sdpa",
+            f"data.train.path={tmp / 'pairs.jsonl'}",
             "data.eval=null", "eval.every=null", f"data.max_length={MAX_LENGTH}", "data.max_prompt_length=64",
             "data.shuffle=false", f"train.micro_batch_size={args.micro_batch}", f"train.max_steps={args.updates + 1}",
             "train.lr=1e-5",
@@ -132,7 +133,8 @@ def main() -> int:
                  "max_completion": ordered[-1], "pairs_per_update": args.micro_batch},
         "model": {"hidden": spec.hidden_size, "layers": spec.num_layers, "vocab": spec.vocab_size},
         "padded": padded, "packed": packed,
-        "speedup": packed["tokens_per_s"] / padded["tokens_per_s"], "peak_ratio": packed["peak_gib"] / padded["peak_gib"],
+        "speedup": packed["tokens_per_s"] / padded["tokens_per_s"], "peak_ratio": packed["peak_gib"]
+        / padded["peak_gib"],
         "cpu_count": os.cpu_count(), "torch": torch.__version__,
     }
     print(f"\ncompletion tokens: median {result['data']['median_completion']}, 95th percentile "

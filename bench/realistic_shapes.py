@@ -81,8 +81,10 @@ def launch(kind: str, args: dict, out: Path, nproc: int = 1, timeout: float = 90
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}", *script]
-    env = dict(os.environ, **CPU_ALLOCATOR_ENV, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false", OMP_NUM_THREADS="1")
+        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={port}",
+               *script]
+    env = dict(os.environ, **CPU_ALLOCATOR_ENV, PYTHONPATH=str(REPO), TOKENIZERS_PARALLELISM="false",
+               OMP_NUM_THREADS="1")
     proc = children.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise RuntimeError(f"{kind} {args} failed ({proc.returncode}):\n{proc.stdout[-1500:]}\n{proc.stderr[-3000:]}")
@@ -99,10 +101,12 @@ def section_logprobs(work: Path) -> list:
         for impl in ("ours", "naive"):
             out = work / f"lp_{vocab}_{impl}"
             row[impl] = launch("logprobs", dict(vocab=vocab, impl=impl, **LOGPROB_BATCH), out)[0]
-        ours, naive = (torch.load(work / f"lp_{vocab}_{impl}.{impl}.pt", weights_only=True) for impl in ("ours", "naive"))
+        ours, naive = (torch.load(work / f"lp_{vocab}_{impl}.{impl}.pt", weights_only=True) for impl
+                       in ("ours", "naive"))
         n = row["ours"]["logits"]
         row.update(logits=n, ours_gib=row["ours"]["peak_bytes"] / GIB, naive_gib=row["naive"]["peak_bytes"] / GIB,
-                   ours_bytes_per_logit=row["ours"]["peak_bytes"] / n, naive_bytes_per_logit=row["naive"]["peak_bytes"] / n,
+                   ours_bytes_per_logit=row["ours"]["peak_bytes"] / n, naive_bytes_per_logit=row["naive"]["peak_bytes"]
+                   / n,
                    ratio=row["ours"]["peak_bytes"] / row["naive"]["peak_bytes"],
                    max_abs_diff=(ours["values"] - naive["values"]).abs().max().item(),
                    max_abs_grad_diff=(ours["grad"] - naive["grad"]).abs().max().item())
@@ -123,7 +127,8 @@ def section_hidden(work: Path) -> list:
             runs = {}
             for impl, block in [("plain", 0)] + [("fused", b) for b in blocks]:
                 out = work / f"hid_{vocab}_{forward}_{impl}{block}"
-                runs[(impl, block)] = launch("hidden_logprobs", dict(vocab=vocab, impl=impl, block=block, forward=forward,
+                runs[(impl, block)] = launch("hidden_logprobs",
+                                             dict(vocab=vocab, impl=impl, block=block, forward=forward,
                                                                      **HIDDEN_BATCH), out)[0]
                 runs[(impl, block)]["saved"] = torch.load(out.with_suffix(f".{impl}{block}.pt"), weights_only=True)
             plain = runs[("plain", 0)]
@@ -150,9 +155,11 @@ def section_train(work: Path) -> list:
         data = work / f"pairs_{shape}.jsonl"
         write_rows(data, "pairs", 16, SEQ - PROMPT - 16, PROMPT)
         common = [f"model.name_or_path={model}", "model.random_init=true", "model.attn_implementation=sdpa",
-                  f"data.train.path={data}", "data.eval=null", f"data.max_length={SEQ}", f"data.max_prompt_length={PROMPT + 8}",
+                  f"data.train.path={data}", "data.eval=null", f"data.max_length={SEQ}",
+                  f"data.max_prompt_length={PROMPT + 8}",
                   "train.micro_batch_size=1", "train.max_steps=4", "train.lr=1e-5", "train.warmup_steps=0",
-                  "eval.every=null", "checkpoint.save_every=null", "checkpoint.save_final=false", "logging.progress_bar=false"]
+                  "eval.every=null", "checkpoint.save_every=null", "checkpoint.save_final=false",
+                  "logging.progress_bar=false"]
         cases = [(*layout, "recipes/tiny/humanline_dpo.yaml") for layout in LAYOUTS]
         if shape == TRAIN_SHAPES[0]:  # GRPO's micro-batch differs from DPO's only in its rows: one shape is enough
             cases.append(("DeepSpeed ZeRO-0 bf16", 1, 1, LAYOUTS[1][3], "recipes/tiny/humanline_grpo.yaml"))
@@ -227,15 +234,16 @@ def section_forward(work: Path) -> list:
 def markdown(results: list) -> str:
     lines = []  # a table per section that ran
     if any(x["section"] == "logprobs" for x in results):
-        lines += ["| vocabulary | logits | ours GiB (bytes/logit) | plain log_softmax GiB (bytes/logit) | ratio | max abs diff "
-                  "(values, grads) |", "|---|---:|---:|---:|---:|---:|"]
+        lines += ["| vocabulary | logits | ours GiB (bytes/logit) | plain log_softmax GiB (bytes/logit) | ratio | max "
+                  "abs diff (values, grads) |", "|---|---:|---:|---:|---:|---:|"]
     for r in (x for x in results if x["section"] == "logprobs"):
         lines.append(f"| {r['vocab']} | {r['logits']:,} | {r['ours_gib']:.2f} ({r['ours_bytes_per_logit']:.2f}) | "
                      f"{r['naive_gib']:.2f} ({r['naive_bytes_per_logit']:.2f}) | {r['ratio']:.3f} | "
                      f"{r['max_abs_diff']:.1e}, {r['max_abs_grad_diff']:.1e} |")
     hidden = [x for x in results if x["section"] == "hidden"]
     if hidden:
-        lines += ["", "| vocabulary | forward | `train.logps_chunk_tokens` (tokens per block at most: used) | fused GiB | "
+        lines += ["",
+                  "| vocabulary | forward | `train.logps_chunk_tokens` (tokens per block at most: used) | fused GiB | "
                   "logits + plain log_softmax GiB | ratio (goal <= 0.05) | max abs diff (values, grads) |",
                   "|---|---|---:|---:|---:|---:|---:|"]
         for r in hidden:
@@ -243,19 +251,22 @@ def markdown(results: list) -> str:
                     else "reference (no-grad forward)")
             grads = f", {r['max_abs_grad_diff']:.1e}" if "max_abs_grad_diff" in r else ""
             used = f": {r['block_rows']}" if "block_rows" in r else ""
-            lines.append(f"| {r['vocab']} | {kind} | {r['block_tokens']}{used} | {r['fused_gib']:.3f} | {r['plain_gib']:.2f} | "
-                         f"{r['ratio']:.3f} | {r['max_abs_diff']:.1e}{grads} |")
+            lines.append(f"| {r['vocab']} | {kind} | {r['block_tokens']}{used} | {r['fused_gib']:.3f} | "
+                         f"{r['plain_gib']:.2f} | {r['ratio']:.3f} | {r['max_abs_diff']:.1e}{grads} |")
     keys = ("at rest", "gradients", "activations", "logits", "peak")
     if not any(x["section"] in ("train", "forward") for x in results):
         return "\n".join(lines).strip("\n") + "\n"
-    lines += ["", "| shape | layout / objective | " + " | ".join(f"{k}: measured / plan GiB (ratio)" for k in keys) + " |",
+    lines += ["", "| shape | layout / objective | " + " | ".join(f"{k}: measured / plan GiB (ratio)" for k in keys)
+              + " |",
               "|---|---|" + "---:|" * len(keys)]
     for r in (x for x in results if x["section"] in ("train", "forward")):
         cells = []
         for k in keys:
             m, p, q = r["measured_gib"].get(k), r["plan_gib"].get(k), r["ratio"].get(k)
-            cells.append("-" if m is None else f"{m:.2f} / {p:.2f} ({q:.2f})" if q is not None else f"{m:.2f} / {p:.2f}")
-        lines.append(f"| {r['shape']} | {r['layout']}{', ' + r['objective'] if 'objective' in r else ''} | " + " | ".join(cells) + " |")
+            cells.append("-" if m is None else f"{m:.2f} / {p:.2f} ({q:.2f})" if q is not None
+                         else f"{m:.2f} / {p:.2f}")
+        lines.append(f"| {r['shape']} | {r['layout']}{', ' + r['objective'] if 'objective' in r else ''} | "
+                     + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
 
@@ -266,8 +277,8 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="runs/realistic_shapes/results.jsonl")
     parser.add_argument("--markdown", default=None)
     parser.add_argument("--hidden-width", type=int, default=HIDDEN_BATCH["width"],
-                        help="the hidden section's width (the measured terms are tokens x vocabulary; 32 keeps a run to "
-                             "seconds on a 2-core machine where bf16 products at 2048 take minutes)")
+                        help="the hidden section's width (the measured terms are tokens x vocabulary; 32 keeps a run "
+                             "to seconds on a 2-core machine where bf16 products at 2048 take minutes)")
     parser.add_argument("--worker", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.worker:

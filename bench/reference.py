@@ -139,7 +139,8 @@ def run_mode(mode: str, workdir: Path, updates: int, micro: int) -> dict:
     mode_used = trainer.reference.mode
     trainer.close()
     peak = probe.peak()
-    return {"mode": mode, "reference_mode": mode_used, "setup_s": setup_s, **counts, "step_s": sum(seconds) / len(seconds), "step_s_each": seconds, "losses": losses,
+    return {"mode": mode, "reference_mode": mode_used, "setup_s": setup_s, **counts, "step_s": sum(seconds)
+            / len(seconds), "step_s_each": seconds, "losses": losses,
             "sync_bytes": sync_bytes, "baseline_gib": baseline / GIB, "at_rest_gib": at_rest / GIB,
             "process_peak_gib": peak / GIB, "peak_above_baseline_gib": (peak - baseline) / GIB}
 
@@ -205,7 +206,8 @@ def main() -> int:
                     print(exc, file=sys.stderr)
                     return 1
                 runs[mode].append(r)
-                print(f"[{repeat + 1}/{args.repeats}] {mode:24s} ({r['reference_mode']}) peak {r['process_peak_gib']:.3f} "
+                print(f"[{repeat + 1}/{args.repeats}] {mode:24s} ({r['reference_mode']}) peak "
+                      f"{r['process_peak_gib']:.3f} "
                       f"GiB ({r['peak_above_baseline_gib']:.3f} above imports), step {r['step_s']:.2f}s, setup "
                       f"{r['setup_s']:.1f}s", flush=True)
         paired = {}
@@ -224,7 +226,8 @@ def main() -> int:
                          "peak_above_baseline_gib": max(r["peak_above_baseline_gib"] for r in rs),
                          "setup_s": statistics.median(r["setup_s"] for r in rs)}
     ratio = lambda key, a, b: results[a][key] / results[b][key]  # noqa: E731
-    summary = {name: {"peak": ratio("process_peak_gib", a, b), "peak_above_baseline": ratio("peak_above_baseline_gib", a, b),
+    summary = {name: {"peak": ratio("process_peak_gib", a, b),
+                      "peak_above_baseline": ratio("peak_above_baseline_gib", a, b),
                       "step_time": ratio("step_s", a, b)} for name, (a, b) in RATIOS.items()}
     result = {"model": {"shape": "llama3.2-1b narrowed", "hidden": spec.hidden_size, "layers": spec.num_layers,
                         "vocab": spec.vocab_size, "params": results["copy_humanline_dpo"]["params"]},

@@ -82,16 +82,19 @@ def table(results: list) -> str:
             f"megatron tp {result['plan']['tp']} x pp {result['plan']['pp']}"
         lines += [f"### {result['recipe']}: rank {result['rank']} of {result['world_size']} ({engine}, pipeline stage "
                   f"{c['pp_stage']}), {result['model']} at {result['layers']} layers, {result['device']}, "
-                  f"{result['kernels']} kernels" + (f"; overrides {' '.join(result['extra'])}" if result.get("extra") else ""),
+                  f"{result['kernels']} kernels"
+                  + (f"; overrides {' '.join(result['extra'])}" if result.get("extra") else ""),
                   "",
                   "| term | measured GiB | plan GiB | measured / plan | how measured |", "|---|---:|---:|---:|---|"]
         for label, measured, planned, how in memory_rows(result):
             ratio = f"{measured / planned:.2f}" if planned and max(measured, planned) >= 64 * 1024 ** 2 else "-"
             lines.append(f"| {label.strip()} | {measured / GIB:.3f} | {planned / GIB:.3f} | {ratio} | {how} |")
-        lines += ["", "| collective | calls / update | payload GiB / update | link | modelled s |", "|---|---:|---:|---|---:|"]
+        lines += ["", "| collective | calls / update | payload GiB / update | link | modelled s |",
+                  "|---|---:|---:|---|---:|"]
         for kind, row in sorted(result["traffic"].items()):
             link = "InfiniBand" if row["between_nodes"] else "NVLink"
-            lines.append(f"| {kind} | {row['calls']:.0f} | {row['payload'] / GIB:.3f} | {link} | {row['seconds']:.3f} |")
+            lines.append(f"| {kind} | {row['calls']:.0f} | {row['payload'] / GIB:.3f} | {link} | "
+                         f"{row['seconds']:.3f} |")
         times = projected_seconds(result)
         lines += ["", f"humanline sync: {result['sync_bytes'] / GIB:.3f} GiB through collectives (reference log-probs: "
                   f"{result['reference_mode']}); communication per update at the stated bandwidths (a model): "

@@ -59,7 +59,8 @@ def write_model_dir(spec, out_dir: Path) -> Path:
     config = AutoConfig.for_model(
         spec.model_type, hidden_size=spec.hidden_size, num_hidden_layers=spec.num_layers,
         num_attention_heads=spec.num_heads, num_key_value_heads=spec.num_kv_heads, vocab_size=spec.vocab_size,
-        intermediate_size=spec.intermediate_size, head_dim=spec.kv_channels, tie_word_embeddings=spec.tie_word_embeddings,
+        intermediate_size=spec.intermediate_size, head_dim=spec.kv_channels,
+        tie_word_embeddings=spec.tie_word_embeddings,
         max_position_embeddings=spec.max_position_embeddings or 8192, attention_dropout=0.0, **extras, **_TOKEN_IDS,
     )
     out_dir = Path(out_dir)
@@ -89,7 +90,8 @@ def _text(rng: random.Random, counts: dict, tokens: int) -> str:
         used += cost
 
 
-def write_rows(path: Path, kind: str, rows: int, completion_tokens: int, prompt_tokens: int = 24, seed: int = 0) -> float:
+def write_rows(path: Path, kind: str, rows: int, completion_tokens: int, prompt_tokens: int = 24,
+               seed: int = 0) -> float:
     """``rows`` JSONL rows of ``kind`` (``pairs``: prompt/chosen/rejected, ``sft``: prompt/completion)
     whose completions are just under ``completion_tokens`` tokens. Returns the mean tokens per sequence
     (prompt + completion, as the trainer sees them before the chat template's few tokens)."""

@@ -1,7 +1,8 @@
 """New tokens per second of the rollout samplers side by side: vLLM (`rollout.backend: vllm`, an in-process engine)
 against our HF decode loop (`rollout.backend: hf`), the same policy, prompts, seeds and settings.
 
-Run it in the vLLM environment (`bash .ci/vllm-env` builds it and prints its python; on a GPU machine, any env with vLLM)::
+Run it in the vLLM environment (`bash .ci/vllm-env` builds it and prints its python; on a GPU machine, any env with
+vLLM)::
 
     "$(bash .ci/vllm-env)" bench/vllm_vs_hf_sampler.py [--prompts 16] [--num 8] [--max-new-tokens 32] [--repeats 3]
         [--threads 1] [recipe overrides ...]

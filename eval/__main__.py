@@ -29,11 +29,13 @@ _DEFAULT = "__block_default__"
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
-        prog="python -m eval", description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m eval", description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog="\n\n".join(__doc__.split("\n\n")[1:]),
     )
     p.add_argument("target", help="a recipe YAML (evaluates output_dir/final) or a Hugging Face model directory")
-    p.add_argument("--output", "-o", default=None, help="results directory (default: output_dir/eval or MODEL_DIR/eval)")
+    p.add_argument("--output", "-o", default=None,
+                   help="results directory (default: output_dir/eval or MODEL_DIR/eval)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="recipe override, e.g. eval.math500.n_samples=4 (repeatable)")
     p.add_argument("--offline", action="store_true", default=None, help="never touch the Hugging Face hub")
@@ -143,7 +145,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         recipe = load_recipe(target, a.overrides)
         settings = eval_settings(recipe)
         model_dir = str(Path(recipe.output_dir) / "final")
-        eval_dir = Path(a.output) if a.output else Path(recipe.output_dir) / str(settings.get("output_subdir") or "eval")
+        subdir = str(settings.get("output_subdir") or "eval")
+        eval_dir = Path(a.output) if a.output else Path(recipe.output_dir) / subdir
     else:
         if a.overrides:
             raise EvalError("--set overrides need a recipe target; pass the settings as flags for a model directory.")
@@ -166,7 +169,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     if "data_quality" in blocks and not is_recipe:
         dq = settings["data_quality"]
         if not dq.get("data"):
-            raise EvalError("--data-quality needs a data source (a file or HF name) when the target is a model directory.")
+            raise EvalError("--data-quality needs a data source (a file or HF name) when the target is a model "
+                            "directory.")
         if not dq.get("model"):
             print("note: data quality uses the evaluated model as the reference; pass --dq-model with the initial "
                   "(reference) model to get the paper's proxy.", file=sys.stderr)

@@ -28,7 +28,13 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ._common import (
-    EvalError, check_finite_weights, check_model_dir, looks_local, set_offline, write_json, write_jsonl,
+    EvalError,
+    check_finite_weights,
+    check_model_dir,
+    looks_local,
+    set_offline,
+    write_json,
+    write_jsonl,
 )
 
 PAPER_BAD_QUARTILE = (-1.03, -0.36)
@@ -280,7 +286,8 @@ def format_report(report: Dict[str, Any], width: int = 40) -> str:
     top = max(h["counts"]) or 1
     for lo, hi, c in zip(h["edges"][:-1], h["edges"][1:], h["counts"]):
         mark = " <- bottom quartile" if lo < q["q1"] else ""
-        lines.append(f"    [{lo:9.4f}, {hi:9.4f}) {'#' * max(1 if c else 0, round(width * c / top)):<{width}} {c}{mark}")
+        bar = "#" * max(1 if c else 0, round(width * c / top))
+        lines.append(f"    [{lo:9.4f}, {hi:9.4f}) {bar:<{width}} {c}{mark}")
     bq = report["bottom_quartile"]
     lines.append(f"  bottom quartile (<= Q1 = {bq['threshold_q1']:.4f}): {bq['n_flagged']} records flagged; worst:")
     for w in bq["worst"][:5]:
@@ -361,7 +368,8 @@ def run_data_quality(
 
 def add_arguments(p: argparse.ArgumentParser, prefix: str = "") -> None:
     d = prefix.replace("-", "_")
-    p.add_argument(f"--{prefix}kind", dest=f"{d}kind", default="auto", choices=KINDS, help="data kind (default: from the first row)")
+    p.add_argument(f"--{prefix}kind", dest=f"{d}kind", default="auto", choices=KINDS,
+                   help="data kind (default: from the first row)")
     p.add_argument(f"--{prefix}split", dest=f"{d}split", default="train", help="split of a hub data set")
     p.add_argument(f"--{prefix}config", dest=f"{d}config", default=None, help="config of a hub data set")
     p.add_argument(f"--{prefix}limit", dest=f"{d}limit", type=int, default=None, help="score only the first N rows")

@@ -192,7 +192,8 @@ def plot_rewards(runs: Sequence[Run], path: Path, alpha: float) -> Path:
         for j, key in enumerate(reward_keys(run.metrics)):
             xs, ys = series(run.metrics, key)
             if xs:
-                ax.plot(xs, smooth(ys, alpha), color=color, linestyle=styles[j % len(styles)], label=f"{run.label} {key}")
+                ax.plot(xs, smooth(ys, alpha), color=color, linestyle=styles[j % len(styles)],
+                        label=f"{run.label} {key}")
                 drew = True
     return _finish(fig, ax, path, drew, "reward metrics")
 
@@ -360,7 +361,8 @@ def render_report(
         "reward": plot_rewards(loaded, out / "reward.png", a),
         "step_time": plot_step_time(loaded, out / "step_time.png", a),
     }
-    page = write_html(loaded, pngs, out / "index.html", title or "humanline runs: " + ", ".join(r.label for r in loaded))
+    page = write_html(loaded, pngs, out / "index.html", title or "humanline runs: "
+                      + ", ".join(r.label for r in loaded))
     return {"pngs": {k: str(v) for k, v in pngs.items()}, "html": str(page), "runs": [r.label for r in loaded]}
 
 

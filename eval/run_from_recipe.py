@@ -39,7 +39,8 @@ log = logging.getLogger(__name__)
 def _keys_from_schema() -> Dict[str, Any]:
     """name -> (type, default, description), blocks as nested dicts: read off the recipe schema
     (``hl_core.config.EvalConfig``), the single source of these keys."""
-    from hl_core.config import POST_TRAINING_EVALS, EvalConfig, _type_name
+    from hl_core.config import POST_TRAINING_EVALS, EvalConfig
+    from hl_core.config.keys_doc import _type_name
 
     def entries(model, names=None):
         out: Dict[str, Any] = {}
@@ -161,7 +162,10 @@ def run_post_training_eval(
         return {"skipped": "not rank 0"}
     rdict = _as_dict(recipe)
     s = eval_settings(rdict)
-    blocks = list(only) if only is not None else ([b for b in BLOCKS if s[b].get("enabled")] if s["after_training"] else [])
+    if only is not None:
+        blocks = list(only)
+    else:
+        blocks = [b for b in BLOCKS if s[b].get("enabled")] if s["after_training"] else []
     eval_dir = Path(output_dir) / str(s.get("output_subdir") or "eval")
     return run_blocks(s, blocks, model_dir, eval_dir, recipe=recipe, raise_on_error=raise_on_error)
 

@@ -14,10 +14,9 @@ from pathlib import Path
 import deepspeed
 import torch
 import torch.nn.functional as F
+from _launch import launch, load_model, parser as example_parser
 from transformers import AutoTokenizer
 
-from _launch import launch, load_model
-from _launch import parser as example_parser
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
 from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule, pair_parameters
 

@@ -21,12 +21,10 @@ warnings.filterwarnings("ignore", message="Transformer Engine and Apex are not i
 
 import torch
 import torch.nn.functional as F
-from megatron.core import parallel_state as ps
-from megatron.core import tensor_parallel
+from _launch import launch, load_model, parser as example_parser
+from megatron.core import parallel_state as ps, tensor_parallel
 from transformers import AutoConfig, AutoTokenizer
 
-from _launch import launch, load_model
-from _launch import parser as example_parser
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
 from hl_core.engines import megatron_cpu
 from hl_core.engines.megatron_convert import hf_state_dict, hf_to_mcore

@@ -11,13 +11,17 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from _launch import launch, load_model, parser as example_parser
 from transformers import AutoTokenizer
 
-from _launch import launch, load_model
-from _launch import parser as example_parser
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
 from hl_core.humanline import (
-    ClipTransform, ReferenceSync, SyncSchedule, mask_from_labels, pair_parameters, prefix_token_logps,
+    ClipTransform,
+    ReferenceSync,
+    SyncSchedule,
+    mask_from_labels,
+    pair_parameters,
+    prefix_token_logps,
 )
 
 warnings.filterwarnings("ignore", category=FutureWarning)

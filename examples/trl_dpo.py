@@ -16,11 +16,11 @@ import json
 import warnings
 from pathlib import Path
 
+from _launch import TINY, load_model, train_and_print
 from datasets import Dataset, disable_progress_bars
 from transformers import AutoTokenizer
 from trl import DPOConfig
 
-from _launch import TINY, load_model, train_and_print
 from hl_core.humanline import ClipTransform, SyncSchedule
 from hl_core.integrations.trl import HumanlineDPOTrainer
 

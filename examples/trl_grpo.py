@@ -17,11 +17,11 @@ import json
 import warnings
 from pathlib import Path
 
+from _launch import TINY, load_model, train_and_print
 from datasets import Dataset
 from transformers import AutoTokenizer
 from trl import GRPOConfig
 
-from _launch import TINY, load_model, train_and_print
 from hl_core.humanline import ClipTransform, SyncSchedule
 from hl_core.integrations.trl import HumanlineGRPOTrainer
 

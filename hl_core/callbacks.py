@@ -19,9 +19,9 @@ runs it itself, just before the callbacks' ``before_optimizer_step``.
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass, field
 from pathlib import Path
-import importlib
 from typing import Any, Callable, Dict, Iterable, List, Optional
 
 from .errors import RecipeError

@@ -21,6 +21,7 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
+from .callbacks import CallbackContext, CallbackList, LoopCallback, build_callbacks
 from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
 from .config.checks import env_world_size
 from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
@@ -28,14 +29,13 @@ from .engines import build_engine
 from .engines.base import check_launch_environment
 from .humanline import SyncRecord
 from .humanline.recipe import build_transform
-from .callbacks import CallbackContext, CallbackList, LoopCallback, build_callbacks
 from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, UpdateChecks
+from .loop.lifecycle import already_complete, begin_run
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
-from .loop.lifecycle import already_complete, begin_run
 from .loop.post_training import announce, run_post_training
 from .loop.report import RunReport, StepTimes, configure_bars
-from .loop.safety import TrainerSafety
+from .loop.safety import CheckpointParts, Progress, RunSafety, SafetySettings
 from .loop.sources import OfflineSource, data_order, epoch_steps
 from .models.loading import load_tokenizer
 from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps, reference_mode
@@ -47,7 +47,7 @@ from .storage import checkpoints as ckpt
 STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): checkpoint and exit cleanly
 
 
-class Trainer(TrainerSafety):
+class Trainer:
     """The loop; ``callbacks`` (``hl_core.callbacks.LoopCallback``) run after the recipe's."""
 
     def __init__(self, recipe: Recipe, callbacks: Sequence[LoopCallback] = ()):
@@ -88,6 +88,10 @@ class Trainer(TrainerSafety):
         self.eval_history: List[Dict[str, float]] = []
         self.skips = SkipCounter(recipe.train.max_skipped_updates)
         self._stop_seen, self._signal_seen = None, False
+        parts = CheckpointParts(self.transform, self.source, self.reference,
+                                lambda path: self.callbacks.on_save(self.context(), path))
+        self.safety = RunSafety(self.engine, self.output_dir, self.report, SafetySettings(
+            recipe.train.on_nonfinite, recipe.checkpoint.keep_last, self.start.record), parts)
         for notice in self.start.notices:
             self.report.print(notice)
         self._resume()
@@ -156,20 +160,11 @@ class Trainer(TrainerSafety):
         resume_from = self.start.target
         if resume_from is None:
             return
-        state = self.engine.load(str(resume_from.parent), resume_from.name)
-        self.updates_done = int(state.get("updates_done", 0))
-        self.eval_history = [] if self.start.eval_changed else list(state.get("eval_history", []))
-        self.skips = SkipCounter(self.recipe.train.max_skipped_updates, *state.get("skipped", (0, 0)))
-        if hasattr(self.transform, "load_state_dict") and "transform_state" in state:
-            self.transform.load_state_dict(state["transform_state"])
-        source_state = resume_from / f"source_rank{self.engine.rank:05d}.pt"
-        if hasattr(self.source, "load_state_dict") and source_state.exists():
-            self.source.load_state_dict(ckpt.safe_load(source_state))
-        # look-ahead: the window's log-probs (or a new window where they do not cover this run)
-        for notice in (self.reference.resume(resume_from, self.engine.rank, self.updates_done),
-                       self._restore_rng(resume_from)):
-            if notice:
-                self.report.print(notice)
+        progress, notices = self.safety.restore(resume_from, self.recipe.train.max_skipped_updates,
+                                                self.start.eval_changed)
+        self.updates_done, self.skips, self.eval_history = progress.updates_done, progress.skips, progress.eval_history
+        for notice in notices:
+            self.report.print(notice)
         self.report.print(f"Resumed from {resume_from} at update {self.updates_done}.")
 
     # ---------------------------------------------------------------------------------------- train
@@ -195,17 +190,17 @@ class Trainer(TrainerSafety):
             times.add(row)
             self.report.update(row)
             self.callbacks.after_update(self.context(), row)
-            self._after_nonfinite_check(row)
+            self.safety.after_update(row, self.nonfinite, self.progress())
             if self._evaluates_at(self.updates_done):
                 self._evaluate()
             every = recipe.checkpoint.save_every
             if every is not None and self.updates_done % every == 0:
-                self._save_checkpoint()
+                self.safety.save_checkpoint(self.progress())
         # stopped early: resumable; finished: extendable (`train.max_steps` raised), when checkpoints are on
         keep = stop_at == self.updates_done < recipe.train.max_steps or (
             self.updates_done >= recipe.train.max_steps and recipe.checkpoint.save_every is not None)
-        if keep and not self._checkpoint_exists(self.updates_done):
-            self._save_checkpoint()
+        if keep and not self.safety.checkpoint_exists(self.updates_done):
+            self.safety.save_checkpoint(self.progress())
         if self.is_main and (self.output_dir / STOP_FILE).exists():
             (self.output_dir / STOP_FILE).unlink()
         self.report.stop_progress()
@@ -213,7 +208,7 @@ class Trainer(TrainerSafety):
         if not finished:
             self.report.print(f"Stopped after update {self.updates_done}; resume with checkpoint.resume=auto.")
         if recipe.checkpoint.save_final and finished:
-            self._save_final()
+            self.safety.save_final(self.progress())
         exit_code = EXIT_INTERRUPTED if self._signal_seen and not finished else 0
         sync_label = "look-ahead reference forwards" if self.reference.mode == "lookahead" else "reference sync"
         summary = self.report.summary(
@@ -227,9 +222,9 @@ class Trainer(TrainerSafety):
     def _already_complete(self) -> Dict[str, float]:
         """A rerun of a finished run: nothing to train (``final/`` written if it is missing); says how to extend."""
         final = self.output_dir / ckpt.FINAL_DIR
-        if self.recipe.checkpoint.save_final and not self._rank0_says(final.is_dir()):
-            self._save_final()
-        self.report.print(already_complete(self.output_dir, self.updates_done, self._rank0_says(final.is_dir())))
+        if self.recipe.checkpoint.save_final and not self.safety.rank0_says(final.is_dir()):
+            self.safety.save_final(self.progress())
+        self.report.print(already_complete(self.output_dir, self.updates_done, self.safety.rank0_says(final.is_dir())))
         self.report.close()
         return {"updates": self.updates_done, "exit_code": 0, "already_complete": True}
 
@@ -283,11 +278,15 @@ class Trainer(TrainerSafety):
             step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size,
         )
         row["tokens_per_s"] = guard[0] * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
-        self.nonfinite = (nonfinite, checks.detail()) if nonfinite is not None else None  # acted on once the row is logged
+        # acted on once the row is logged
+        self.nonfinite = (nonfinite, checks.detail()) if nonfinite is not None else None
         if "rollout" in rollout_metrics:
             row["rollout"] = bool(rollout_metrics["rollout"])
             row["train_time_s"] = row["step_time_s"] - row["rollout_time_s"]
         return row
+
+    def progress(self) -> Progress:
+        return Progress(self.updates_done, self.skips, self.eval_history)  # what a checkpoint or a stop records
 
     def context(self) -> CallbackContext:
         """What a callback reads (``hl_core.callbacks.CallbackContext``)."""
@@ -338,7 +337,8 @@ class Trainer(TrainerSafety):
     def _eval_batches(self, with_rows: bool = False):
         """This rank's eval micro-batches (``data.build.eval_batches``), with their real row counts if asked."""
         recipe, engine = self.recipe, self.engine
-        for batch, real in eval_batches(self.collate, self.eval_data, recipe.eval.batch_size or recipe.train.micro_batch_size,
+        size = recipe.eval.batch_size or recipe.train.micro_batch_size
+        for batch, real in eval_batches(self.collate, self.eval_data, size,
                                         engine.dp_rank, engine.dp_size, recipe.eval.max_batches):
             yield (batch, real) if with_rows else batch
 

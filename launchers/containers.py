@@ -217,8 +217,8 @@ def plan(image: Image, recipe, recipe_path: Path, workdir: Path, *, explicit_mou
     explicit = [Path(os.path.normpath(Path(m).expanduser().resolve())) for m in explicit_mounts]
     for given, path in zip(explicit_mounts, explicit):
         if check and not path.is_dir():
-            raise UserError(f"`--mount {given}` is not a directory here (`{path}`): the container runtime can only mount "
-                            "a directory that exists on the nodes. Fix: create it, correct the path, or pass "
+            raise UserError(f"`--mount {given}` is not a directory here (`{path}`): the container runtime can only "
+                            "mount a directory that exists on the nodes. Fix: create it, correct the path, or pass "
                             "`--no-check` when it exists only on the compute nodes.")
     chosen = explicit + [p for _, p in always] if explicit else [p for _, p in always] + [p for _, p, _ in needed]
     mounts = fold(chosen)

@@ -55,8 +55,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--print-config", action="store_true", help="print the fully resolved recipe and exit")
     parser.add_argument("--rehearse", action="store_true",
                         help="run rank 0 (and the last pipeline stage's first rank) of the recipe's world size in one "
-                             "process with a fake process group; print measured memory, compute and traffic beside --plan")
-    parser.add_argument("--rehearse-rank", type=int, default=None, help="with --rehearse: only this rank, in this process")
+                             "process with a fake process group; print measured memory, compute and traffic beside "
+                             "--plan")
+    parser.add_argument("--rehearse-rank", type=int, default=None,
+                        help="with --rehearse: only this rank, in this process")
     parser.add_argument("--rehearse-kernels", choices=("auto", "real", "shapes"), default="auto",
                         help="with --rehearse: real kernels, or shape-only matrix products (auto: shapes on a CPU)")
     parser.add_argument("--rehearse-micro-batches", type=micro_batches_arg, default=None,
@@ -121,7 +123,8 @@ def main(argv=None) -> int:
             print(validate(recipe, world))
             return 0
         if args.rehearse or args.rehearse_rank is not None:
-            from hl_core.rehearsal import rehearse  # deepspeed/megatron and the trainer: only a rehearsal needs them here
+            # deepspeed/megatron and the trainer: only a rehearsal needs them here
+            from hl_core.rehearsal import rehearse
 
             return rehearse(args.recipe, args.overrides, args.rehearse_rank, args.rehearse_kernels,
                             args.rehearse_micro_batches, args.rehearse_json)
@@ -143,7 +146,8 @@ def main(argv=None) -> int:
 
         if recipe is None or not is_disk_full(exc, recipe.output_dir):
             raise
-        print(f"error: {disk_full_message(recipe.output_dir, exc)}", file=sys.stderr, flush=True)  # every rank: its own disk
+        print(f"error: {disk_full_message(recipe.output_dir, exc)}", file=sys.stderr,
+              flush=True)  # every rank: its own disk
         return EXIT_DISK_FULL
 
 

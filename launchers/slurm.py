@@ -17,8 +17,8 @@ requeues the job with ``scontrol requeue`` unless ``final/`` exists. On preempti
 SIGTERM to every process of the step: each rank saves a resumable checkpoint at the next update boundary and
 exits 4 (``hl_core/loop/guard.py``) within SLURM's KillWait grace, and the requeued job resumes from it.
 Logs: ``<output_dir>/slurm/<job name>-<job id>.out`` (appended across requeues). Values from the recipe and
-the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a shell)
-must be plain tokens and are rejected otherwise.
+the command line are shell-quoted in the script body; values in ``#SBATCH`` lines (which sbatch reads itself, not a
+shell) must be plain tokens and are rejected otherwise.
 
 With ``--container`` the job runs in an image (``launchers/containers.py``: pyxis/enroot or Apptainer, the image's own
 code unless ``--use-checkout``), with ``output_dir``, the recipe's data and model paths and the Hugging Face cache
@@ -38,6 +38,7 @@ import shutil
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import List, Optional, Sequence
 
@@ -98,7 +99,8 @@ MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
 MASTER_PORT=$((20000 + SLURM_JOB_ID % 20000))
 export MASTER_ADDR MASTER_PORT
 {env_exports}
-echo "[slurm] job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}): $NUM_NODES node(s) x $NPROC_PER_NODE rank(s), rendezvous $MASTER_ADDR:$MASTER_PORT, $(date -u +%FT%TZ)"
+echo "[slurm] job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}): $NUM_NODES node(s) x $NPROC_PER_NODE rank(s), \
+rendezvous $MASTER_ADDR:$MASTER_PORT, $(date -u +%FT%TZ)"
 
 # One launcher per node; torchrun starts NPROC_PER_NODE ranks and meets the others on the first node.
 srun --nodes="$NUM_NODES" --ntasks="$NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1{srun_extra} \\
@@ -218,16 +220,9 @@ def render_sbatch(
     """The sbatch script text. Raises ``UserError`` for bad recipes or values."""
     from hl_core.config import check_recipe, load_recipe
 
-    values = [("The recipe path", recipe_path), ("The working directory", workdir), ("`--partition`", partition),
-              ("`--time`", time_limit), ("`--container`", container), ("`--account`", account), ("`--mem`", mem),
-              ("`--job-name`", job_name), ("`--python`", python), ("This repository's path", REPO_ROOT),
-              ("The python interpreter path", None if python or container else sys.executable)]
-    values += [("`--mount`", m) for m in mounts]
-    values += [(f"The override `{o.partition('=')[0]}`", o) for o in overrides]
-    values += [("`--sbatch-arg`", a) for a in sbatch_args]
-    for what, value in values:
-        if value is not None:
-            refuse_control_characters(str(value), what)
+    _refuse_control_in_inputs(recipe_path, overrides, workdir, mounts, sbatch_args, partition=partition,
+                              time_limit=time_limit, container=container, account=account, mem=mem, job_name=job_name,
+                              python=python)
     recipe = load_recipe(recipe_path, overrides)
     cluster = recipe.cluster
     nodes = nodes if nodes is not None else cluster.nodes
@@ -235,19 +230,7 @@ def render_sbatch(
     partition = partition if partition is not None else cluster.partition
     time_limit = time_limit if time_limit is not None else cluster.time
     container = container if container is not None else cluster.container
-    if nodes < 1:
-        raise UserError(f"`--nodes {nodes}` must be at least 1. Fix: e.g. `--nodes 1`.")
-    if gpus < 1:
-        raise UserError(
-            f"`--gpus-per-node {gpus}` must be at least 1 (it is also the number of ranks per node). "
-            "Fix: e.g. `--gpus-per-node 8`, or `--gpus-per-node 1 --cpu` for CPU ranks."
-        )
-    if not 0 < stop_before_s <= MAX_SIGNAL_S:
-        raise UserError(
-            f"`--stop-before {stop_before_s}` must be a number of seconds from 1 to {MAX_SIGNAL_S} (SLURM's limit for "
-            "`--signal`): how long before the time limit the run is asked to checkpoint and stop. Fix: e.g. "
-            f"`--stop-before {DEFAULT_STOP_BEFORE_S}` (the default), more than one checkpoint save takes."
-        )
+    _check_job_size(nodes, gpus, stop_before_s)
     world = nodes * gpus
     if check:
         from hl_core.models.specs import check_layout
@@ -261,7 +244,64 @@ def render_sbatch(
     for what, value in (("The resolved recipe path", recipe_abs), ("`output_dir`", output_dir)):
         refuse_control_characters(str(value), what)
     name = job_name or f"hl-{re.sub(r'[^A-Za-z0-9_.-]+', '-', recipe.name or recipe_abs.stem)}"
+    directives = _directives(name, nodes, gpus, cpu, log_dir, stop_before_s, sbatch_args, cpus_per_task=cpus_per_task,
+                             mem=mem, partition=partition, account=account, time_limit=time_limit)
+    job = _launch(recipe, recipe_abs, workdir, container, python, cpu, mounts, use_checkout, check)
+    run_args = [str(recipe_abs), *overrides, "checkpoint.resume=auto"]
+    return TEMPLATE.format(
+        recipe_q=shlex.quote(str(recipe_abs)),
+        directives="\n".join(directives),
+        stop_name=STOP_FILE_NAME,
+        workdir_q=shlex.quote(str(workdir)),
+        output_dir_q=shlex.quote(str(output_dir)),
+        log_dir_q=shlex.quote(str(log_dir)),
+        nproc_q=shlex.quote(str(gpus)),
+        run_py_q=shlex.quote(job.run_py),
+        run_args="\n".join(f"  {shlex.quote(a)}" for a in run_args),
+        env_exports="\n".join(job.env_exports),
+        srun_extra=job.srun_extra,
+        launcher=job.launcher,
+    )
 
+
+def _refuse_control_in_inputs(recipe_path, overrides: Sequence[str], workdir, mounts: Sequence[str],
+                              sbatch_args: Sequence[str], **options) -> None:
+    """Every value that reaches the script, checked for control characters before anything reads it."""
+    names = {"partition": "`--partition`", "time_limit": "`--time`", "container": "`--container`",
+             "account": "`--account`", "mem": "`--mem`", "job_name": "`--job-name`", "python": "`--python`"}
+    values = [("The recipe path", recipe_path), ("The working directory", workdir)]
+    values += [(names[key], options[key]) for key in names]
+    values += [("This repository's path", REPO_ROOT),
+               ("The python interpreter path", None if options["python"] or options["container"] else sys.executable)]
+    values += [("`--mount`", m) for m in mounts]
+    values += [(f"The override `{o.partition('=')[0]}`", o) for o in overrides]
+    values += [("`--sbatch-arg`", a) for a in sbatch_args]
+    for what, value in values:
+        if value is not None:
+            refuse_control_characters(str(value), what)
+
+
+def _check_job_size(nodes: int, gpus: int, stop_before_s: int) -> None:
+    """Nodes and ranks per node at least 1; the stop signal's lead within SLURM's limit."""
+    if nodes < 1:
+        raise UserError(f"`--nodes {nodes}` must be at least 1. Fix: e.g. `--nodes 1`.")
+    if gpus < 1:
+        raise UserError(
+            f"`--gpus-per-node {gpus}` must be at least 1 (it is also the number of ranks per node). "
+            "Fix: e.g. `--gpus-per-node 8`, or `--gpus-per-node 1 --cpu` for CPU ranks."
+        )
+    if not 0 < stop_before_s <= MAX_SIGNAL_S:
+        raise UserError(
+            f"`--stop-before {stop_before_s}` must be a number of seconds from 1 to {MAX_SIGNAL_S} (SLURM's limit for "
+            "`--signal`): how long before the time limit the run is asked to checkpoint and stop. Fix: e.g. "
+            f"`--stop-before {DEFAULT_STOP_BEFORE_S}` (the default), more than one checkpoint save takes."
+        )
+
+
+def _directives(name: str, nodes: int, gpus: int, cpu: bool, log_dir: Path, stop_before_s: int,
+                sbatch_args: Sequence[str], *, cpus_per_task, mem, partition, account, time_limit) -> List[str]:
+    """The ``#SBATCH`` lines: the job's size and resources, its time limit (longer than the stop signal's lead),
+    the log, requeueing and the stop signal, then ``--sbatch-arg`` options."""
     directives = [
         _directive("job-name", name, "The job name"),
         _directive("nodes", nodes, "`--nodes`"),
@@ -295,10 +335,27 @@ def render_sbatch(
     for extra in sbatch_args:
         option, _, value = extra.lstrip("-").partition("=")
         if not _OPTION.fullmatch(option):
-            raise UserError(f"`--sbatch-arg {extra}`: `{option}` is not an sbatch option name. Fix: e.g. `--sbatch-arg qos=high`.")
+            raise UserError(
+                f"`--sbatch-arg {extra}`: `{option}` is not an sbatch option name. Fix: e.g. `--sbatch-arg qos=high`."
+            )
         directives.append(_directive(option, value, f"`--sbatch-arg {option}`") if value else f"#SBATCH --{option}")
+    return directives
 
-    run_args = [str(recipe_abs), *overrides, "checkpoint.resume=auto"]
+
+@dataclass
+class _Launch:
+    """How each node starts its ranks: the launcher command, what ``srun`` adds, the run script's path (inside a
+    container: the image's or the mounted checkout's) and the environment lines before it."""
+
+    launcher: str
+    srun_extra: str
+    run_py: str
+    env_exports: List[str]
+
+
+def _launch(recipe, recipe_abs: Path, workdir: Path, container, python, cpu: bool, mounts: Sequence[str],
+            use_checkout: bool, check: bool) -> _Launch:
+    """The job's launch on the host's python, or in ``container`` (its mounts checked)."""
     srun_extra, env_exports = "", []
     run_py = str(REPO_ROOT / "launchers" / "run.py")
     if container:
@@ -318,21 +375,7 @@ def render_sbatch(
         launcher = shlex.quote(python or sys.executable)
     if cpu:
         env_exports.append("export CUDA_VISIBLE_DEVICES=''  # --cpu: gloo ranks on CPU")
-
-    return TEMPLATE.format(
-        recipe_q=shlex.quote(str(recipe_abs)),
-        directives="\n".join(directives),
-        stop_name=STOP_FILE_NAME,
-        workdir_q=shlex.quote(str(workdir)),
-        output_dir_q=shlex.quote(str(output_dir)),
-        log_dir_q=shlex.quote(str(log_dir)),
-        nproc_q=shlex.quote(str(gpus)),
-        run_py_q=shlex.quote(run_py),
-        run_args="\n".join(f"  {shlex.quote(a)}" for a in run_args),
-        env_exports="\n".join(env_exports),
-        srun_extra=srun_extra,
-        launcher=launcher,
-    )
+    return _Launch(launcher, srun_extra, run_py, env_exports)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -347,7 +390,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", help="SLURM partition (default: cluster.partition)")
     p.add_argument("--time", help="time limit, e.g. 24:00:00 (default: cluster.time)")
     p.add_argument("--container", help="container image: pyxis/enroot `[USER@][REGISTRY#]IMAGE[:TAG]` or a .sqsh file "
-                   "(`srun --container-image`), or Apptainer: a .sif file or a docker:// URI (default: cluster.container)")
+                   "(`srun --container-image`), or Apptainer: a .sif file or a docker:// URI (default: "
+                   "cluster.container)")
     p.add_argument("--mount", action="append", default=[], metavar="DIR",
                    help="with --container: mount DIR (repeatable) instead of each path the recipe names; a recipe path "
                    "outside every mount is refused")
@@ -360,11 +404,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mem", help="memory per node, e.g. 0 (all) or 500G")
     p.add_argument("--job-name", help="job name (default: hl-<recipe name>)")
     p.add_argument("--stop-before", type=int, default=DEFAULT_STOP_BEFORE_S,
-                   help=f"seconds before the time limit to ask the run to checkpoint and stop (default {DEFAULT_STOP_BEFORE_S})")
+                   help=f"seconds before the time limit to ask the run to checkpoint and stop (default "
+                        f"{DEFAULT_STOP_BEFORE_S})")
     p.add_argument("--python", help="python on the compute nodes (default: this interpreter; `python` in a container)")
     p.add_argument("--sbatch-arg", action="append", default=[], metavar="OPT[=VALUE]",
                    help="extra #SBATCH option, repeatable, e.g. --sbatch-arg qos=high")
-    p.add_argument("--no-check", action="store_true", help="skip the recipe and layout checks (e.g. data not on this host)")
+    p.add_argument("--no-check", action="store_true",
+                   help="skip the recipe and layout checks (e.g. data not on this host)")
     p.add_argument("--script", help="also write the script to this path")
     return p
 
@@ -395,7 +441,8 @@ def main(argv=None) -> int:
             print(script, end="")
             return 0
         if shutil.which("sbatch") is None:
-            raise UserError("`sbatch` is not on PATH. Fix: run on a SLURM login node, or use `--dry-run` to print the script.")
+            raise UserError("`sbatch` is not on PATH. Fix: run on a SLURM login node, or use `--dry-run` to print the "
+                            "script.")
         _, log_dir = job_dirs(recipe)
         log_dir.mkdir(parents=True, exist_ok=True)
         path = log_dir / f"sbatch-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}.sh"

@@ -142,7 +142,8 @@ def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: P
         pytest.skip(f"no pin for this machine's kernels ({describe(kernels)}); "
                     + (f"the pinned machines' differ in {why}" if entries else "no machine is pinned yet")
                     + f". To pin this machine too: cp {fresh} {pin}")
-    hint = f"results moved: if on purpose, re-run the stored studies (docs/results/reproduction.md) and cp {fresh} {pin}"
+    hint = (f"results moved: if on purpose, re-run the stored studies (docs/results/reproduction.md) and cp {fresh} "
+            f"{pin}")
     return mine[0]["values"], hint
 
 
@@ -242,7 +243,8 @@ def assert_same_rows(expected, got, name, tol: float = 1e-5) -> None:
 
 # the modules whose functions or classes tests/distributed/ workers replace with counting wrappers (a worker run
 # in process gets its own state back from run_script_in_process only for modules loaded before it)
-PATCHED_BY_WORKERS = ("hl_core.trainer", "hl_core.logprobs.packed", "hl_core.logprobs.hidden", "hl_core.reference.store")
+PATCHED_BY_WORKERS = ("hl_core.trainer", "hl_core.logprobs.packed", "hl_core.logprobs.hidden",
+                      "hl_core.reference.store")
 
 
 def _hl_core_namespaces() -> list:

@@ -11,7 +11,6 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 from helpers import REPO, TINY_HUMANLINE, free_port, read_jsonl, run_recipe
-
 from hl_core.humanline import SyncSchedule
 from hl_core.objectives import group_advantages, grpo_loss
 from hl_core.rollout.rewards import MathReward, format_ok, tag_count

@@ -8,7 +8,6 @@ import pytest
 import yaml
 
 from helpers import REPO
-
 from hl_core.config import load_recipe
 
 DOC = REPO / "docs" / "authors-settings.md"

@@ -6,9 +6,9 @@ import json
 import pytest
 
 from helpers import RunsACommand
-from hl_core.storage.checkpoints import newest_complete, resume_target, rotate, safe_load, skipped_notice
 from hl_core.errors import RecipeError
 from hl_core.loop.sinks import JsonlSink
+from hl_core.storage.checkpoints import newest_complete, resume_target, rotate, safe_load, skipped_notice
 
 
 def _step(root, n, complete=True):

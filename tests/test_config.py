@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from helpers import start_model_overrides
 from hl_core.config import apply_overrides, deep_merge, load_recipe
 from launchers.run import main
-from helpers import start_model_overrides
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
@@ -158,7 +158,8 @@ def test_exit_after_teardown_keeps_output_and_code(world_size):
     )
     env = {key: value for key, value in os.environ.items() if key != "PYTHONUNBUFFERED"}  # stdout stays buffered
     env["WORLD_SIZE"] = world_size
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120, env=env)
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+                          env=env)
     assert proc.returncode == 3
     assert proc.stdout == "tail without newline" and "logged" in proc.stderr
 
@@ -181,7 +182,8 @@ def test_recipe_starting_from_an_unrun_model_says_which_run_to_train_first(capsy
     "lines, line_no, needle",
     [
         (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "a"}'], 2, "rejected"),
-        (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "  ", "rejected": "b"}'], 2, "chosen"),
+        (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "  ", "rejected": "b"}'], 2,
+         "chosen"),
         (['{"prompt": "p", "chosen": 3, "rejected": "b"}'], 1, "chosen"),
         (['{"prompt": "p", "chosen": "a", "rejected": "b"}', '{"prompt": "p", "chosen": "a", '], 2, "JSON"),
     ],
@@ -197,7 +199,8 @@ def test_bad_data_rows_exit_2_naming_file_line(tmp_path, capsys, lines, line_no,
 
 
 def test_every_key_documented_and_reference_in_sync():
-    from hl_core.config import Recipe, _unwrap_model, recipe_keys_markdown
+    from hl_core.config import Recipe, recipe_keys_markdown
+    from hl_core.config.load import _unwrap_model
 
     def walk(model, prefix=""):
         for name, field in model.model_fields.items():
@@ -213,7 +216,8 @@ def test_every_key_documented_and_reference_in_sync():
     for cls in OBJECTIVE_CONFIGS.values():
         walk(cls, "objective.")
     committed = (REPO / "docs" / "recipe-keys.md").read_text()
-    assert committed.strip() == recipe_keys_markdown().strip(), "regenerate: python -m hl_core.config > docs/recipe-keys.md"
+    assert committed.strip() == recipe_keys_markdown().strip(), (
+        "regenerate: python -m hl_core.config > docs/recipe-keys.md")
 
 
 def test_objective_data_mismatches_fail_validate(tmp_path, capsys):

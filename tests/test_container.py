@@ -152,7 +152,8 @@ def test_dockerfile_installs_exactly_the_requirements_file():
     step = requirement_steps[0]
     assert step[step.index("-r") + 1] == "requirements/cluster.txt"
     assert "-c" in step and step[step.index("-c") + 1] == "/tmp/torch-constraint.txt"  # keeps the base image's torch
-    packages = [w for w in step if not w.startswith("-") and w not in ("requirements/cluster.txt", "/tmp/torch-constraint.txt")]
+    packages = [w for w in step if not w.startswith("-") and w
+                not in ("requirements/cluster.txt", "/tmp/torch-constraint.txt")]
     assert packages == [], f"packages installed beside the requirements file: {packages}"
 
     package_steps = [a for a in installs if "-e" in a or "." in a]
@@ -232,9 +233,11 @@ def _ignored(path: str, patterns) -> bool:
 
 
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
-    patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and not l.startswith("#")]
+    patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and
+                not l.startswith("#")]
     for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config/__init__.py",
-                   "launchers/run.py", "launchers/slurm.py", "launchers/containers.py", "recipes/tiny/humanline_dpo.yaml",
+                   "launchers/run.py", "launchers/slurm.py", "launchers/containers.py",
+                   "recipes/tiny/humanline_dpo.yaml",
                    "tests/fixtures/tiny/model/config.json", "eval/__init__.py"):
         assert not _ignored(needed, patterns), needed
     for dropped in (".git/config", "runs/tiny/metrics.jsonl", "hl_core/__pycache__/x.pyc", "x.egg-info/PKG-INFO",

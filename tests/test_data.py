@@ -98,7 +98,8 @@ def test_auto_detect_mixed_rows_and_forced_formats(tmp_path):
     recs = load_preference_records(str(p))
     assert [r.source for r in recs] == [f"{p}:1", f"{p}:3", f"{p}:4", f"{p}:5"]  # blank line 2 skipped
     assert recs[0].prompt == [{"role": "user", "content": "Describe the sky."}]
-    assert recs[1].prompt == [{"role": "user", "content": "Describe the road."}] and recs[1].chosen == "The road is warm."
+    assert recs[1].prompt == [{"role": "user",
+                               "content": "Describe the road."}] and recs[1].chosen == "The road is warm."
     assert [m["role"] for m in recs[2].prompt] == ["system", "user", "assistant", "user"]
     assert recs[2].chosen == "Yes, gladly." and recs[2].rejected == "No."
     assert recs[3].prompt == [{"role": "user", "content": "Name a colour."}] and recs[3].chosen == "Blue."
@@ -164,6 +165,8 @@ def test_hugging_face_name_path(tmp_path, monkeypatch):
 
 def _error_case(tmp_path, kind):
     """Return (path, expected substrings) after writing a file that must fail with ``kind``."""
+    if kind in FILE_ERROR_KINDS:
+        return _file_error_case(tmp_path, kind)
     p = tmp_path / "bad.jsonl"
     if kind == "malformed_json":
         _write_jsonl(p, [PLAIN, '{"prompt": "x", "chosen": "y",'])
@@ -206,6 +209,15 @@ def _error_case(tmp_path, kind):
     if kind == "not_object":
         _write_jsonl(p, [PLAIN, "[1, 2]"])
         return p, [f"{p}:2", "not an object", "Fix"]
+    raise AssertionError(kind)
+
+
+FILE_ERROR_KINDS = ("empty_file", "empty_json_list", "unknown_extension", "not_found")
+
+
+def _file_error_case(tmp_path, kind):
+    """``_error_case`` for a file that holds no rows, has an unknown extension, or is missing."""
+    p = tmp_path / "bad.jsonl"
     if kind == "empty_file":
         p.write_text("\n\n")
         return p, [str(p), "no preference rows", "Fix"]
@@ -307,6 +319,35 @@ def test_no_double_bos_and_template_fallback(tok):
         tok.chat_template = saved
     with pytest.raises(RecipeError, match="none"):
         tokenize_preference(rec, tok, 64, 32, chat_template="nnone")
+
+
+def test_adds_bos_is_kept_beside_the_tokenizer_not_on_it(tok):
+    """The BOS fact is asked once per tokenizer object and cached outside it (no attribute written onto a Hugging
+    Face object); the entry goes with the tokenizer."""
+    import copy
+    import gc
+
+    from hl_core.data import tokens
+
+    before = dict(vars(tok))
+    calls = []
+
+    class Counting:
+        bos_token_id = tok.bos_token_id
+
+        def __call__(self, text, add_special_tokens=True):
+            calls.append(add_special_tokens)
+            return tok(text, add_special_tokens=add_special_tokens)
+
+    assert tokens.adds_bos(tok) == tokens.adds_bos(copy.deepcopy(tok)) and vars(tok) == before
+    counting = Counting()
+    first = tokens.adds_bos(counting)
+    assert tokens.adds_bos(counting) == first and len(calls) == 2 and vars(counting) == {}
+    key = id(counting)
+    assert key in tokens._ADDS_BOS
+    del counting
+    gc.collect()
+    assert key not in tokens._ADDS_BOS
 
 
 B = 1  # BOS id used in the hand-computed truncation cases

@@ -12,10 +12,20 @@ from hl_core.data import GroupRecord, collate_groups, load_group_records, tokeni
 from hl_core.data.tokens import truncate_completions
 from hl_core.errors import DataError
 from test_data_unpaired_grouped import (  # noqa: F401  (tok is a fixture)
-    ARMORM, GROUP, GROUPS, MESSAGES, PLAIN, _assert_refused, _check_error, _completion_text, _msgs, _user,
-    _write_jsonl, _write_parquet, tok,
+    ARMORM,
+    GROUP,
+    GROUPS,
+    MESSAGES,
+    PLAIN,
+    _assert_refused,
+    _check_error,
+    _completion_text,
+    _msgs,
+    _user,
+    _write_jsonl,
+    _write_parquet,
+    tok,
 )
-
 
 # ----------------------------------------------------------------------------------------- group loading
 
@@ -137,7 +147,8 @@ def test_group_truncation_per_group_shared_prompt(tok):
     out_a = tokenize_group(a, tok, max_len, max_prompt)
     out_b = tokenize_group(b, tok, max_len, max_prompt)
     full_prompt = [tok.bos_token_id] + tok(tok.apply_chat_template(a.prompt, add_generation_prompt=True,
-                                                                   tokenize=False), add_special_tokens=False)["input_ids"]
+                                                                   tokenize=False),
+                                           add_special_tokens=False)["input_ids"]
     full = [tok(c, add_special_tokens=False)["input_ids"] for c in a.completions]
     assert len(full_prompt) > max_prompt and len(full_prompt) + 1 + len(full[1]) > max_len
     exp_prompt = [tok.bos_token_id] + full_prompt[-(max_prompt - 1):]

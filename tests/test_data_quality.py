@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from helpers import REPO
-
 from eval._common import EvalError
 from eval.data_quality import PAPER_BAD_QUARTILE, build_report, run_data_quality, verdict
 from eval.run_from_recipe import EVAL_KEYS, defaults, eval_settings, keys_markdown, run_post_training_eval
+from helpers import REPO
 
 TINY = REPO / "tests" / "fixtures" / "tiny" / "model"
 
@@ -116,7 +115,8 @@ def test_batching_does_not_change_values(tiny, tmp_path):
 def test_unpaired_and_group_rows(tiny, tmp_path):
     model, tok = tiny
     kto = _write(tmp_path / "kto.jsonl", [{"prompt": "Describe the road.", "completion": "A calm road.", "label": True},
-                                          {"prompt": "Describe the road.", "completion": "A grim road.", "label": False}])
+                                          {"prompt": "Describe the road.", "completion": "A grim road.",
+                                           "label": False}])
     rep = run_data_quality(str(kto), model, tok, max_length=128, max_prompt_length=64, print_fn=None)
     assert rep["data"]["kind"] == "unpaired" and set(rep["by_completion"]) == {"desirable", "undesirable"}
     s, n = _hand_logps(model, tok, [{"role": "user", "content": "Describe the road."}], "A calm road.")
@@ -129,9 +129,11 @@ def test_unpaired_and_group_rows(tiny, tmp_path):
 def test_verdict_against_the_paper_range():
     lo, hi = PAPER_BAD_QUARTILE
     assert (lo, hi) == (-1.03, -0.36)
-    assert verdict(-0.5).startswith("inside") and verdict(-2.0).startswith("below") and verdict(-0.2).startswith("above")
+    assert verdict(-0.5).startswith("inside") and verdict(-2.0).startswith("below")
+    assert verdict(-0.2).startswith("above")
     items = [{"labels": ["chosen"], "completions": ["x"], "source": f"f:{i}"} for i in range(4)]
-    scores = [{"sum_logp": [v * 2], "n_tokens": [2], "mean_logp": [v], "record_mean_logp": v} for v in (-0.4, -0.5, -0.6, -0.9)]
+    scores = [{"sum_logp": [v * 2], "n_tokens": [2], "mean_logp": [v], "record_mean_logp": v} for v
+              in (-0.4, -0.5, -0.6, -0.9)]
     rep, records = build_report("preference", items, scores, model_label="m", data_label="d")
     assert rep["in_paper_bad_quartile"] and rep["mean_logp"] == pytest.approx(-0.6)
     assert [r["bottom_quartile"] for r in records] == [False, False, False, True]

@@ -258,14 +258,15 @@ def test_collate_unpaired_rows_masks_and_kl_shift(tok):
         assert out[f"kl_{k}"].dtype == torch.long and out[f"kl_{k}"].shape[0] == B
     assert out["desirable"].dtype == torch.bool and out["desirable"].tolist() == [True, False, True]
     for i, (rec, f) in enumerate(zip(recs, feats)):
-        ids, att, cm = out["input_ids"][i].tolist(), out["attention_mask"][i].tolist(), out["completion_mask"][i].tolist()
+        ids, att, cm = (out[key][i].tolist() for key in ("input_ids", "attention_mask", "completion_mask"))
         n = sum(att)
         assert att == [1] * n + [0] * (T - n) and ids[n:] == [tok.pad_token_id] * (T - n)
         assert ids[:n] == f["prompt_ids"] + f["completion_ids"]
         assert _completion_text(tok, ids, cm) == rec.completion + tok.eos_token
         # KL row i = prompt_i + completion_{(i+1) mod B}
         nxt = recs[(i + 1) % B]
-        kl_ids, kl_att, kl_cm = (out[k][i].tolist() for k in ("kl_input_ids", "kl_attention_mask", "kl_completion_mask"))
+        kl_ids, kl_att, kl_cm = (out[k][i].tolist() for k
+                                 in ("kl_input_ids", "kl_attention_mask", "kl_completion_mask"))
         m = sum(kl_att)
         assert kl_ids[:m] == f["prompt_ids"] + feats[(i + 1) % B]["completion_ids"]
         assert _completion_text(tok, kl_ids, kl_cm) == nxt.completion + tok.eos_token

@@ -307,7 +307,8 @@ def test_the_other_checkers_catch_planted_problems(tmp_path):
     _clean_tree(tmp_path)
     assert import_circles(tmp_path) == [] and long_files(tmp_path) == [] and table_mismatch(tmp_path) == (set(), set())
     assert unexplained_function_imports(tmp_path) == []
-    _plant(tmp_path, {"hl_core/engines/base.py": "from ..rollout import gen\n", "hl_core/rollout/gen.py": "from ..engines import base\n"})
+    _plant(tmp_path, {"hl_core/engines/base.py": "from ..rollout import gen\n",
+                      "hl_core/rollout/gen.py": "from ..engines import base\n"})
     assert import_circles(tmp_path) == [["hl_core.engines.base", "hl_core.rollout.gen"]]
     _plant(tmp_path, {"hl_core/trainer.py": "x = 1\n" * MAX_TRAINER_LINES, "tests/t.py": "x = 1\n" * (MAX_LINES + 1)})
     assert long_files(tmp_path) == [f"hl_core/trainer.py: {MAX_TRAINER_LINES} lines (limit {MAX_TRAINER_LINES})",

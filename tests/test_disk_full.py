@@ -18,9 +18,9 @@ from typing import Callable, List
 import pytest
 import torch
 
-from test_hostile_cases import Row, clean_launch_env, run_row  # noqa: F401
 from hl_core.errors import EXIT_DISK_FULL
 from hl_core.loop.guard import EXIT_DISK_FULL as GUARD_EXIT_DISK_FULL
+from test_hostile_cases import Row, clean_launch_env, run_row  # noqa: F401
 
 # what torch 2.13's archive writer raised on a real full file system (a 2.5 MB tmpfs): the first error, then the
 # one raised while handling it

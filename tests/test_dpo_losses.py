@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from helpers import REPO, run_worker
-
 from hl_core.config import load_recipe
 from hl_core.config.checks import check_reference_free
 from hl_core.errors import RecipeError

@@ -8,7 +8,6 @@ import random
 import pytest
 
 from helpers import REPO, run_worker
-
 from hl_core.config import load_recipe
 from hl_core.data.build import DataStats, SourcePart, TokenizedDataset, build_datasets, data_plan, data_summary_fields
 from hl_core.errors import DataError, RecipeError

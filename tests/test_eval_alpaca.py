@@ -11,8 +11,6 @@ from pathlib import Path
 
 import pytest
 
-from helpers import REPO
-
 from eval._common import EvalError
 from eval.alpaca import run_alpaca_eval
 from eval.alpaca.judges import (
@@ -23,6 +21,7 @@ from eval.alpaca.judges import (
     reward_preference,
 )
 from eval.lm import ScriptedLM
+from helpers import REPO
 
 DATA = REPO / "tests" / "fixtures" / "eval" / "alpaca_eval_6.json"
 TINY = REPO / "tests" / "fixtures" / "tiny" / "model"
@@ -148,7 +147,8 @@ def test_reward_model_judge_matches_hand_computation(tiny_dirs, tmp_path):
 def test_reward_model_judge_soft_mode(tiny_dirs):
     _, rm = tiny_dirs
     judge = RewardModelJudge(str(rm), mode="soft", batch_size=2)
-    rows = [{"instruction": r["instruction"], "output_1": r["output"], "output_2": rep} for r, rep in zip(ROWS, REPLIES)]
+    rows = [{"instruction": r["instruction"], "output_1": r["output"], "output_2": rep} for r, rep
+            in zip(ROWS, REPLIES)]
     prefs = judge.judge_rows(rows)
     r1, r2 = judge.last_rewards["reference"], judge.last_rewards["model"]
     assert prefs == pytest.approx([1 + 1 / (1 + math.exp(-(b - a))) for a, b in zip(r1, r2)])

@@ -11,12 +11,11 @@ import sys
 
 import pytest
 
-from helpers import REPO, _env
-
+from eval._common import EvalError
+from eval.lm import SCRIPTED_NAME, ScriptedLM
 from eval.math500 import TASK_DIR, run_math500
 from eval.math500.tasks import utils as m5
-from eval.lm import SCRIPTED_NAME, ScriptedLM
-from eval._common import EvalError
+from helpers import REPO, _env
 
 DATA = REPO / "tests" / "fixtures" / "eval" / "math500_20.jsonl"
 TINY = REPO / "tests" / "fixtures" / "tiny" / "model"

@@ -49,7 +49,8 @@ def test_dry_run_exercises_every_section(tmp_path):
         assert r["plan_gib"]["total"] > r["plan_gib"]["steady"] > 0
         humanline = "hl_" in run_id
         assert (r["sync_frac"] > 0) == humanline, r  # syncing runs sync, the others never
-    assert {i for i, r in runs.items() if "skipped" in r} >= {"ds_z2_hl_dpo_compile", "ds_z2_dpo_fast"}  # compile: minutes
+    assert {i for i, r in runs.items() if "skipped" in r} >= {"ds_z2_hl_dpo_compile",
+                                                              "ds_z2_dpo_fast"}  # compile: minutes
     assert runs["mg_hl_dpo_bf16"]["engine"] == "megatron" and runs["ds_z3_hl_dpo_gc"]["gradient_checkpointing"]
     online = runs["ds_online_grpo"]
     assert online["gen_rows"] == 4 and online["gen_new_tokens"] > 0 and 0 < online["rollout_share"] < 1

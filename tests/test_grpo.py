@@ -45,7 +45,8 @@ def _reference(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation, t
         for t in range(T):
             if not mask[b, t]:
                 continue
-            w = {"token": 1.0 / n_tokens, "sequence": 1.0 / (B * n_b), "dapo": 1.0 / (tokens_per_rank or 1.0)}[aggregation]
+            w = {"token": 1.0 / n_tokens, "sequence": 1.0 / (B * n_b), "dapo": 1.0
+                 / (tokens_per_rank or 1.0)}[aggregation]
             rho, A = math.exp(lr[b, t]), adv[b]
             clipped = min(max(rho, 1 - eps_low), 1 + eps_high)
             x = ref_lr[b, t]
@@ -78,7 +79,8 @@ def test_grpo_loss_and_grads_match_formula(aggregation, beta_kl):
     loss, metrics = grpo_loss(lr, mask, adv, eps_low, eps_high, ref_lr, beta_kl, aggregation, tokens_per_rank=per_rank)
     g_lr, g_ref = torch.autograd.grad(loss, [lr, ref_lr], allow_unused=True)
     exp_loss, exp_g_lr, exp_g_ref = _reference(
-        lr.detach().numpy(), mask.numpy(), adv.numpy(), eps_low, eps_high, ref_lr.detach().numpy(), beta_kl, aggregation,
+        lr.detach().numpy(), mask.numpy(), adv.numpy(), eps_low, eps_high, ref_lr.detach().numpy(), beta_kl,
+        aggregation,
         per_rank,
     )
     assert loss.item() == pytest.approx(exp_loss, rel=1e-12)

@@ -8,8 +8,8 @@ import json
 import pytest
 
 from eval.repro.preference import digit_credit
-from hl_core.rollout.heldout import win_rate
 from helpers import REPO, read_jsonl, run_recipe
+from hl_core.rollout.heldout import win_rate
 from launchers.run import main
 
 OFFLINE_DPO = REPO / "recipes" / "repro" / "preference" / "dpo_offline.yaml"

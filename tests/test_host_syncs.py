@@ -95,7 +95,8 @@ class HostProvenance(TorchFunctionMode):
             to_host = "async"
         # indexing by a boolean mask on the device reads the mask's count back
         device_mask = func is torch.Tensor.__getitem__ and any(
-            isinstance(t, torch.Tensor) and t.dtype == torch.bool and not self.is_host(t) for t in tree_leaves(args[1:]))
+            isinstance(t, torch.Tensor) and t.dtype == torch.bool and not self.is_host(t) for t
+            in tree_leaves(args[1:]))
         if func in READS or to_host is True or device_mask:
             if self.counting and (device_mask or (inputs and not self.is_host(inputs[0]))):
                 caller = self._caller()

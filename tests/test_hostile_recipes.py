@@ -82,7 +82,8 @@ BAD_VALUES = {
     "seed too large": (["train.seed=99999999999999999999999"], ["train.seed"]),
     "seed negative": (["train.seed=-1"], ["train.seed"]),
     "rollout seed too large": (["rollout.seed=18446744073709551616"], ["rollout.seed"]),
-    "unknown attention": (["model.attn_implementation=flash_attn2"], ["model.attn_implementation", "flash_attention_2"]),
+    "unknown attention": (["model.attn_implementation=flash_attn2"],
+                          ["model.attn_implementation", "flash_attention_2"]),
     "zero hidden size": (["model.config_overrides.hidden_size=0"], ["model.config_overrides.hidden_size"]),
     "negative layers": (["model.config_overrides.num_hidden_layers=-2"], ["model.config_overrides.num_hidden_layers"]),
     "vocab too small": (["model.config_overrides.vocab_size=10"], ["model.config_overrides.vocab_size", "448"]),
@@ -100,7 +101,8 @@ def test_known_attention_backends_and_hub_kernels_pass():
     from hl_core.config import load_recipe
 
     for name in ("eager", "sdpa", "flash_attention_2", "paged|sdpa", "kernels-community/flash-attn", None):
-        assert load_recipe(TINY_HUMANLINE, [f"model.attn_implementation={name or 'null'}"]).model.attn_implementation == name
+        assert load_recipe(TINY_HUMANLINE,
+                           [f"model.attn_implementation={name or 'null'}"]).model.attn_implementation == name
 
 
 def test_plan_with_a_non_number_override(capsys):
@@ -196,7 +198,8 @@ def _fake_checkpoint(root: Path, files, latest=True) -> Path:
 def test_resume_at_a_directory_that_is_not_a_checkpoint(tmp_path, capsys):
     (tmp_path / "notes.txt").write_text("x")
     for flag in (["--validate"], []):
-        _refused(capsys, [TINY_HUMANLINE, f"checkpoint.resume={tmp_path}", *flag], "`checkpoint.resume", "not a checkpoint")
+        _refused(capsys, [TINY_HUMANLINE, f"checkpoint.resume={tmp_path}", *flag], "`checkpoint.resume",
+                 "not a checkpoint")
     _refused(capsys, [TINY_HUMANLINE, f"checkpoint.resume={tmp_path / 'notes.txt'}", "--validate"], "is a file")
 
 
@@ -222,7 +225,8 @@ def test_resume_with_another_zero_stage_world_size_or_engine(tmp_path, capsys, m
     _fake_checkpoint(tmp_path, files)
     monkeypatch.setenv("WORLD_SIZE", world)
     for flag in (["--validate"], []):
-        _refused(capsys, [TINY_HUMANLINE, f"output_dir={tmp_path}", *overrides, *flag], "checkpoint.resume: auto", *needles)
+        _refused(capsys, [TINY_HUMANLINE, f"output_dir={tmp_path}", *overrides, *flag], "checkpoint.resume: auto",
+                 *needles)
 
 
 def test_resume_layout_checks_accept_a_matching_checkpoint(tmp_path, monkeypatch):
@@ -241,8 +245,10 @@ def test_run_path_refuses_before_building_anything(tmp_path):
     """The same checks in a real launcher process (not --validate): exit 2, one paragraph, no traceback."""
     afile = tmp_path / "afile"
     afile.write_text("x")
-    proc = subprocess.run([sys.executable, str(REPO / "launchers" / "run.py"), str(TINY_HUMANLINE), f"output_dir={afile}"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=dict(os.environ, PYTHONPATH=str(REPO)))
+    proc = subprocess.run([sys.executable, str(REPO / "launchers" / "run.py"), str(TINY_HUMANLINE),
+                           f"output_dir={afile}"],
+                          cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, PYTHONPATH=str(REPO)))
     assert proc.returncode == 2 and "Traceback" not in proc.stderr and "`output_dir" in proc.stderr, proc.stderr[-2000:]
 
 

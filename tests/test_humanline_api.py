@@ -14,7 +14,13 @@ import torch
 import hl_core.humanline as humanline
 from helpers import REPO, run_torchrun
 from hl_core.humanline import (
-    ClipTransform, NoTransform, ParameterPairs, ReferenceSync, SampleTransform, SyncSchedule, pair_lora_adapters,
+    ClipTransform,
+    NoTransform,
+    ParameterPairs,
+    ReferenceSync,
+    SampleTransform,
+    SyncSchedule,
+    pair_lora_adapters,
     pair_parameters,
 )
 

@@ -43,14 +43,15 @@ def test_zero_weight_rows_stay_out_of_z0(report):
         sums = z["kl_sums"]
         assert z["engine_z0"] == pytest.approx(max(0.0, sums[z["weighted_row"]]), abs=1e-5)
         nonzero = [s for s in sums if s != 0]
-        if sums[z["weighted_row"]] > 1e-3 and abs(max(0.0, sum(nonzero) / len(nonzero)) - sums[z["weighted_row"]]) > 1e-3:
+        if sums[z["weighted_row"]] > 1e-3 and abs(max(0.0, sum(nonzero)
+                                                      / len(nonzero)) - sums[z["weighted_row"]]) > 1e-3:
             informative += 1
     assert informative >= 1, "no shape could tell the weighted z0 from the unweighted one"
 
 
 def test_dummy_eval_row_has_weight_zero():
-    from hl_core.data.unpaired import collate_unpaired
     from hl_core.data.build import eval_batch
+    from hl_core.data.unpaired import collate_unpaired
 
     def feat(p, c):
         return {"prompt_ids": [1, p], "completion_ids": [c, 2], "desirable": True, "max_length": None}

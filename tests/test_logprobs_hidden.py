@@ -52,7 +52,8 @@ def test_values_and_gradients_equal_the_plain_path_float64(temperature, softcap,
         assert torch.allclose(got, want, atol=1e-6, rtol=1e-6)  # float64 gradients: the same function
     assert torch.equal(ours[1][0, :4], torch.zeros_like(ours[1][0, :4]))  # invalid labels: no gradient
     if softcap is not None:  # the cap does bite at these magnitudes: without it the values differ
-        assert not torch.allclose(ours[0].double(), plain(hidden, weight, labels, bias, temperature).detach(), atol=1e-3)
+        assert not torch.allclose(ours[0].double(), plain(hidden, weight, labels, bias, temperature).detach(),
+                                  atol=1e-3)
 
 
 @pytest.mark.parametrize("temperature,softcap", [(1.0, None), (0.7, 3.0)])
@@ -144,7 +145,8 @@ def _gemma2():
     from transformers import Gemma2Config, Gemma2ForCausalLM
 
     torch.manual_seed(0)
-    config = Gemma2Config(vocab_size=53, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2,
+    config = Gemma2Config(vocab_size=53, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
+                          num_attention_heads=2,
                           num_key_value_heads=1, head_dim=8, final_logit_softcapping=0.5, attn_implementation="eager")
     return Gemma2ForCausalLM(config)
 

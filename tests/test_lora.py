@@ -33,7 +33,8 @@ def test_synced_lora_copies_only_the_adapter_and_references_the_pre_update_adapt
 
 
 def test_lora_final_loads_with_peft_and_merged(report):
-    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json", "merged"} <= set(report["final_files"])
+    assert {"adapter_config.json", "adapter_model.safetensors", "tokenizer.json",
+            "merged"} <= set(report["final_files"])
     assert report["final_peft_vs_policy"] < 1e-5 and report["final_merged_vs_policy"] < 1e-5
 
 

@@ -10,7 +10,11 @@ pytest.importorskip("megatron.core")
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config  # noqa: E402
 
 from hl_core.engines.megatron_convert import (  # noqa: E402
-    LazyHFCheckpoint, hf_state_dict, hf_to_mcore, mcore_to_hf, save_hf_directory,
+    LazyHFCheckpoint,
+    hf_state_dict,
+    hf_to_mcore,
+    mcore_to_hf,
+    save_hf_directory,
 )
 
 COMMON = dict(vocab_size=96, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
@@ -70,7 +74,8 @@ def test_qkv_layout_interleaves_query_groups():
     qkv = hf_to_mcore(sd, cfg)[(0, 0)]["decoder.layers.0.self_attention.linear_qkv.weight"]
     q, k, v = (sd[f"model.layers.0.self_attn.{x}_proj.weight"] for x in "qkv")
     group = qkv.view(2, 4 * 16, 64)  # 2 groups of (2 query heads + k + v) x head_dim 16
-    assert torch.equal(group[1, :32], q[32:]) and torch.equal(group[1, 32:48], k[16:]) and torch.equal(group[1, 48:], v[16:])
+    assert torch.equal(group[1, :32], q[32:]) and torch.equal(group[1, 32:48],
+                                                              k[16:]) and torch.equal(group[1, 48:], v[16:])
 
 
 @pytest.mark.parametrize("family", ["llama", "qwen2"])

@@ -9,7 +9,8 @@ import torch
 
 pytest.importorskip("megatron.core")
 pytestmark = pytest.mark.skipif(
-    torch.cuda.is_available(), reason="CPU tests: they exercise the gloo path and the CPU shim, which is never installed on a GPU"
+    torch.cuda.is_available(),
+    reason="CPU tests: they exercise the gloo path and the CPU shim, which is never installed on a GPU"
 )
 
 from helpers import REPO, read_jsonl, run_recipe, run_torchrun  # noqa: E402

@@ -2,7 +2,9 @@
 reduces one fixed-size tensor per update at any world size; a metric nobody declared is an error."""
 
 import datetime
+import functools
 import json
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -12,10 +14,10 @@ import torch.multiprocessing as mp
 from helpers import free_port
 from hl_core.config import HumanlineConfig
 from hl_core.humanline.recipe import build_transform, transform_names
-from hl_core.objectives import OBJECTIVES, ObjectiveInputs
-from hl_core.rollout import RolloutSource
 from hl_core.loop.metrics import MetricMeans, declared_metric_keys
 from hl_core.loop.sources import OfflineSource
+from hl_core.objectives import OBJECTIVES, ObjectiveInputs
+from hl_core.rollout import RolloutSource
 
 
 class _OneProcess:
@@ -64,7 +66,8 @@ def _make_inputs(name, transform):
     mask[:, :2] = 0
     batch = {}
     if name == "kto":
-        batch = {"kl_input_ids": torch.zeros(rows, length, dtype=torch.long), "kl_attention_mask": torch.ones(rows, length),
+        batch = {"kl_input_ids": torch.zeros(rows, length, dtype=torch.long),
+                 "kl_attention_mask": torch.ones(rows, length),
                  "kl_completion_mask": mask.clone(), "desirable": torch.tensor([True, False, True, False]),
                  "kl_same_prompt": torch.tensor([False, False, True, False])}
     if name == "grpo":
@@ -112,8 +115,9 @@ def _reduce_worker(rank, world_size, port, out_path):
             raise AssertionError("metric names must not be gathered")
 
         dist.all_gather_object = no_gather
-        engine = Engine()
-        engine.world_size = world_size
+        # the base's reduction alone (the one member MetricMeans uses), on a stand-in with what it reads
+        engine = SimpleNamespace(world_size=world_size, device=torch.device("cpu"))
+        engine.all_reduce_sum = functools.partial(Engine.all_reduce_sum, engine)
         acc = MetricMeans(("desirable", "loss", "nowhere", "undesirable"), "kto")
         # rank 0 sees only desirable examples, rank 1 only undesirable ones
         acc.add({"loss": 1.0 + rank, ("undesirable" if rank else "desirable"): 10.0 * (rank + 1)})

@@ -81,7 +81,8 @@ def _check(rows, calls, pack):
 
 
 @pytest.mark.parametrize("example, step_line, pack_overrides, args", [
-    ("deepspeed_dpo.py", "        policy.step()", ["engine.zero_stage=3", "engine.zero3_param_persistence_threshold=1000"],
+    ("deepspeed_dpo.py", "        policy.step()",
+     ["engine.zero_stage=3", "engine.zero3_param_persistence_threshold=1000"],
      ["--zero", "3", "--persist-below", "1000"]),
     ("megatron_dpo.py", "        optimizer.step()", ["engine.name=megatron", "parallel.tp=2"], ["--tp", "2"]),
 ])

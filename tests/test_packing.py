@@ -1,5 +1,5 @@
-"""Padding-free forwards (hl_core/logprobs/packed.py): bin packing by hand, the packed layout, and on a real (tiny, random
-init) Llama the packed log-probs and their gradients equal the padded ones, with attention isolated between the
+"""Padding-free forwards (hl_core/logprobs/packed.py): bin packing by hand, the packed layout, and on a real (tiny,
+random init) Llama the packed log-probs and their gradients equal the padded ones, with attention isolated between the
 sequences sharing a bin, under eager and sdpa attention."""
 
 from __future__ import annotations
@@ -7,10 +7,15 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hl_core.logprobs import sequence_token_logps
-from hl_core.logprobs.packed import (first_fit_bins, pack_rows, packed_sequence_token_logps, padding_fraction,
-                             unpack_token_logps)
 from helpers import REPO
+from hl_core.logprobs import sequence_token_logps
+from hl_core.logprobs.packed import (
+    first_fit_bins,
+    pack_rows,
+    packed_sequence_token_logps,
+    padding_fraction,
+    unpack_token_logps,
+)
 
 PAD = 0
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import json
 
-
 from helpers import REPO, assert_same_rows, run_worker
 from launchers.run import main
 
@@ -55,5 +54,6 @@ def test_packed_equals_padded_zero3_two_processes(tmp_path):
 
 
 def test_megatron_refuses_packing(capsys):
-    assert main([str(REPO / "recipes" / "tiny" / "megatron_humanline_dpo.yaml"), "--validate", "data.packing=true"]) == 2
+    assert main([str(REPO / "recipes" / "tiny" / "megatron_humanline_dpo.yaml"), "--validate",
+                 "data.packing=true"]) == 2
     assert "Transformer Engine" in capsys.readouterr().err

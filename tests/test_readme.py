@@ -296,7 +296,8 @@ def _source_text(target: str) -> str:
     if target.endswith(".py"):
         text = _text(REPO / target)
         siblings = (REPO / target).parent
-        return "\n".join([text, *(_text(siblings / f"{name}.py") for name in re.findall(r"^from (\w+) import", text, re.M)
+        return "\n".join([text,
+                          *(_text(siblings / f"{name}.py") for name in re.findall(r"^from (\w+) import", text, re.M)
                                    if (siblings / f"{name}.py").is_file())])
     spec = importlib.util.find_spec(target)
     assert spec is not None and spec.origin, f"no module {target}"

@@ -8,9 +8,8 @@ import json
 
 import pytest
 
-from helpers import REPO
-
 from eval import addition
+from helpers import REPO
 
 
 def test_shipped_data_is_what_the_generator_writes(tmp_path):
@@ -48,7 +47,8 @@ def test_accuracy_counts_the_number_alone():
 def test_plot_of_runs(tmp_path):
     run = tmp_path / "seed0"
     run.mkdir()
-    (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "reward": r}) + "\n" for s, r in [(0, 0.1), (4, 0.5)]))
+    rows = [(0, 0.1), (4, 0.5)]
+    (run / "eval.jsonl").write_text("".join(json.dumps({"step": s, "reward": r}) + "\n" for s, r in rows))
     (run / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "reward_mean": 0.1 * s}) + "\n"
                                                for s in range(4)))
     out = addition.plot_runs([run], tmp_path / "curve.png")

@@ -164,7 +164,8 @@ def test_cache_fingerprint_names_a_changed_data_file(tmp_path):
     after = fingerprint(recipe, 1, 1, 1)
     assert changed_fields(before, after) == ["data.train file train.jsonl"]
     assert changed_fields(after, fingerprint(recipe, 2, 2, 1)) == ["data-parallel size", "world size"]
-    assert changed_fields(before, fingerprint(load_recipe(TINY_OFFLINE, [f"data.train.path={data}", "data.max_length=48"]),
+    assert changed_fields(before,
+                          fingerprint(load_recipe(TINY_OFFLINE, [f"data.train.path={data}", "data.max_length=48"]),
                                               1, 1, 1)) == ["data.max_length", "data.train file train.jsonl"]
 
 

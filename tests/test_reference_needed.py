@@ -7,7 +7,6 @@ import json
 import pytest
 
 from helpers import REPO, run_torchrun
-
 from hl_core.config import load_recipe
 from hl_core.objectives import reference_needed
 

@@ -16,7 +16,6 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from helpers import REPO, TINY_HUMANLINE, _env, run_fresh
-
 from hl_core.rehearsal.memory import TensorLedger
 from hl_core.rehearsal.report import memory_rows
 
@@ -27,7 +26,7 @@ FP32 = 4
 def _tiny_params() -> int:
     """Parameters of the tiny Llama (tests/fixtures/tiny/model): embedding, 2 layers, final norm, output layer."""
     config = json.loads((REPO / "tests" / "fixtures" / "tiny" / "model" / "config.json").read_text())
-    h, v, f, layers = config["hidden_size"], config["vocab_size"], config["intermediate_size"], config["num_hidden_layers"]
+    h, v, f, layers = (config[key] for key in ("hidden_size", "vocab_size", "intermediate_size", "num_hidden_layers"))
     kv = config["num_key_value_heads"] * config["head_dim"]
     layer = 2 * h * h + 2 * h * kv + 3 * h * f + 2 * h  # q, o, k, v, gate/up/down, two norms
     return v * h + layers * layer + h + v * h
@@ -219,7 +218,8 @@ def test_a_nonfinite_gradient_is_zeroed_so_the_step_and_its_memory_are_rehearsed
     zeroed, named in the result and the report, and the update steps: the optimizer states are there at rest (a
     skipped warm-up step would leave them out, 0 bytes) and no update is skipped."""
     result, stdout = _rehearse(tmp_path, TINY_HUMANLINE, 0, "engine.zero_stage=0", "cluster.gpus_per_node=2",
-                               "humanline.reference=copy", script=REPO / "tests" / "distributed" / "rehearse_poisoned.py")
+                               "humanline.reference=copy", script=REPO / "tests" / "distributed"
+                               / "rehearse_poisoned.py")
     assert result["skipped_updates"] == 0
     (event,) = result["zeroed_gradients"]
     assert event["update"] == 0 and event["dtype"] == "float32" and event["shape"]

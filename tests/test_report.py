@@ -72,7 +72,8 @@ def test_report_renders_pngs_and_html(tmp_path):
 
 def test_report_cli_and_placeholders(tmp_path, capsys):
     # a run that logged only the loss: every plot is still written (saying what is missing)
-    only_loss = _write_jsonl(tmp_path / "bare" / "metrics.jsonl", [{"step": s, "loss": 1.0 / (s + 1)} for s in range(5)])
+    only_loss = _write_jsonl(tmp_path / "bare" / "metrics.jsonl",
+                             [{"step": s, "loss": 1.0 / (s + 1)} for s in range(5)])
     kto = _kto_metrics(tmp_path)
     out = tmp_path / "r2"
     assert main([str(only_loss), str(kto), "--output", str(out), "--title", "cmp"]) == 0

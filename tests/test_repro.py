@@ -79,7 +79,8 @@ def test_result_files_record_versions_threads_and_statistics(quick):
     assert all(len(env["kernel_fingerprint"][k]) == 16 for k in KINDS) and env["kernel_fingerprint"]["cpu"]
     assert all(r["torch_threads"] == 1 and r["deterministic"] is True for r in result["runs"])
     arms = result["summary"]["arms"]
-    assert {"online", "sparse", "humanline_sparse_k1", "offline", "offline_humanline", "humanline_online_k1"} <= set(arms)
+    assert {"online", "sparse", "humanline_sparse_k1", "offline", "offline_humanline",
+            "humanline_online_k1"} <= set(arms)
     for entry in arms.values():
         assert entry["auc"]["lo"] <= entry["auc"]["mean"] <= entry["auc"]["hi"]
         assert entry["auc"]["groups"] == len(result["warmups"]) == 2  # warm-up models resampled first
@@ -115,8 +116,7 @@ def test_a_failing_run_is_reported_with_its_log_not_a_traceback(tmp_path, capsys
 def test_warmups_below_the_minimum_are_replaced_by_the_next_seed(tmp_path, monkeypatch):
     """Seeds are tried in order; one whose held-out accuracy at the end of the warm-up is under the grid's minimum
     is recorded as rejected and the next seed is drawn until enough pass."""
-    from eval.repro import __main__ as repro
-    from eval.repro import runs
+    from eval.repro import __main__ as repro, runs
     from eval.repro.studies import FULL
 
     accuracy = {0: 0.29, 1: 0.03, 2: 0.27, 3: 0.31}

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from helpers import REPO, pinned_for_these_kernels
 from eval.repro.kernels import KINDS, describe, differing
 from eval.repro.runs import child_env
+from helpers import REPO, pinned_for_these_kernels
 
 
 def _fingerprint(**env) -> dict:

@@ -10,8 +10,18 @@ import math
 import numpy as np
 import pytest
 
-from eval.repro.stats import (CI_NOTE, bootstrap_ci, curve_auc, grouped_ci, hierarchical_bootstrap_ci, markdown_table,
-                              plot_curves, pointwise_band, summarize, verdict)
+from eval.repro.stats import (
+    CI_NOTE,
+    bootstrap_ci,
+    curve_auc,
+    grouped_ci,
+    hierarchical_bootstrap_ci,
+    markdown_table,
+    plot_curves,
+    pointwise_band,
+    summarize,
+    verdict,
+)
 
 STEPS = [0, 16, 32, 48, 64]
 

@@ -102,7 +102,8 @@ def test_resume_after_kill_during_save_and_sigterm_one_process(tmp_path):
 
 
 def test_resume_after_sigterm_two_processes_zero3(tmp_path):
-    overrides = COMMON + ["engine.zero_stage=3", "engine.zero3_param_persistence_threshold=100", "checkpoint.save_every=null",
+    overrides = COMMON + ["engine.zero_stage=3", "engine.zero3_param_persistence_threshold=100",
+                          "checkpoint.save_every=null",
                           "humanline.reference=copy"]  # each rank's reference shard resumes
     straight, out = tmp_path / "straight", tmp_path / "run"
     run_recipe(TINY_HUMANLINE, overrides + [f"output_dir={straight}"], nproc=2)

@@ -71,7 +71,8 @@ def test_math_reward_weights():
     from hl_core.rollout.rewards import MathReward
 
     reward = MathReward(RewardConfig(kind="math", accuracy_weight=8.0, format_weight=1.0))
-    scores = reward([[]] * 3, ["<think>t</think><answer>4</answer>", "\\boxed{4}", "<think>t</think><answer>5</answer>"],
+    scores = reward([[]] * 3,
+                    ["<think>t</think><answer>4</answer>", "\\boxed{4}", "<think>t</think><answer>5</answer>"],
                     ["4", "4", "4"])
     assert scores == [9.0, 8.0, 1.0]
 

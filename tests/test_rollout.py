@@ -5,7 +5,6 @@ sampling under ZeRO-3 with ranks of different lengths, and the online importance
 import pytest
 
 from helpers import REPO, read_jsonl, run_recipe
-
 from hl_core.rollout import is_rollout_step
 
 TINY = REPO / "recipes" / "tiny"
@@ -13,7 +12,8 @@ TINY = REPO / "recipes" / "tiny"
 
 @pytest.mark.parametrize(
     "every, expected",
-    [(1, [True] * 8), (4, [True, False, False, False] * 2), (3, [True, False, False] * 2 + [True, False]), (None, [False] * 8)],
+    [(1, [True] * 8), (4, [True, False, False, False] * 2), (3, [True, False, False] * 2 + [True, False]),
+     (None, [False] * 8)],
 )
 def test_schedule(every, expected):
     assert [is_rollout_step(n, every) for n in range(8)] == expected

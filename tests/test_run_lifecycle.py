@@ -29,8 +29,8 @@ import sys
 import time
 
 from helpers import REPO, TINY_HUMANLINE, TINY_OFFLINE, _env, read_jsonl, run_recipe
-from run_callbacks import pause_after
 from launchers.run import main
+from run_callbacks import pause_after
 
 FAST = ["eval.every=null", "logging.progress_bar=false"]
 DROPOUT = ["model.config_overrides={attention_dropout: 0.1}", "train.max_steps=4", "checkpoint.save_final=false",

@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from helpers import REPO, read_jsonl, run_recipe
-
 from hl_core.objectives.sft import sft_loss
 
 WARMUP = REPO / "recipes" / "repro" / "warmup.yaml"
@@ -59,7 +58,8 @@ def test_warmup_then_online_grpo_from_its_final_model(tmp_path, monkeypatch):
     rl = tmp_path / "rl"
     run_recipe(REPO / "recipes" / "tiny" / "online_grpo_math.yaml", [
         f"output_dir={rl}", f"model.name_or_path={warm / 'final'}", "model.random_init=false",
-        "data.train.path=tests/fixtures/toy_add/prompts_train.jsonl", "data.eval.path=tests/fixtures/toy_add/prompts_eval.jsonl",
+        "data.train.path=tests/fixtures/toy_add/prompts_train.jsonl",
+        "data.eval.path=tests/fixtures/toy_add/prompts_eval.jsonl",
         "data.chat_template=raw", "data.max_prompt_length=8", "rollout.max_new_tokens=4", "train.max_steps=2",
         "eval.every=2", "checkpoint.save_final=false",
     ])

@@ -2,7 +2,6 @@
 
 import math
 
-
 from helpers import TINY_HUMANLINE, read_jsonl, run_recipe
 
 

@@ -42,7 +42,8 @@ def layout(tmp_path, monkeypatch):
     (roots["images"] / "humanline.sqsh").write_bytes(b"")
     monkeypatch.setenv("HF_HOME", str(roots["hf"]))
     monkeypatch.chdir(roots["work"])
-    overrides = [f"model.name_or_path={roots['models'] / 'tiny'}", f"data.train.path={roots['data'] / 'prefs/train.jsonl'}",
+    overrides = [f"model.name_or_path={roots['models'] / 'tiny'}",
+                 f"data.train.path={roots['data'] / 'prefs/train.jsonl'}",
                  f"data.eval.path={roots['data'] / 'prefs/eval.jsonl'}", f"output_dir={roots['scratch'] / 'run'}"]
     # what the job reads and writes, written out here (not asked of the launcher)
     touched = [roots["recipes"] / "tiny" / "humanline_dpo.yaml", roots["recipes"] / "_base" / "dpo.yaml",
@@ -138,7 +139,8 @@ def _stub_sbatch(tmp_path) -> dict:
 def test_output_dir_outside_every_mount_is_refused_before_submission(layout, tmp_path, dry_run):
     roots, overrides, _ = layout
     args = [sys.executable, str(SLURM_PY), str(roots["recipes"] / "tiny" / "humanline_dpo.yaml"), *overrides,
-            "--container", "nvcr.io#acme/humanline:0.1", *[f"--mount={roots[n]}" for n in ("recipes", "models", "data")]]
+            "--container", "nvcr.io#acme/humanline:0.1",
+            *[f"--mount={roots[n]}" for n in ("recipes", "models", "data")]]
     proc = subprocess.run(args + (["--dry-run"] if dry_run else []), cwd=roots["work"], env=_stub_sbatch(tmp_path),
                           capture_output=True, text=True)
     assert proc.returncode == 2, proc.stderr
@@ -200,11 +202,13 @@ def test_mount_and_use_checkout_need_a_container(layout):
 
 def test_a_docker_hub_reference_is_accepted_with_a_note(layout, tmp_path):
     roots, overrides, _ = layout
-    base = [sys.executable, str(SLURM_PY), str(roots["recipes"] / "tiny" / "humanline_dpo.yaml"), *overrides, "--dry-run"]
+    base = [sys.executable, str(SLURM_PY), str(roots["recipes"] / "tiny" / "humanline_dpo.yaml"), *overrides,
+            "--dry-run"]
     env = _stub_sbatch(tmp_path)
     hub = subprocess.run(base + ["--container", "humanline:0.1"], cwd=roots["work"], env=env, capture_output=True,
                          text=True)
-    assert hub.returncode == 0 and "pulls it from Docker Hub" in hub.stderr and "--container-image=humanline:0.1" in hub.stdout
+    assert hub.returncode == 0 and "pulls it from Docker Hub" in hub.stderr
+    assert "--container-image=humanline:0.1" in hub.stdout
     registry = subprocess.run(base + ["--container", "nvcr.io#acme/humanline:0.1"], cwd=roots["work"], env=env,
                               capture_output=True, text=True)
     assert registry.returncode == 0 and "Docker Hub" not in registry.stderr

@@ -97,7 +97,8 @@ BATTERY = [
 
 
 def test_every_recipe_renders_a_script_that_bash_parses(tmp_path):
-    recipes = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if "_base" not in p.parts and not p.name.startswith("_"))
+    recipes = sorted(p for p in (REPO / "recipes").rglob("*.yaml") if "_base" not in p.parts and
+                     not p.name.startswith("_"))
     assert len(recipes) > 10
     scripts = []
     for recipe in recipes:

@@ -107,7 +107,8 @@ def test_refusals_by_model_family():
     from hl_core.errors import RecipeError
     from hl_core.models.speed import check_speed_options
 
-    recipe = load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml", ["model.kernels=liger", "train.fused_logprobs=true"])
+    recipe = load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml",
+                         ["model.kernels=liger", "train.fused_logprobs=true"])
     with pytest.raises(RecipeError, match="`model.kernels: liger`.*`phi3`"):
         check_speed_options(recipe, model_type="phi3", cuda=True)
     recipe = load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml", ["train.fused_logprobs=true"])
@@ -117,14 +118,17 @@ def test_refusals_by_model_family():
 
 
 def test_the_run_summary_reports_compilation(tmp_path, capsys):
-    """The engine's compile facts reach summary.json and the printed summary (a run without `train.compile` has none)."""
+    """The engine's compile facts reach summary.json and the printed summary (a run without `train.compile` has
+    none)."""
     from hl_core.loop.report import RunReport, StepTimes
 
-    fields = {"compiled_layers": 4, "compile_backend": "inductor", "compile_s": 12.5, "compiled_graphs": 2, "recompiles": 1}
+    fields = {"compiled_layers": 4, "compile_backend": "inductor", "compile_s": 12.5, "compiled_graphs": 2,
+              "recompiles": 1}
     report = RunReport(True, tmp_path, None, "run")
     times = StepTimes([1.0], [0.1], [0.0])
     summary = report.summary(1, 2.0, times, [], 0, 0, dict(fields), "reference sync", False)
     assert json.loads((tmp_path / "summary.json").read_text())["recompiles"] == 1 and summary["compile_s"] == 12.5
-    assert "compiled 4 decoder layers (inductor): 2 graphs (1 recompiles) in 12.5s of compile time" in capsys.readouterr().out
+    expected = "compiled 4 decoder layers (inductor): 2 graphs (1 recompiles) in 12.5s of compile time"
+    assert expected in capsys.readouterr().out
     report.summary(1, 2.0, times, [], 0, 0, {}, "reference sync", False)
     assert "compiled" not in capsys.readouterr().out

@@ -8,7 +8,6 @@ import pytest
 import torch
 
 from helpers import REPO, run_worker
-
 from hl_core.config import check_recipe, load_recipe
 from hl_core.errors import RecipeError
 from hl_core.humanline import ParameterPairs, ReferenceSync, SyncSchedule

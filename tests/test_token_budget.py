@@ -81,7 +81,8 @@ def test_kto_kl_rows_do_not_depend_on_the_split():
 
 
 def test_a_group_over_the_budget_is_refused_naming_the_key():
-    data = [{"input_ids": [[1] * 10] * 4, "scores": [0, 1, 0, 1]}, {"input_ids": [[1] * 30] * 4, "scores": [0, 1, 0, 1]}]
+    data = [{"input_ids": [[1] * 10] * 4, "scores": [0, 1, 0, 1]},
+            {"input_ids": [[1] * 30] * 4, "scores": [0, 1, 0, 1]}]
     check_budget_fits(120, data, "prompt group")
     with pytest.raises(RecipeError) as info:
         check_budget_fits(100, data, "prompt group")

@@ -9,7 +9,7 @@ import pytest
 
 from helpers import REPO, TINY_HUMANLINE
 from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import max_diff, check_equal, pack_losses, trl_run
+from trl_common import check_equal, max_diff, pack_losses, trl_run
 
 pytest.importorskip("trl")
 from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402

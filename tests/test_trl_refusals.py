@@ -10,7 +10,11 @@ trl = pytest.importorskip("trl")
 from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import NoTransform  # noqa: E402
 from hl_core.integrations.trl import (  # noqa: E402
-    HumanlineDPOTrainer, HumanlineGRPOTrainer, HumanlineKTOTrainer, HumanlineTrlSettingError, UnsupportedTrlError,
+    HumanlineDPOTrainer,
+    HumanlineGRPOTrainer,
+    HumanlineKTOTrainer,
+    HumanlineTrlSettingError,
+    UnsupportedTrlError,
     check_trl,
 )
 from hl_core.integrations.trl.compat import fused_head_available, supported_release  # noqa: E402

@@ -9,9 +9,7 @@ import pytest
 import torch
 
 from helpers import REPO
-
 from hl_core.humanline import SyncSchedule
-
 from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
 from test_trl_trainer_paths import dpo, grpo, kto, needs_fused
 
@@ -65,10 +63,10 @@ def conversational(kind):
 def plain_losses(kind, weights, out, resume=None):  # noqa: F811
     """TRL's own trainer (a frozen reference) on TRL's conversational rows, its loss per update recorded from
     ``compute_loss``."""
+    import trl_data
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer, KTOConfig, KTOTrainer
 
-    import trl_data
     from test_trl_trainer_paths import settings
 
     tok = AutoTokenizer.from_pretrained(weights)

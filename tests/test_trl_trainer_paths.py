@@ -21,7 +21,10 @@ from trl_data import dpo_rows, grpo_rows, kto_rows, load  # noqa: E402
 from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import ClipTransform, NoTransform, SyncSchedule  # noqa: E402
 from hl_core.integrations.trl import (  # noqa: E402
-    HumanlineDPOTrainer, HumanlineGRPOTrainer, HumanlineKTOTrainer, HumanlineTrlSettingError,
+    HumanlineDPOTrainer,
+    HumanlineGRPOTrainer,
+    HumanlineKTOTrainer,
+    HumanlineTrlSettingError,
 )
 from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
 

@@ -139,7 +139,8 @@ def test_torchrun_across_two_hosts_matches_one_host(two_hosts, one_host_metrics,
     for host in (0, 1):
         env = {**_env(), "GLOO_SOCKET_IFNAME": two_hosts.links[host]}  # gloo's pairs over the veth, not loopback
         torchrun = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{two_hosts.addrs[0]}:{port}", "--rdzv-id", "two-hosts",
+                    "--rdzv-backend", "c10d", "--rdzv-endpoint", f"{two_hosts.addrs[0]}:{port}", "--rdzv-id",
+                    "two-hosts",
                     "--local-addr", two_hosts.addrs[host], "--max-restarts", "0",
                     str(RUN_PY), str(TINY_HUMANLINE), *OVERRIDES, f"output_dir={out}"]
         procs.append(subprocess.Popen(two_hosts.command(host, torchrun), cwd=REPO, env=env, stdout=subprocess.PIPE,

@@ -162,7 +162,8 @@ class Ranks:
                 raise RuntimeError(f"zygote {rank} did not start: {Path(self.zygotes[rank].log).read_text()[-3000:]}")
         return self.zygotes[:n]
 
-    def run(self, argv: Sequence, env: dict, nproc: int, port: Optional[int], timeout: float) -> subprocess.CompletedProcess:
+    def run(self, argv: Sequence, env: dict, nproc: int, port: Optional[int],
+            timeout: float) -> subprocess.CompletedProcess:
         """``argv`` (a script and its arguments) as ranks 0..nproc-1 of one job, as ``torchrun --nproc_per_node``
         runs it: the rendezvous variables set, the ranks' output interleaved into one stdout and one stderr, the
         other ranks stopped when one fails, exit code 0 or (a rank failed) 1. ``port`` None: one process as

@@ -346,34 +346,15 @@ def run_alpaca_eval(
                       rm_max_length=rm_max_length, trust_remote_code=trust_remote_code)
     loads_a_model = isinstance(judge, str) and judge.startswith("rm:")  # after generation: not both in memory
     judge_obj = None if loads_a_model else make_judge(judge, **judge_args)  # an API judge's credentials, first
-    generation: Dict[str, Any]
     if model_outputs is not None:
-        by_instr = {r["instruction"]: r for r in read_rows(model_outputs)}
-        missing = [r["instruction"] for r in rows if r["instruction"] not in by_instr]
-        if missing:
-            raise EvalError(f"{model_outputs}: no model output for {len(missing)} instruction(s).")
-        outputs = [
-            {"instruction": r["instruction"], "output": str(by_instr[r["instruction"]]["output"]),
-             "generator": generator, "dataset": r.get("dataset", "")}
-            for r in rows
-        ]
-        generation = {"source": str(model_outputs)}
+        outputs, generation = _given_outputs(rows, model_outputs, generator)
     else:
         if model is None:
             raise EvalError("AlpacaEval needs a model to generate with, or model_outputs.")
-        from ..lm import make_lm
-
-        lm = make_lm(model, backend, batch_size=batch_size, dtype=dtype, seed=seed, backend_kwargs=backend_kwargs)
-        outputs, used_chat = generate_outputs(
-            lm, rows, generator, max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
-            chat_template=chat_template, seed=seed,
-        )
-        generation = {
-            "backend": {"HFLM": "hf", "VLLM": "vllm"}.get(type(lm).__name__, f"custom:{type(lm).__name__}"),
-            "max_new_tokens": int(max_new_tokens), "temperature": float(temperature),
-            "top_p": float(top_p) if float(temperature) > 0 else None, "do_sample": float(temperature) > 0,
-            "chat_template": used_chat, "seed": int(seed),
-        }
+        sampling = dict(max_new_tokens=max_new_tokens, temperature=temperature, top_p=top_p,
+                        chat_template=chat_template, seed=seed)
+        outputs, generation = _generate(model, rows, generator, sampling, backend=backend, batch_size=batch_size,
+                                        dtype=dtype, backend_kwargs=backend_kwargs)
     if out_dir is not None:
         write_json(out_dir / "alpaca_model_outputs.json", outputs)
 
@@ -384,14 +365,60 @@ def run_alpaca_eval(
         outputs, refs, judge_obj, generator=generator, length_controlled=length_controlled, lc_data=lc_data,
         cache_path=cache,
     )
+    result = _result(metrics, lc_info, generator=generator, model=model, data_label=data_label, rows=rows,
+                     limit=limit, refs=refs, judge=judge_obj.describe(), generation=generation)
+    result["wall_s"] = round(time.time() - t0, 3)
+    if out_dir is not None:
+        write_json(out_dir / "alpaca_annotations.json", annotations)
+        result["files"] = {"model_outputs": "alpaca_model_outputs.json", "annotations": "alpaca_annotations.json"}
+        write_json(out_dir / "alpaca_eval.json", result)
+    log.info("AlpacaEval %s: %s", generator, {k: result[k] for k in result["computed"]})
+    return result
+
+
+def _given_outputs(rows: List[Dict[str, Any]], model_outputs: str, generator: str) -> Tuple[list, Dict[str, Any]]:
+    """The model's outputs read from ``model_outputs`` (one per instruction, matched by its text)."""
+    by_instr = {r["instruction"]: r for r in read_rows(model_outputs)}
+    missing = [r["instruction"] for r in rows if r["instruction"] not in by_instr]
+    if missing:
+        raise EvalError(f"{model_outputs}: no model output for {len(missing)} instruction(s).")
+    outputs = [
+        {"instruction": r["instruction"], "output": str(by_instr[r["instruction"]]["output"]),
+         "generator": generator, "dataset": r.get("dataset", "")}
+        for r in rows
+    ]
+    return outputs, {"source": str(model_outputs)}
+
+
+def _generate(model, rows: List[Dict[str, Any]], generator: str, sampling: Dict[str, Any], *, backend: str,
+              batch_size, dtype: str, backend_kwargs) -> Tuple[list, Dict[str, Any]]:
+    """The model's outputs, generated with ``sampling`` (max_new_tokens, temperature, top_p, chat_template,
+    seed), and how they were generated."""
+    from ..lm import make_lm
+
+    seed, temperature = sampling["seed"], float(sampling["temperature"])
+    lm = make_lm(model, backend, batch_size=batch_size, dtype=dtype, seed=seed, backend_kwargs=backend_kwargs)
+    outputs, used_chat = generate_outputs(lm, rows, generator, **sampling)
+    generation = {
+        "backend": {"HFLM": "hf", "VLLM": "vllm"}.get(type(lm).__name__, f"custom:{type(lm).__name__}"),
+        "max_new_tokens": int(sampling["max_new_tokens"]), "temperature": temperature,
+        "top_p": float(sampling["top_p"]) if temperature > 0 else None, "do_sample": temperature > 0,
+        "chat_template": used_chat, "seed": int(seed),
+    }
+    return outputs, generation
+
+
+def _result(metrics: Dict[str, Any], lc_info: Dict[str, Any], *, generator: str, model, data_label: str, rows: list,
+            limit: Optional[int], refs: list, judge: Dict[str, Any], generation: Dict[str, Any]) -> Dict[str, Any]:
+    """The result dict (see the module doc) from the judge's metrics."""
     computed = ["win_rate"] + (["length_controlled_winrate"] if lc_info["computed"] else [])
-    result: Dict[str, Any] = {
+    return {
         "task": "alpaca_eval",
         "generator": generator,
         "model": model if isinstance(model, str) else (type(model).__name__ if model is not None else None),
         "data": {"source": data_label, "n": len(rows), "limit": limit,
                  "reference_generator": sorted({r["generator"] for r in refs})},
-        "judge": judge_obj.describe(),
+        "judge": judge,
         "generation": generation,
         "units": "percent (0-100), alpaca_eval convention",
         "win_rate": metrics.get("win_rate"),
@@ -408,11 +435,4 @@ def run_alpaca_eval(
         "headline": computed[-1],
         "length_controlled_note": lc_info["note"],
         "alpaca_eval_version": version_of("alpaca_eval"),
-        "wall_s": round(time.time() - t0, 3),
     }
-    if out_dir is not None:
-        write_json(out_dir / "alpaca_annotations.json", annotations)
-        result["files"] = {"model_outputs": "alpaca_model_outputs.json", "annotations": "alpaca_annotations.json"}
-        write_json(out_dir / "alpaca_eval.json", result)
-    log.info("AlpacaEval %s: %s", generator, {k: result[k] for k in computed})
-    return result

@@ -30,9 +30,9 @@ from .._common import (
     is_offline,
     looks_local,
     read_rows,
+    version_of,
     write_json,
     write_jsonl,
-    version_of,
 )
 
 log = logging.getLogger(__name__)
@@ -153,10 +153,7 @@ def run_math500(
     the ``minerva`` prompt), ``True``/``False``. With ``prompt="r1"`` and the chat template on, the
     paper's open-r1 system prompt is the system message.
     """
-    import lm_eval
-    from lm_eval.tasks import TaskManager
-
-    from ..lm import check_generation_room, has_chat_template, make_lm
+    from ..lm import check_generation_room, make_lm
 
     t0 = time.time()
     cfg = task_config(data, split, n_samples, temperature, top_p, max_new_tokens, prompt)
@@ -164,32 +161,12 @@ def run_math500(
     backend_used = _backend_label(lm)
     check_generation_room(lm, max_new_tokens, "`eval.math500.max_new_tokens` (`--max-new-tokens`)")
 
-    if chat_template == "auto":
-        use_chat = prompt != "minerva" and has_chat_template(lm)
-    else:
-        use_chat = bool(chat_template)
-        if use_chat and not has_chat_template(lm):
-            raise EvalError("chat_template=true but the model's tokenizer has no chat template. Fix: use --no-chat-template.")
+    use_chat = _uses_chat_template(lm, chat_template, prompt)
     utils = inspect.getmodule(cfg["process_results"])
     system = utils.SYSTEM_PROMPT_R1 if (use_chat and prompt == "r1") else None
     if prompt == "r1" and not use_chat:
         log.warning("MATH500: prompt r1 without a chat template sends the bare problem; consider --prompt boxed.")
-
-    out = lm_eval.simple_evaluate(
-        model=lm,
-        tasks=[cfg],
-        task_manager=TaskManager(include_defaults=False),
-        apply_chat_template=use_chat,
-        system_instruction=system,
-        fewshot_as_multiturn=False,
-        log_samples=True,
-        limit=limit,
-        bootstrap_iters=0,
-        random_seed=seed,
-        numpy_random_seed=seed,
-        torch_random_seed=seed,
-        fewshot_random_seed=seed,
-    )
+    out = _evaluate(lm, cfg, use_chat, system, limit, seed)
     task_res = out["results"][TASK_NAME]
     samples = out.get("samples", {}).get(TASK_NAME, [])
     samples = sorted(samples, key=lambda s: s["doc_id"])
@@ -228,6 +205,41 @@ def run_math500(
         result["files"] = {"samples": "math500_samples.jsonl"}
         write_json(out_dir / "math500.json", result)
     return result
+
+
+def _uses_chat_template(lm, chat_template: Union[str, bool], prompt: str) -> bool:
+    """``chat_template`` decided: ``"auto"`` is on when the model has a template, except for the ``minerva`` prompt;
+    ``True`` needs one."""
+    from ..lm import has_chat_template
+
+    if chat_template == "auto":
+        return prompt != "minerva" and has_chat_template(lm)
+    if chat_template and not has_chat_template(lm):
+        raise EvalError("chat_template=true but the model's tokenizer has no chat template. Fix: use "
+                        "--no-chat-template.")
+    return bool(chat_template)
+
+
+def _evaluate(lm, cfg: Dict[str, Any], use_chat: bool, system: Optional[str], limit: Optional[int], seed: int):
+    """lm-eval's run of the task ``cfg`` with its samples logged, every generator seeded with ``seed``."""
+    import lm_eval
+    from lm_eval.tasks import TaskManager
+
+    return lm_eval.simple_evaluate(
+        model=lm,
+        tasks=[cfg],
+        task_manager=TaskManager(include_defaults=False),
+        apply_chat_template=use_chat,
+        system_instruction=system,
+        fewshot_as_multiturn=False,
+        log_samples=True,
+        limit=limit,
+        bootstrap_iters=0,
+        random_seed=seed,
+        numpy_random_seed=seed,
+        torch_random_seed=seed,
+        fewshot_random_seed=seed,
+    )
 
 
 def _backend_label(lm) -> str:

@@ -30,11 +30,11 @@ from typing import Dict, List, Optional, Sequence
 from hl_core.storage.digests import sha256_file
 
 from . import stats
+from .fair import PREFERENCE_FAIR
 from .report import clamp_binding, per_run, regime, write_report
 from .runs import REPO, Run, RunFailed, WorkerPool, accepted_warmups, environment, run_all
 from .sources import SOURCES, source_data
-from .fair import PREFERENCE_FAIR
-from .studies import FULL, QUICK, RECIPES, STUDIES as BASE_STUDIES, Grid, Study, grid_runs
+from .studies import FULL, QUICK, STUDIES as BASE_STUDIES, Grid, Study, grid_runs
 
 STUDIES = {**BASE_STUDIES, PREFERENCE_FAIR.name: PREFERENCE_FAIR}
 
@@ -156,12 +156,14 @@ def run_study(args, study: Study, grid: Grid, out: Path, cache: Path, pool: Work
 
     known = {a.name: a for a in study.arms}
     labels = {a.name: a.label for a in study.arms + study.quick_extra}
-    arms = [known[a] for a in args.arms] if args.arms else [a for a in study.arms if not args.quick or a.name in study.quick_arms]
+    arms = ([known[a] for a in args.arms] if args.arms
+            else [a for a in study.arms if not args.quick or a.name in study.quick_arms])
     runs = grid_runs(arms, grid, models, out, seeds, data=data)
     repeat = None
     if args.quick:
         runs += grid_runs(study.quick_extra, grid, models, out, seeds, data=data)
-        repeat = grid_runs([study.arm(study.repeat_arm)], grid, {0: models[0]}, out, seeds[:1], tag="_repeat", data=data)[0]
+        repeat = grid_runs([study.arm(study.repeat_arm)], grid, {0: models[0]}, out, seeds[:1], tag="_repeat",
+                           data=data)[0]
         runs.append(repeat)
     runs = run_all(runs, pool, mode)
     if repeat is not None:

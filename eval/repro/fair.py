@@ -295,7 +295,8 @@ def run_fair(args, grid, out: Path, cache: Path, pool: WorkerPool) -> int:
     seeds = list(range(args.seeds or grid.seeds))
     if args.sweep or set(seeds) & set(fg.tuning_seeds):
         print(f"error: the {args.study} study takes no --sweep, and its reported RL seeds {seeds} must stay apart from "
-              f"its tuning seeds {list(fg.tuning_seeds)} (use --seeds {min(fg.tuning_seeds)} or fewer)", file=sys.stderr)
+              f"its tuning seeds {list(fg.tuning_seeds)} (use --seeds {min(fg.tuning_seeds)} or fewer)",
+              file=sys.stderr)
         return 2
     n_warmups = args.warmups or grid.warmups
     start = time.perf_counter()

@@ -16,7 +16,8 @@ from .runs import Run
 
 Key = Tuple[int, int]
 # (humanline role, offline role, what they share) compared per objective
-PAIRS = (("humanline", "offline", "tuned, weak data"), ("humanline@online", "offline@online", "online's values, weak data"),
+PAIRS = (("humanline", "offline", "tuned, weak data"),
+         ("humanline@online", "offline@online", "online's values, weak data"),
          ("humanline strong", "offline strong", "tuned, strong data"),
          ("humanline mixture", "offline mixture", "tuned, mixture data"))
 
@@ -64,7 +65,8 @@ def comparisons(runs: Sequence[Run], by_role: Dict[str, Dict[str, object]], summ
             hl, off = role[hl_role].name, role[off_role].name
             row = {"objective": objective, "compared": what, "humanline": hl, "offline": off, "online": online}
             for measure, value in (("auc", _auc), ("final", _final)):
-                g = {name: gain(runs, arm, value) for name, arm in (("offline", off), ("online", online), ("humanline", hl))}
+                g = {name: gain(runs, arm, value) for name, arm
+                     in (("offline", off), ("online", online), ("humanline", hl))}
                 gap = g["online"] - g["offline"]
                 row[measure] = {"gain": g, "share_closed": (g["humanline"] - g["offline"]) / gap if gap else None,
                                 "humanline_minus_offline": paired(runs, hl, off, value),
@@ -131,7 +133,8 @@ def tuning_cost(table: List[dict]) -> Dict[str, Dict[str, dict]]:
     """Distinct tuning settings, runs and run seconds per objective and arm (a setting in two groups counts once)."""
     cost: Dict[str, Dict[str, dict]] = {}
     for row in table:
-        entry = cost.setdefault(row["objective"], {}).setdefault(row["arm"], {"settings": {}, "runs": 0, "seconds": 0.0})
+        entry = cost.setdefault(row["objective"], {}).setdefault(row["arm"],
+                                                                 {"settings": {}, "runs": 0, "seconds": 0.0})
         for c in row["candidates"]:
             entry["settings"][c["arm"]] = (len(c["auc_runs"]), c["wall_s"])
     for arms in cost.values():
@@ -289,7 +292,8 @@ def markdown(result: dict, labels: Dict[str, str]) -> List[str]:
                   f"seed {w['seed']} {w['accuracy']:.3f} ({'accepted' if w['accepted'] else 'rejected'})"
                   for w in result["warmup_acceptance"]) + ".", "",
               f"Runtime: {wall / 60:.1f} min in all (planned ETA {result['plan']['eta_s'] / 60:.1f} min); " + ", ".join(
-                  f"{stage} {s / 60:.1f} min" for stage, s in result["stage_wall_s"].items()) + f". {len(result['runs'])}"
+                  f"{stage} {s / 60:.1f} min" for stage, s in result["stage_wall_s"].items())
+              + f". {len(result['runs'])}"
               f" reported runs and {len(result['tuning_runs'])} tuning runs; {env['cpu_count']} CPUs, "
               f"{env['parallel_jobs']} runs at a time, 1 thread each, deterministic algorithms; torch {env['torch']}, "
               f"transformers {env['transformers']}, deepspeed {env['deepspeed']}; commit {env['git_commit']}; "

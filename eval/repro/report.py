@@ -20,12 +20,15 @@ def regime(study: Study, grid: Grid) -> dict:
     arm = study.arm(study.choose_by[0])
     recipe = load_recipe(RECIPES / arm.recipe, grid.overrides(arm))
     return {"shortened": grid.shortened, "train": recipe.train.model_dump(), "rollout": recipe.rollout.model_dump(),
-            "objective": recipe.objective.model_dump(), "humanline_clamp": [recipe.humanline.log_eps_P, recipe.humanline.log_eps_R],
+            "objective": recipe.objective.model_dump(),
+            "humanline_clamp": [recipe.humanline.log_eps_P, recipe.humanline.log_eps_R],
             "eval_prompts": recipe.data.eval.limit, "eval_every": recipe.eval.every}
 
 
-def curves_of(runs: Sequence[Run], win_rate: bool = False) -> Dict[str, Dict[Tuple[int, int], Tuple[List[int], List[float]]]]:
-    """``curves[arm][(warm-up, seed)]`` (held-out metric, or win rate against the start), ``stats.summarize``'s layout."""
+def curves_of(runs: Sequence[Run],
+              win_rate: bool = False) -> Dict[str, Dict[Tuple[int, int], Tuple[List[int], List[float]]]]:
+    """``curves[arm][(warm-up, seed)]`` (held-out metric, or win rate against the start), ``stats.summarize``'s
+    layout."""
     curves: Dict[str, Dict[Tuple[int, int], Tuple[List[int], List[float]]]] = {}
     for run in runs:
         curves.setdefault(run.arm, {})[(run.warmup, run.seed)] = (run.curve[0], run.win_rate) if win_rate else run.curve
@@ -70,12 +73,14 @@ def write_report(out: Path, study: Study, runs: Sequence[Run], labels: Dict[str,
                         "deterministic": r.summary.get("deterministic")} for r in runs]}
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2) + "\n")
-    lines = [f"# {title}", "", f"{study.metric[0].upper()}{study.metric[1:]}:", "", stats.markdown_table(summary, labels), ""]
+    lines = [f"# {title}", "", f"{study.metric[0].upper()}{study.metric[1:]}:", "",
+             stats.markdown_table(summary, labels), ""]
     if win_summary:
         lines += ["Win rate against the start policy (one sampled completion per held-out prompt, ties count half):",
                   "", stats.markdown_table(win_summary, labels), ""]
     lines += ["Generation (+ scoring) seconds per run, mean over runs: "
-              + ", ".join(f"{labels.get(a, a)} {e['generation_s']['mean']:.1f}" for a, e in summary["arms"].items()), ""]
+              + ", ".join(f"{labels.get(a, a)} {e['generation_s']['mean']:.1f}" for a, e in summary["arms"].items()),
+              ""]
     if checks:
         lines += ["Sanity checks: " + ", ".join(f"{k} = {v:.4f}" if isinstance(v, float) else f"{k} = {v}"
                                                 for k, v in checks.items()), ""]

@@ -262,7 +262,8 @@ def warmups(out: Path, overrides: Sequence[str], seeds: Sequence[int], pool: Wor
 
 
 WARMUP_EVAL = ("data.eval.path=tests/fixtures/toy_add/prompts_eval.jsonl", "data.eval.limit=256", "eval.at_start=false",
-               "eval.held_out=reward", "rollout.reward.kind=math", "rollout.temperature=1.0", "rollout.max_new_tokens=4")
+               "eval.held_out=reward", "rollout.reward.kind=math", "rollout.temperature=1.0",
+               "rollout.max_new_tokens=4")
 
 
 def policy_warmup(grid) -> Tuple[List[str], int]:

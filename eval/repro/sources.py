@@ -176,7 +176,8 @@ def train_writers(sources: Sequence[Source], cache: Path, warmup_overrides: Sequ
     for writer in (w for source in sources for w in source.writers):
         run = warmup_run(cache, [*warmup_overrides, *writer.overrides], writer.seed, writer.name)
         if run is not None:
-            run.estimate_s = float(sum(int(o.split("=")[1]) for o in writer.overrides if o.startswith("train.max_steps=")))
+            run.estimate_s = float(sum(int(o.split("=")[1]) for o in writer.overrides
+                                       if o.startswith("train.max_steps=")))
             todo[run.output_dir] = run
     if todo:
         print(f"data writers: supervised training of {len(todo)} model(s) -> {cache}")

@@ -18,21 +18,36 @@ The package, by concern:
 
 from pathlib import Path
 
-from .checks import _looks_local, batch_layout, check_recipe, pipeline_microbatches
-from .keys_doc import _type_name, recipe_keys_markdown
-from .load import (
-    _describe_error, _model_for_loc, _read_yaml, _resolve_defaults, _unwrap_model, apply_overrides, deep_merge,
-    load_recipe, parse_override, recipe_to_yaml, validate_recipe_dict,
-)
+from .checks import batch_layout, check_recipe, pipeline_microbatches
+from .keys_doc import recipe_keys_markdown
+from .load import apply_overrides, deep_merge, load_recipe, parse_override, recipe_to_yaml, validate_recipe_dict
 from .schema import Recipe
 from .sections import (
-    OBJECTIVE_CONFIGS, CheckpointConfig, DPOObjective, EngineConfig, GRPOObjective, HumanlineConfig, KTOObjective,
-    ModelConfig, ObjectiveConfig, ParallelConfig, SFTObjective, TrainConfig, _Section,
+    OBJECTIVE_CONFIGS,
+    CheckpointConfig,
+    DPOObjective,
+    EngineConfig,
+    GRPOObjective,
+    HumanlineConfig,
+    KTOObjective,
+    ModelConfig,
+    ObjectiveConfig,
+    ParallelConfig,
+    SFTObjective,
+    TrainConfig,
 )
 from .sections_data import DataConfig, DataSource, MixtureSource
 from .sections_run import (
-    POST_TRAINING_EVALS, AlpacaEvalConfig, ClusterConfig, DataQualityEvalConfig, EvalConfig, LoggingConfig,
-    Math500EvalConfig, RewardConfig, RolloutConfig, WandbConfig, _GenerationEval,
+    POST_TRAINING_EVALS,
+    AlpacaEvalConfig,
+    ClusterConfig,
+    DataQualityEvalConfig,
+    EvalConfig,
+    LoggingConfig,
+    Math500EvalConfig,
+    RewardConfig,
+    RolloutConfig,
+    WandbConfig,
 )
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent

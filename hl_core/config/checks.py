@@ -19,7 +19,24 @@ from .sections_run import POST_TRAINING_EVALS
 def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     """Incompatible settings raise ``RecipeError``; ``world_size`` enables the batch-layout checks (the
     checkpoint to resume is checked against it, else against ``WORLD_SIZE`` from the launcher, else 1)."""
-    hl = recipe.humanline
+    check_engine_fit(recipe)
+    check_reference_free(recipe)
+    check_token_budget(recipe)
+    check_speed_keys(recipe)
+    check_parallel_engine(recipe)
+    check_rollout_and_eval(recipe)
+    check_reference_source(recipe)
+    check_sink_packages(recipe)
+    check_resume_target(recipe, world_size)
+    check_data_paths(recipe)
+    check_model_path(recipe)
+    if world_size is not None:
+        batch_layout(recipe, world_size)
+
+
+def check_engine_fit(recipe: Recipe) -> None:
+    """The engine can run the recipe: its package is installed, and it does what the method, the rollouts and
+    the packing ask."""
     if recipe.model.lora_enabled:
         check_lora(recipe)
     if recipe.engine.name == "megatron":
@@ -28,7 +45,7 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 "`engine.name: megatron` needs the `megatron-core` package. "
                 "Fix: `pip install -e .[megatron]`, or use `engine.name=deepspeed`."
             )
-    if recipe.objective.name == "sft" and (hl.enabled or recipe.rollout.every is not None):
+    if recipe.objective.name == "sft" and (recipe.humanline.enabled or recipe.rollout.every is not None):
         raise RecipeError(
             "`objective.name: sft` trains on demonstrations only: it uses no reference (so no humanline "
             "transform or syncing) and no rollouts. Fix: set `humanline.transform=none humanline.sync_every=null "
@@ -51,14 +68,20 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             "need Transformer Engine's attention (its local DotProductAttention refuses `packed_seq_params`), which "
             "this setup does not install. Fix: `data.packing=false`, or `engine.name=deepspeed`."
         )
-    check_reference_free(recipe)
-    check_token_budget(recipe)
-    check_speed_keys(recipe)
+
+
+def check_parallel_engine(recipe: Recipe) -> None:
+    """Tensor and pipeline parallelism only on the megatron engine."""
     if recipe.engine.name == "deepspeed" and (recipe.parallel.tp > 1 or recipe.parallel.pp > 1):
         raise RecipeError(
             f"`parallel.tp={recipe.parallel.tp}`, `parallel.pp={recipe.parallel.pp}` need `engine.name: megatron`; "
             "the DeepSpeed engine is data-parallel only. Fix: set `parallel.tp=1 parallel.pp=1`, or switch engines."
         )
+
+
+def check_rollout_and_eval(recipe: Recipe) -> None:
+    """Rollout groups only for GRPO; a reward that can be computed where rollouts or held-out rewards need one;
+    held-out data for periodic evaluations; a data-quality source to score."""
     reward = recipe.rollout.reward
     if recipe.rollout.group != "all" and recipe.objective.name != "grpo":
         raise RecipeError(
@@ -89,8 +112,10 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             f"mixture of {len(recipe.data.train_sources)} sources. Fix: name the data to score with "
             "`eval.data_quality.data=...` (one source's path or name)."
         )
-    check_reference_source(recipe)
-    check_sink_packages(recipe)
+
+
+def check_resume_target(recipe: Recipe, world_size: Optional[int]) -> None:
+    """``checkpoint.resume`` names something that exists and fits this run; ``output_dir`` can be written."""
     resume = recipe.checkpoint.resume
     if resume not in ("auto", "never") and not Path(resume).exists():
         raise RecipeError(
@@ -99,6 +124,10 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
         )
     check_resume(recipe, world_size or env_world_size() or 1)
     check_output_dir(recipe.output_dir)
+
+
+def check_data_paths(recipe: Recipe) -> None:
+    """Every local data file exists and is a regular file."""
     sources = [("data.train" if not recipe.data.mixture else f"data.train[{i}]", source)
                for i, source in enumerate(recipe.data.train_sources)] + [("data.eval", recipe.data.eval)]
     for key, source in sources:
@@ -113,6 +142,10 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
                 f"`{key}.path: {source.path}` is {kind}, not a regular file: reading it would never end or would "
                 "block. Fix: give a .jsonl/.json/.parquet file."
             )
+
+
+def check_model_path(recipe: Recipe) -> None:
+    """A local-looking ``model.name_or_path`` exists (a run's ``final/`` named as such)."""
     if _looks_local(recipe.model.name_or_path) and not Path(recipe.model.name_or_path).exists():
         written_by_a_run = Path(recipe.model.name_or_path).name == "final"
         raise RecipeError(
@@ -120,10 +153,9 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
             + ("It is the `final/` model of another run: train that run first (for `recipes/repro/*`: "
                "`python launchers/run.py recipes/repro/warmup.yaml`), or point the key at its output. "
                if written_by_a_run else "")
-            + "Fix: give an existing model directory, or a Hugging Face name such as `meta-llama/Meta-Llama-3-8B-Instruct`."
+            + "Fix: give an existing model directory, or a Hugging Face name such as "
+              "`meta-llama/Meta-Llama-3-8B-Instruct`."
         )
-    if world_size is not None:
-        batch_layout(recipe, world_size)
 
 
 def check_sink_packages(recipe: Recipe) -> None:
@@ -175,38 +207,45 @@ def check_lora(recipe: Recipe) -> None:
             "are not in the optimizer, so ZeRO-2 already shards all that LoRA trains), or `model.lora.r=null`."
         )
     if not installed("peft"):
-        raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or `model.lora.r=null`.")
+        raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or "
+                          "`model.lora.r=null`.")
     evals = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
     if evals and recipe.eval.after_training and not lora.save_merged:
         raise RecipeError(
-            f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only the "
-            "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or `eval.after_training=false`."
+            f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only "
+            f"the "
+            "adapter. Fix: `model.lora.save_merged=true` (they then read `final/merged/`), or "
+            "`eval.after_training=false`."
         )
 
 
 def check_speed_keys(recipe: Recipe) -> None:
     """``train.fused_logprobs``, ``train.compile`` and ``model.kernels`` work on the DeepSpeed engine's transformers
-    model (``train.compile`` at ZeRO 0-2, and not with Liger's kernels); megatron-core has its own layers and a vocab-parallel output layer (whose log-probs are already chunked).
-    The model family and the machine are checked by ``hl_core.models.speed.check_speed_options``."""
+    model (``train.compile`` at ZeRO 0-2, and not with Liger's kernels); megatron-core has its own layers and a
+    vocab-parallel output layer (whose log-probs are already chunked). The model family and the machine are checked by
+    ``hl_core.models.speed.check_speed_options``."""
     if recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3 and recipe.train.compile:
         raise RecipeError(
             "`train.compile: true` does not pay under `engine.zero_stage: 3`: ZeRO-3 gathers and releases each layer's "
             "parameters in Python hooks inside the layer, which break a compiled layer's graph and recompile it (the "
-            "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: `engine.zero_stage=2` "
-            "(or 0-1), or `train.compile=false`.")
+            "tiny humanline DPO on two processes: over 60 graphs and 40 recompiles in 3 updates). Fix: "
+            "`engine.zero_stage=2` (or 0-1), or `train.compile=false`.")
     if recipe.train.compile and recipe.model.kernels == "liger":
         raise RecipeError(
             "`train.compile: true` with `model.kernels: liger` stops inside torch.compile: dynamo cannot trace Liger's "
             "RMSNorm autograd function in a compiled decoder layer (an AssertionError in overwrite_tensor_vt_proxy; "
-            "torch 2.11 with liger-kernel 0.8.5 on an H100, bench/gpu_check.py, 2026-11-25). Each alone speeds up humanline "
+            "torch 2.11 with liger-kernel 0.8.5 on an H100, bench/gpu_check.py, 2026-11-25). Each alone speeds up "
+            "humanline "
             "DPO there (compiled layers 1.22x, Liger 1.20x). Fix: `model.kernels=none` or `train.compile=false`.")
     if recipe.engine.name != "megatron":
         return
-    keys = [k for k, on in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),
+    keys = [k for k, on
+            in (("train.fused_logprobs", recipe.train.fused_logprobs), ("train.compile", recipe.train.compile),
                             ("model.kernels", recipe.model.kernels != "none")) if on]
     if keys:
         raise RecipeError(
-            f"`{'`, `'.join(keys)}` {'is' if len(keys) == 1 else 'are'} not available with `engine.name: megatron`: they act "
+            f"`{'`, `'.join(keys)}` {'is' if len(keys) == 1 else 'are'} not available with `engine.name: megatron`: "
+            f"they act "
             "on the transformers model of the DeepSpeed engine, while megatron-core runs its own layers and computes "
             "log-probs over its vocab-parallel output layer in chunks already. Fix: `train.fused_logprobs=false "
             "train.compile=false model.kernels=none`, or `engine.name=deepspeed`.")
@@ -243,7 +282,8 @@ def check_token_budget(recipe: Recipe) -> None:
     if budget < floor:
         raise RecipeError(
             f"`train.max_tokens_per_micro_batch: {budget}` cannot hold the largest example: {why}. Nothing is ever "
-            f"cut or dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those lengths."
+            f"cut or dropped to fit a budget. Fix: `train.max_tokens_per_micro_batch={floor}` or more, or lower those "
+            f"lengths."
         )
 
 
@@ -274,7 +314,8 @@ def check_reference_source(recipe: Recipe) -> None:
                    "before training go stale; syncing on offline data already builds no reference copy "
                    "(`humanline.reference: lookahead`, chosen by `auto`)")
         elif recipe.rollout.every is not None:
-            why = "rollouts (`rollout.every`) are sampled during training, so their log-probs cannot be computed before it"
+            why = ("rollouts (`rollout.every`) are sampled during training, so their log-probs cannot be computed "
+                   "before it")
         if why:
             raise RecipeError(f"`train.cache_reference_logps: true` does not apply: {why}. "
                               "Fix: `train.cache_reference_logps=false`.")

@@ -10,7 +10,8 @@ from .sections import OBJECTIVE_CONFIGS
 
 
 def _type_name(annotation) -> str:
-    text = str(annotation) if getattr(annotation, "__origin__", None) is not None else getattr(annotation, "__name__", str(annotation))
+    text = str(annotation) if getattr(annotation, "__origin__",
+                                      None) is not None else getattr(annotation, "__name__", str(annotation))
     return text.replace("typing.", "").replace("NoneType", "null").replace("|", "\\|")
 
 

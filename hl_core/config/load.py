@@ -22,7 +22,8 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
     def __init__(self, key: Any, first_line: int, mark):
         self.key, self.first_line, self.line = key, first_line, mark.line + 1
-        super().__init__(None, None, f"key `{key}` appears twice in one mapping (lines {first_line} and {self.line})", mark)
+        super().__init__(None, None, f"key `{key}` appears twice in one mapping (lines {first_line} and {self.line})",
+                         mark)
 
 
 class UniqueKeyLoader(yaml.SafeLoader):
@@ -116,7 +117,8 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     except IsADirectoryError:
         raise RecipeError(f"Recipe path `{path}` is a directory, not a YAML file. Fix: name a recipe file in it.")
     except OSError as exc:
-        raise RecipeError(f"Recipe file `{path}` cannot be read ({exc.strerror}). Fix: check the path and its permissions.")
+        raise RecipeError(f"Recipe file `{path}` cannot be read ({exc.strerror}). Fix: check the path and its "
+                          f"permissions.")
     text = decode_utf8(raw, path, lambda where, detail: RecipeError(
         f"Recipe `{where}` is not UTF-8 text ({detail}). Fix: re-save the file as UTF-8."))
     try:
@@ -137,7 +139,8 @@ def _read_yaml(path: Path) -> Dict[str, Any]:
     if data is None:
         return {}
     if not isinstance(data, dict):
-        raise RecipeError(f"Recipe `{path}` must be a YAML mapping of groups (model:, data:, ...), got {type(data).__name__}.")
+        raise RecipeError(f"Recipe `{path}` must be a YAML mapping of groups (model:, data:, ...), got "
+                          f"{type(data).__name__}.")
     return data
 
 
@@ -181,7 +184,8 @@ def parse_override(text: str) -> Tuple[List[str], Any]:
     """``"train.lr=1e-5"`` -> ``(["train", "lr"], 1e-5)``; the value is parsed as YAML."""
     if "=" not in text:
         raise RecipeError(
-            f"Command-line override `{text}` has no `=`. Fix: write overrides as `group.key=value`, e.g. `train.lr=1e-5`."
+            f"Command-line override `{text}` has no `=`. Fix: write overrides as `group.key=value`, e.g. "
+            f"`train.lr=1e-5`."
         )
     key, raw = text.split("=", 1)
     parts = key.strip().split(".")
@@ -234,7 +238,8 @@ def apply_overrides(data: Dict[str, Any], overrides: Sequence[str]) -> Dict[str,
                 )
             if not isinstance(child, dict):
                 raise RecipeError(
-                    f"Override `{text}`: `{'.'.join(parts[: i + 1])}` is a value, not a group, so it has no `{parts[i + 1]}`."
+                    f"Override `{text}`: `{'.'.join(parts[: i + 1])}` is a value, not a group, so it has no "
+                    f"`{parts[i + 1]}`."
                 )
             node = child
         node[parts[-1]] = value
@@ -311,12 +316,14 @@ def _describe_error(err: Dict[str, Any]) -> str:
         desc = ""
         if field is not None and loc[-1] in field.model_fields:
             desc = field.model_fields[loc[-1]].description or ""
-        return f"Missing required recipe key `{key}`" + (f" ({desc})" if desc else "") + f". Fix: add `{key}` to the recipe or its `defaults`."
+        return (f"Missing required recipe key `{key}`" + (f" ({desc})" if desc else "")
+                + f". Fix: add `{key}` to the recipe or its `defaults`.")
     msg = err["msg"]
     if msg.startswith("Value error, "):
         msg = msg[len("Value error, ") :]
     shown = repr(given) if not isinstance(given, dict) else "a mapping"
-    return f"Recipe key `{key}` is invalid: {msg} (got {shown}). Fix: correct `{key}` in the recipe or override it with `{key}=...`."
+    return (f"Recipe key `{key}` is invalid: {msg} (got {shown}). Fix: correct `{key}` in the recipe or override it "
+            f"with `{key}=...`.")
 
 
 def validate_recipe_dict(data: Dict[str, Any], source: str = "recipe") -> Recipe:

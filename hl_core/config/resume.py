@@ -109,7 +109,8 @@ def _check_layout(path: Path, recipe, world_size: int, where: str) -> None:
         if (layout.get("tp"), layout.get("pp")) != (tp, pp):
             raise RecipeError(
                 f"{where}: that checkpoint was written with `parallel.tp={layout.get('tp')}`, "
-                f"`parallel.pp={layout.get('pp')}`; this run has tp={tp}, pp={pp}. Fix: resume with that layout, or {FRESH}."
+                f"`parallel.pp={layout.get('pp')}`; this run has tp={tp}, pp={pp}. Fix: resume with that layout, or "
+                f"{FRESH}."
             )
         return
     ranks = sorted(int(m.group(1)) for n in names if (m := _ZERO_OPTIM.fullmatch(n)))

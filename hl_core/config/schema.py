@@ -8,8 +8,15 @@ from pydantic import Field, field_validator
 
 from ..errors import did_you_mean
 from .sections import (
-    OBJECTIVE_CONFIGS, CheckpointConfig, EngineConfig, HumanlineConfig, ModelConfig, ObjectiveConfig, ParallelConfig,
-    TrainConfig, _Section,
+    OBJECTIVE_CONFIGS,
+    CheckpointConfig,
+    EngineConfig,
+    HumanlineConfig,
+    ModelConfig,
+    ObjectiveConfig,
+    ParallelConfig,
+    TrainConfig,
+    _Section,
 )
 from .sections_data import DataConfig
 from .sections_run import ClusterConfig, EvalConfig, LoggingConfig, RolloutConfig

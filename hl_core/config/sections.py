@@ -13,12 +13,13 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from ..errors import did_you_mean
 from ..humanline.recipe import transform_names
-from ..storage import gguf_models
 from ..objectives.dpo_losses import LOSS_TYPES
+from ..storage import gguf_models
 
 # A seed every RNG we seed accepts, with room for the offsets added per epoch, rank and prompt.
 MAX_SEED = 2**32 - 1
-ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4", "flex_attention")
+ATTN_IMPLEMENTATIONS = ("auto", "eager", "sdpa", "flash_attention_2", "flash_attention_3", "flash_attention_4",
+                        "flex_attention")
 # config.json sizes that `model.config_overrides` may set: each must be a positive whole number
 SIZE_KEYS = ("hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads", "vocab_size",
              "intermediate_size", "head_dim", "max_position_embeddings")
@@ -45,7 +46,8 @@ class LoraSection(_Section):
     r: Optional[int] = Field(
         None, ge=1, description="LoRA rank (PEFT `r`); null = full fine-tuning (the block is ignored).",
     )
-    alpha: float = Field(8.0, gt=0, description="LoRA scaling numerator (PEFT `lora_alpha`): updates are scaled by alpha / r.")
+    alpha: float = Field(8.0, gt=0,
+                         description="LoRA scaling numerator (PEFT `lora_alpha`): updates are scaled by alpha / r.")
     dropout: float = Field(0.0, ge=0.0, lt=1.0, description="Dropout on the adapter's input (PEFT `lora_dropout`).")
     target_modules: Optional[Union[str, list]] = Field(
         None, description="Modules that get an adapter (PEFT `target_modules`): a list of module-name suffixes "
@@ -342,7 +344,8 @@ class ParallelConfig(_Section):
 class CallbackSpec(_Section):
     """One trainer callback (``hl_core.callbacks``); a bare string is its ``path``."""
 
-    path: str = Field(description="`package.module:Name`: a `hl_core.callbacks.LoopCallback` subclass or a factory returning one.")
+    path: str = Field(description="`package.module:Name`: a `hl_core.callbacks.LoopCallback` subclass or a factory "
+                      "returning one.")
     args: Dict[str, Any] = Field(default_factory=dict, description="Keyword arguments it is built with.")
 
     @model_validator(mode="before")
@@ -383,7 +386,8 @@ class TrainConfig(_Section):
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     adam_betas: Tuple[float, float] = Field((0.9, 0.999), description="AdamW betas, each in [0, 1).")
     adam_eps: float = Field(1e-8, gt=0, description="AdamW epsilon.")
-    seed: int = Field(42, ge=0, le=MAX_SEED, description="Seed for model init, data order and sampling (0 to 2^32 - 1).")
+    seed: int = Field(42, ge=0, le=MAX_SEED,
+                      description="Seed for model init, data order and sampling (0 to 2^32 - 1).")
     deterministic: bool = Field(
         False, description="`torch.use_deterministic_algorithms(True)`: bit-repeatable runs (the reproduction "
         "study sets it), at some speed cost on GPU.",
@@ -427,7 +431,8 @@ class TrainConfig(_Section):
     )
     fused_logprobs: bool = Field(
         False, description="Token log-probs from the last hidden states and the output layer's weight, a block of "
-        "tokens at a time (at most `train.logps_chunk_tokens`), never holding the `[B, T, V]` logits; the backward recomputes "
+        "tokens at a time (at most `train.logps_chunk_tokens`), never holding the `[B, T, V]` logits; the backward "
+        "recomputes "
         "each block (Liger-Kernel's fused linear cross-entropy on a GPU when installed, plain PyTorch otherwise). "
         "With the sampling temperature and Gemma 2's final soft-cap; same log-probs as the logits path. DeepSpeed "
         "engine (ZeRO 0-3, packing, LoRA, tied embeddings); Llama, Mistral, Qwen 2/2.5/3, Gemma 1/2.",
@@ -435,7 +440,8 @@ class TrainConfig(_Section):
     compile: bool = Field(
         False, description="Regional compilation: `torch.compile` on each decoder layer (not the whole model), with "
         "dynamic shapes so varying lengths reuse one graph; generation runs the layers eagerly. The run summary "
-        "reports compile time, graphs and recompiles. DeepSpeed engine, ZeRO 0-2 (ZeRO-3's parameter hooks recompile it).",
+        "reports compile time, graphs and recompiles. DeepSpeed engine, ZeRO 0-2 (ZeRO-3's parameter hooks recompile "
+        "it).",
     )
     callbacks: List[CallbackSpec] = Field(
         default_factory=list,

@@ -10,8 +10,10 @@ from .sections import MAX_SEED, _Section
 
 
 class _GenerationEval(_Section):
-    backend: Literal["auto", "hf", "vllm"] = Field("auto", description="auto = vllm when installed with a GPU, else hf.")
-    chat_template: Union[Literal["auto"], bool] = Field("auto", description="Use the model's chat template (auto: when it has one).")
+    backend: Literal["auto", "hf", "vllm"] = Field("auto",
+                                                   description="auto = vllm when installed with a GPU, else hf.")
+    chat_template: Union[Literal["auto"],
+                         bool] = Field("auto", description="Use the model's chat template (auto: when it has one).")
     batch_size: int = Field(8, ge=1, description="Generation batch size (hf backend).")
     limit: Optional[int] = Field(None, ge=1, description="Evaluate only the first N items.")
     seed: int = Field(0, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2^32 - 1).")
@@ -23,7 +25,9 @@ class Math500EvalConfig(_GenerationEval):
 
     enabled: bool = Field(False, description="Run MATH-500 after training.")
     data: Optional[str] = Field(
-        None, description="Local .jsonl/.json/.parquet in the MATH-500 schema, or a HF dataset name; null = `HuggingFaceH4/MATH-500`."
+        None,
+        description="Local .jsonl/.json/.parquet in the MATH-500 schema, or a HF dataset name; null = "
+                    "`HuggingFaceH4/MATH-500`."
     )
     split: str = Field("test", description="Split of a HF dataset.")
     n_samples: int = Field(1, ge=1, description="Samples per problem; pass@1 is their mean, pass@1_std their std.")
@@ -41,19 +45,25 @@ class AlpacaEvalConfig(_GenerationEval):
 
     enabled: bool = Field(False, description="Run AlpacaEval after training.")
     data: Optional[str] = Field(
-        None, description="Local JSON/JSONL (instruction, output = reference output, generator, dataset); null = hub `tatsu-lab/alpaca_eval`."
+        None,
+        description="Local JSON/JSONL (instruction, output = reference output, generator, dataset); null = hub "
+                    "`tatsu-lab/alpaca_eval`."
     )
-    hub_config: str = Field("alpaca_eval_gpt4_baseline", description="Hub file/config with the instructions + reference outputs.")
+    hub_config: str = Field("alpaca_eval_gpt4_baseline",
+                            description="Hub file/config with the instructions + reference outputs.")
     reference_outputs: Optional[str] = Field(None, description="Separate file of reference outputs (by instruction).")
     judge: str = Field(
         "api:weighted_alpaca_eval_gpt-4.1",
         description="api:NAME (alpaca_eval annotator config; needs OPENAI_API_KEY), rm:MODEL (a reward model such as "
         "ArmoRM) or py:MODULE:FUNCTION (a callable).",
     )
-    rm_mode: Literal["hard", "soft"] = Field("hard", description="Reward-model preference: higher reward wins, or 1 + sigmoid(dr).")
+    rm_mode: Literal["hard", "soft"] = Field("hard",
+                                             description="Reward-model preference: higher reward wins, or 1 + "
+                                                         "sigmoid(dr).")
     rm_batch_size: int = Field(8, ge=1, description="Reward-model scoring batch size.")
     trust_remote_code: bool = Field(False, description="Allow the judge model's custom code (ArmoRM needs it).")
-    length_controlled: Literal["auto", "off"] = Field("auto", description="Compute the LC win rate when its GLM inputs exist.")
+    length_controlled: Literal["auto", "off"] = Field("auto",
+                                                      description="Compute the LC win rate when its GLM inputs exist.")
     lc_data: Optional[str] = Field(None, description="Local copy of alpaca_eval's df_gamed.csv (else hub/cache).")
     max_new_tokens: int = Field(2048, ge=1, description="Generation budget.")
     temperature: float = Field(0.7, ge=0, description="Sampling temperature (the authors' HALOs sampler default).")
@@ -95,7 +105,8 @@ class EvalConfig(_Section):
     offline: bool = Field(False, description="Never touch the Hugging Face hub in the post-training evals.")
     math500: Math500EvalConfig = Field(default_factory=Math500EvalConfig, description="MATH-500 pass@1.")
     alpaca_eval: AlpacaEvalConfig = Field(default_factory=AlpacaEvalConfig, description="AlpacaEval win rates.")
-    data_quality: DataQualityEvalConfig = Field(default_factory=DataQualityEvalConfig, description="Data-quality proxy.")
+    data_quality: DataQualityEvalConfig = Field(default_factory=DataQualityEvalConfig,
+                                                description="Data-quality proxy.")
 
 
 POST_TRAINING_EVALS = ("math500", "alpaca_eval", "data_quality")
@@ -133,7 +144,8 @@ class RewardConfig(_Section):
         "classifier such as ArmoRM) or `callable` (`function`)."
     )
     accuracy_weight: float = Field(1.0, description="math: weight of a correct final answer (the MATH runs used 8).")
-    format_weight: float = Field(0.0, description="math: weight of the `<think>...</think><answer>...</answer>` format.")
+    format_weight: float = Field(0.0,
+                                 description="math: weight of the `<think>...</think><answer>...</answer>` format.")
     format_style: Literal["lenient", "newlines"] = Field(
         "lenient", description="math: the format rule: `lenient` (any whitespace around the tags, nothing after) or "
         "`newlines` (the open-r1 fork's: each tag on its own line, `</answer>` at the end of a line).",
@@ -192,7 +204,8 @@ class RolloutConfig(_Section):
         "`train.micro_batch_size` counts prompts.",
     )
     backend: Literal["auto", "hf", "vllm"] = Field(
-        "auto", description="`hf` (our batched decode loop on the live policy), `vllm` (an in-process vLLM engine per rank, "
+        "auto",
+        description="`hf` (our batched decode loop on the live policy), `vllm` (an in-process vLLM engine per rank, "
         "`rollout.vllm`), `auto` (vllm on a GPU when installed, else hf)."
     )
     kv_cache: Literal["auto", "dynamic", "static"] = Field(
@@ -215,7 +228,8 @@ class RolloutConfig(_Section):
         "`threshold` (the authors' online GRPO on UltraFeedback labelled pairs this way).",
     )
     system_prompt: Optional[str] = Field(None, description="System message put before every prompt.")
-    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED, description="Sampling seed (0 to 2^32 - 1); defaults to `train.seed`.")
+    seed: Optional[int] = Field(None, ge=0, le=MAX_SEED,
+                                description="Sampling seed (0 to 2^32 - 1); defaults to `train.seed`.")
     log_samples: bool = Field(
         False, description="Append every generated group (prompt, completions, scores) to "
         "`output_dir/rollouts/rank<R>.jsonl`.",

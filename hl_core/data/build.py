@@ -74,7 +74,8 @@ class DataKind:
         return getattr(mod, self.load), getattr(mod, self.tokenize), collate
 
     def identical_check(self) -> Optional[Callable[[dict], bool]]:
-        return getattr(importlib.import_module(f"hl_core.data.{self.module}"), self.identical) if self.identical else None
+        return getattr(importlib.import_module(f"hl_core.data.{self.module}"),
+                       self.identical) if self.identical else None
 
 
 DATA_KINDS = {
@@ -294,7 +295,8 @@ def describe_data(data_cfg, plan: DataPlan, train: TokenizedDataset, evaluation:
     limits = f"`data.max_length` {data_cfg.max_length}, `data.max_prompt_length` {data_cfg.max_prompt_length}"
     budget = plan.token_budget
     if budget is not None:  # the checks refuse a budget that an example could exceed: nothing is cut or dropped for it
-        limits += f"; micro-batches of <= {budget} tokens (`train.max_tokens_per_micro_batch`; no example cut or dropped)"
+        limits += (f"; micro-batches of <= {budget} tokens (`train.max_tokens_per_micro_batch`; no example cut or "
+                   "dropped)")
     return f"{', '.join(parts)}; {limits}"
 
 

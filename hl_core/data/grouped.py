@@ -26,7 +26,14 @@ import torch
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
-    absent, check_score, fields_present, has, missing_prompt_error, parse_prompt, require_completion, row_loader,
+    absent,
+    check_score,
+    fields_present,
+    has,
+    missing_prompt_error,
+    parse_prompt,
+    require_completion,
+    row_loader,
     type_name,
 )
 from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions

@@ -18,17 +18,26 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple
 
 from hl_core.data.rows import (
-    PAIR_EXAMPLE, absent, check_conversation, check_prompt_text, fields_present, missing_prompt_error, parse_prompt,
+    PAIR_EXAMPLE,
+    absent,
+    check_conversation,
+    check_messages as _check_messages,
+    check_prompt_text,
+    fields_present,
+    missing_prompt_error,
+    parse_prompt,
+    require_completion as _require_completion,
     row_loader,
+    type_name as _type_name,
 )
-from hl_core.data.rows import check_messages as _check_messages
-from hl_core.data.rows import require_completion as _require_completion
-from hl_core.data.rows import type_name as _type_name
 from hl_core.data.tokens import pad_right, prompt_text, tokenize_prompt_and_completions, truncate_completions
 from hl_core.errors import DataError, RecipeError
+
+if TYPE_CHECKING:  # the annotation only: collating goes through tokens.pad_right
+    import torch
 
 PLAIN_NEEDS = "plain form needs `prompt`, `chosen` and `rejected` strings"
 

@@ -71,7 +71,8 @@ def parse_prompt_row(
         reference = last_boxed(row["solution"])
         if reference is None:
             raise DataError(
-                f"{source}: `solution` has no \\boxed{{...}} answer. Fix: add an `answer` field, or box the final answer."
+                f"{source}: `solution` has no \\boxed{{...}} answer. Fix: add an `answer` field, or box the final "
+                f"answer."
             )
     return PromptRecord(messages, reference, source)
 

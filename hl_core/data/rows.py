@@ -119,7 +119,8 @@ def row_loader(name: str, parse, what: str, example: str, fields: str, doc: str)
         data_files: Any = None,
         **parse_options: Any,
     ) -> list:
-        return load_rows(functools.partial(parse, **parse_options), path, name, split, config, format, limit, data_files, what, example, fields)
+        return load_rows(functools.partial(parse, **parse_options), path, name, split, config, format, limit,
+                         data_files, what, example, fields)
 
     load.__name__ = load.__qualname__ = name
     load.__module__ = parse.__module__
@@ -415,7 +416,8 @@ def absent(row: Dict[str, Any], field: str) -> str:
     return f"field `{field}` is null" if field in row else f"row has no `{field}` field"
 
 
-def missing_prompt_error(source: str, needs: str, field: str = "prompt", row: Optional[Dict[str, Any]] = None) -> DataError:
+def missing_prompt_error(source: str, needs: str, field: str = "prompt",
+                         row: Optional[Dict[str, Any]] = None) -> DataError:
     what = absent(row, field) if row is not None else f"row has no `{field}` field"
     return DataError(f"{source}: {what}. Fix: add the prompt text as `{field}` ({needs}).")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+import weakref
 from dataclasses import dataclass
 from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
 
@@ -50,21 +51,28 @@ def note_truncation(cut_tokens: int) -> None:
 # --------------------------------------------------------------------------------------------- tokenizing
 
 
+# whether each tokenizer adds BOS, kept beside the tokenizers (keyed by identity, dropped with them), never written
+# onto the tokenizer object itself: it belongs to another library
+_ADDS_BOS: Dict[int, Tuple[Any, bool]] = {}
+
+
 def adds_bos(tokenizer) -> bool:
-    """Whether ``tokenizer(text)`` normally starts with BOS (e.g. Llama-style tokenizers)."""
-    cached = getattr(tokenizer, "_hl_adds_bos", None)
-    if cached is not None:
-        return cached
+    """Whether ``tokenizer(text)`` normally starts with BOS (e.g. Llama-style tokenizers); asked once per
+    tokenizer object."""
+    cached = _ADDS_BOS.get(id(tokenizer))
+    if cached is not None and cached[0]() is tokenizer:
+        return cached[1]
     bos = getattr(tokenizer, "bos_token_id", None)
     result = False
     if bos is not None:
         with_special = tokenizer("a", add_special_tokens=True)["input_ids"]
         plain = tokenizer("a", add_special_tokens=False)["input_ids"]
         result = bool(with_special) and with_special[0] == bos and (not plain or plain[0] != bos)
+    key = id(tokenizer)
     try:
-        tokenizer._hl_adds_bos = result
-    except Exception:
-        pass
+        _ADDS_BOS[key] = (weakref.ref(tokenizer, lambda _, key=key: _ADDS_BOS.pop(key, None)), result)
+    except TypeError:
+        pass  # an object without weak references: asked again next time
     return result
 
 

@@ -29,8 +29,16 @@ import torch
 
 from hl_core.data.preference import parse_preference_row
 from hl_core.data.rows import (
-    absent, check_conversation, check_prompt_text, fields_present, has, missing_prompt_error, parse_prompt,
-    require_completion, row_loader, type_name,
+    absent,
+    check_conversation,
+    check_prompt_text,
+    fields_present,
+    has,
+    missing_prompt_error,
+    parse_prompt,
+    require_completion,
+    row_loader,
+    type_name,
 )
 from hl_core.data.tokens import pad_right, tokenize_prompt_and_completions
 from hl_core.errors import DataError

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import abc
 import contextlib
 import math
 import os
 import random
 import socket
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Iterator, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -101,8 +102,10 @@ def launch_environment(backend: Optional[str]) -> str:
     return backend or ("nccl" if torch.cuda.is_available() else "gloo")
 
 
-class Engine:
-    """Policy + reference models behind one interface.
+class Engine(abc.ABC):
+    """Policy + reference models behind one interface: everything the trainer and the other packages use of an
+    engine is declared here (the attributes below, the abstract methods each engine defines, and the shared ones
+    defined here); nothing else of an engine is read outside ``hl_core.engines`` (tests/test_engine_interface.py).
 
     * ``token_logps(batch, model)``: per-token log-probs ``[B, T]`` aligned with ``batch['input_ids']``
       (``model`` is ``"policy"`` (with grad) or ``"reference"`` (no grad)).
@@ -124,6 +127,8 @@ class Engine:
     * ``save(dir, tag, client_state)`` / ``load(dir, tag) -> client_state``: resumable checkpoints (every file
       loaded with ``weights_only=True``; the trainer marks a checkpoint complete after ``save`` returns).
     * ``save_hf(dir)``: a Hugging Face model directory (safetensors + tokenizer).
+    * ``generation_module()``, ``full_state_dict()``, ``weight_buckets(bytes)``: what a sampler reads of the
+      policy (an engine that cannot sample says so with a ``RecipeError``).
     * ``seed_rngs(seed)``, ``rng_state()``, ``set_rng_state(state)``: the global generators (dropout), seeded from
       ``train.seed`` and the rank at construction, kept per rank in checkpoints.
     """
@@ -132,9 +137,19 @@ class Engine:
     world_size: int = 1
     dp_size: int = 1
     dp_rank: int = 0  # data-parallel rank: which shard of each batch this rank takes
+    tp: int = 1  # tensor-parallel size, and this rank's place in it
+    tp_rank: int = 0
+    pp: int = 1  # pipeline-parallel size (stages), and this rank's stage
+    pp_rank: int = 0
     gradient_accumulation_steps: int = 1
     reference: Any = None
     device: torch.device = torch.device("cpu")
+    # the optimizer the engine steps (a library's wrapper around a torch optimizer, or a torch optimizer), read by
+    # the rehearsal's memory accounting; None before it is built
+    optimizer: Any = None
+    # set by ``load`` when the checkpoint kept no reference copy (look-ahead) and the reference restarted from the
+    # policy's weights: the reference source says so
+    resynced_at_resume: bool = False
 
     @property
     def has_reference(self) -> bool:
@@ -153,14 +168,33 @@ class Engine:
     def micro_batch_positions(self, step: int, micro_index: int, micro_batch_size: int) -> range:
         """Positions in the (global, endless) data stream of this rank's share of one micro-batch:
         update ``step``, accumulation index ``micro_index``; data-parallel ranks take consecutive slices."""
-        first = ((step * self.gradient_accumulation_steps + micro_index) * self.dp_size + self.dp_rank) * micro_batch_size
+        first = ((step * self.gradient_accumulation_steps + micro_index) * self.dp_size
+                 + self.dp_rank) * micro_batch_size
         return range(first, first + micro_batch_size)
 
-    def token_logps(self, batch: Dict[str, torch.Tensor], model: str = "policy") -> torch.Tensor:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def token_logps(self, batch: Dict[str, torch.Tensor], model: str = "policy",
+                    temperature: float = 1.0) -> torch.Tensor:
+        """Per-token log-probs ``[B, T]`` of ``model`` (``"policy"``, with grad, or ``"reference"``, without) at
+        ``temperature``, aligned with ``batch["input_ids"]``."""
 
-    def _policy_module(self) -> torch.nn.Module:
-        raise NotImplementedError
+    @abc.abstractmethod
+    def trained_module(self) -> torch.nn.Module:
+        """The policy's torch module, unwrapped from the library's engine (the one the optimizer trains)."""
+
+    @abc.abstractmethod
+    def generation_module(self) -> contextlib.AbstractContextManager:
+        """A context giving ``(policy module in eval mode, device, lockstep)`` for a sampler's decode loop
+        (``lockstep``: every forward is collective, so ranks decode together)."""
+
+    @abc.abstractmethod
+    def full_state_dict(self) -> Optional[Dict[str, torch.Tensor]]:
+        """The policy's full weights in Hugging Face names (gathered; rank 0 gets them, others may get None)."""
+
+    @abc.abstractmethod
+    def weight_buckets(self, bucket_bytes: int) -> Iterator[List[Tuple[str, torch.Tensor]]]:
+        """The policy's parameters as lists of ``(HF name, tensor)`` of at most ``bucket_bytes`` each, for a weight
+        push into an inference engine."""
 
     @contextlib.contextmanager
     def policy_as_reference(self):
@@ -168,7 +202,7 @@ class Engine:
         in place of a reference copy (a cached frozen reference, look-ahead syncing), and for held-out
         evaluations (dropout off: the same weights always give the same numbers, and no random draw is taken
         from the training's generators)."""
-        module = self._policy_module()
+        module = self.trained_module()
         was_training = module.training
         module.eval()
         try:
@@ -202,19 +236,23 @@ class Engine:
         if "cuda" in state and self.device.type == "cuda":
             torch.cuda.set_rng_state(state["cuda"], self.device)
 
+    @abc.abstractmethod
     def backward(self, loss: torch.Tensor) -> None:
-        raise NotImplementedError
+        """Accumulate the gradients of one micro-batch's ``loss``."""
 
+    @abc.abstractmethod
     def is_accumulation_boundary(self) -> bool:
-        raise NotImplementedError
+        """Whether the next ``step`` ends an update (the last micro-batch's backward ran)."""
 
     def mark_accumulation_boundary(self, is_last: bool) -> None:
         """Before each backward: whether it is the update's last micro-batch (with token-budget micro-batches
         their number varies per update, so an engine must not count them). Engines whose updates always hold
         ``gradient_accumulation_steps`` micro-batches may ignore it."""
 
+    @abc.abstractmethod
     def step(self) -> Optional[Dict[str, float]]:
-        raise NotImplementedError
+        """Clip, step the optimizer and the LR schedule at an accumulation boundary:
+        ``{"lr", "grad_norm"}``; None between boundaries."""
 
     def reference_pairs(self):
         """The ``hl_core.humanline.ParameterPairs`` humanline's sync writes (built with the engine: the engine's
@@ -222,9 +260,9 @@ class Engine:
         self.require_reference()
         return self._sync_pairs
 
+    @abc.abstractmethod
     def local_grads(self) -> list:
         """This rank's gradient tensors at an accumulation boundary, before the step (each engine's own storage)."""
-        raise NotImplementedError
 
     @torch.no_grad()
     def local_grads_nonfinite(self) -> torch.Tensor:
@@ -239,20 +277,26 @@ class Engine:
         """``local_grads_nonfinite`` read on the host (one synchronisation)."""
         return not bool(self.local_grads_nonfinite())
 
+    @abc.abstractmethod
     def local_weights_finite(self) -> bool:
-        raise NotImplementedError
+        """Whether this rank's own weight shards hold no NaN or inf (a local check)."""
 
+    @abc.abstractmethod
     def skip_step(self) -> Dict[str, float]:
-        raise NotImplementedError
+        """End the update without changing weights, optimizer or reference:
+        ``{"lr": ..., "grad_norm": nan}``."""
 
+    @abc.abstractmethod
     def save(self, directory: str, tag: str, client_state: Dict[str, Any]) -> None:
-        raise NotImplementedError
+        """Write this rank's share of a resumable checkpoint ``directory/tag`` with ``client_state``."""
 
+    @abc.abstractmethod
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
-        raise NotImplementedError
+        """Load checkpoint ``directory/tag`` (``weights_only`` loads); returns its ``client_state``."""
 
+    @abc.abstractmethod
     def save_hf(self, directory: str) -> None:
-        raise NotImplementedError
+        """Write a Hugging Face model directory (safetensors + tokenizer); collective."""
 
     def all_reduce_sum(self, values: torch.Tensor) -> torch.Tensor:
         """Sum a float tensor (on the CPU or this rank's device) over all ranks (data-parallel metrics). The result

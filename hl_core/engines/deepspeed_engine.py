@@ -21,7 +21,7 @@ import gc
 import importlib
 import os
 from pathlib import Path
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import torch
 
@@ -97,6 +97,49 @@ def _init_distributed(backend: Optional[str]) -> None:
         ds_comm.build_shm_op = build
 
 
+def deepspeed_configs(recipe, accumulation: int) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+    """DeepSpeed's configs for the policy (ZeRO stage, bf16, clipping) and the reference (no optimizer: ZeRO-3
+    partitioned like the policy, else whole)."""
+    train, stage = recipe.train, recipe.engine.zero_stage
+    bf16 = recipe.engine.precision == "bf16"
+    zero = {"stage": stage}
+    if stage == 3:
+        zero["stage3_param_persistence_threshold"] = recipe.engine.zero3_param_persistence_threshold
+    policy_config = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": accumulation,
+        "zero_optimization": zero,
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+        "wall_clock_breakdown": False,
+    }
+    if train.max_grad_norm is not None:
+        policy_config["gradient_clipping"] = train.max_grad_norm
+    reference_config = {
+        "train_micro_batch_size_per_gpu": train.micro_batch_size,
+        "gradient_accumulation_steps": 1,
+        "zero_optimization": dict(zero) if stage == 3 else {"stage": 0},
+        "bf16": {"enabled": bf16},
+        "steps_per_print": 10**9,
+    }
+    return policy_config, reference_config
+
+
+def adamw(policy: torch.nn.Module, train, fused: bool) -> torch.optim.AdamW:
+    """AdamW over the trainable parameters: weight decay on matrices, none on vectors (norms, biases)."""
+    decay, no_decay = [], []
+    for name, param in policy.named_parameters():
+        if not param.requires_grad:  # LoRA's frozen base weights and reference adapter
+            continue
+        shape = getattr(param, "ds_shape", param.shape)  # loaded under zero.Init: already partitioned
+        (no_decay if len(shape) < 2 else decay).append(param)
+    groups = [
+        {"params": params, "weight_decay": wd}
+        for params, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if params
+    ]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps, fused=fused)
+
+
 class DeepSpeedEngine(Engine):
     def __init__(self, recipe, tokenizer):
         import deepspeed
@@ -109,39 +152,20 @@ class DeepSpeedEngine(Engine):
         self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
         self.dp_rank = self.rank  # data parallel only
         self.zero_stage = recipe.engine.zero_stage
-        self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0))) if torch.cuda.is_available() else torch.device("cpu")
+        local_rank = int(os.environ.get("LOCAL_RANK", 0))
+        self.device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
         train = recipe.train
 
-        bf16 = recipe.engine.precision == "bf16"
-        zero = {"stage": self.zero_stage}
-        if self.zero_stage == 3:
-            zero["stage3_param_persistence_threshold"] = recipe.engine.zero3_param_persistence_threshold
-        policy_config = {
-            "train_micro_batch_size_per_gpu": train.micro_batch_size,
-            "gradient_accumulation_steps": self.gradient_accumulation_steps,
-            "zero_optimization": zero,
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 10**9,
-            "wall_clock_breakdown": False,
-        }
-        if train.max_grad_norm is not None:
-            policy_config["gradient_clipping"] = train.max_grad_norm
-        reference_config = {
-            "train_micro_batch_size_per_gpu": train.micro_batch_size,
-            "gradient_accumulation_steps": 1,
-            "zero_optimization": dict(zero) if self.zero_stage == 3 else {"stage": 0},
-            "bf16": {"enabled": bf16},
-            "steps_per_print": 10**9,
-        }
-
+        policy_config, reference_config = deepspeed_configs(recipe, self.gradient_accumulation_steps)
         self._lora_reference = reference_model_needed(recipe)  # LoRA: a reference adapter (copy mode only)
         self.lora = None
         check_speed_options(recipe)  # model.kernels, train.fused_logprobs: before any weights are built
         policy, reference = build_policy_and_reference(
             recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled, packing=recipe.data.packing,
+            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled,
+            packing=recipe.data.packing,
         )
         check_speed_options(recipe, model_type=policy.config.model_type)
         if recipe.model.lora_enabled:
@@ -152,20 +176,7 @@ class DeepSpeedEngine(Engine):
         for model in (policy, reference) if self.compiled else ():
             if model is not None:
                 self.compiled.compile(model)
-        decay, no_decay = [], []
-        for name, param in policy.named_parameters():
-            if not param.requires_grad:  # LoRA's frozen base weights and reference adapter
-                continue
-            shape = getattr(param, "ds_shape", param.shape)  # loaded under zero.Init: already partitioned
-            (no_decay if len(shape) < 2 else decay).append(param)
-        groups = [
-            {"params": params, "weight_decay": wd}
-            for params, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if params
-        ]
-        optimizer = torch.optim.AdamW(
-            groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps,
-            fused=self.device.type == "cuda",
-        )
+        optimizer = adamw(policy, train, fused=self.device.type == "cuda")
         schedule = lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
         self.policy, self.optimizer, _, self.scheduler = deepspeed.initialize(
             model=policy, optimizer=optimizer, config=policy_config,
@@ -198,7 +209,8 @@ class DeepSpeedEngine(Engine):
         fused = self.recipe.train.fused_logprobs  # from the hidden states, without the [B, T, V] logits
         if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
             forward = functools.partial(packed_sequence_token_logps, capacity=self.recipe.data.max_length,
-                                        pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=self.recipe.train.logps_chunk_tokens,
+                                        pad_token_id=self.tokenizer.pad_token_id or 0,
+                                        chunk_tokens=self.recipe.train.logps_chunk_tokens,
                                         fused=fused, module=engine.module, device=self.device)
         elif fused:
             forward = functools.partial(fused_sequence_token_logps, block_tokens=self.recipe.train.logps_chunk_tokens,
@@ -206,13 +218,14 @@ class DeepSpeedEngine(Engine):
         else:
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
             forward = functools.partial(sequence_token_logps,
-                                        chunk_size=chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens))
+                                        chunk_size=chunk_positions(input_ids.shape[0],
+                                                                   self.recipe.train.logps_chunk_tokens))
         if model == "policy":
             return forward(engine, input_ids, attention_mask, temperature=temperature)
         with torch.no_grad(), (self.lora.reference_forward() if self.lora is not None else contextlib.nullcontext()):
             return forward(engine, input_ids, attention_mask, temperature=temperature)
 
-    def _policy_module(self):
+    def trained_module(self):
         return self.policy.module
 
     @torch.no_grad()
@@ -356,7 +369,8 @@ class DeepSpeedEngine(Engine):
         self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False,
                                     exclude_frozen_parameters=self.lora is not None)
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
-        if self.has_reference and self.recipe.humanline.sync_every is not None and (self.zero_stage == 3 or self.rank == 0):
+        if (self.has_reference and self.recipe.humanline.sync_every is not None
+                and (self.zero_stage == 3 or self.rank == 0)):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
             torch.save(self._sync_pairs.reference_shards(), path)
         self.barrier()
@@ -364,7 +378,8 @@ class DeepSpeedEngine(Engine):
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
         load_path, client_state = self.policy.load_checkpoint(directory, tag=tag, load_module_strict=self.lora is None)
         if load_path is None:
-            raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check `checkpoint.resume`.")
+            raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check "
+                              f"`checkpoint.resume`.")
         if self.has_reference and self.recipe.humanline.sync_every is not None:
             rank = self.rank if self.zero_stage == 3 else 0
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
@@ -374,8 +389,8 @@ class DeepSpeedEngine(Engine):
                 return client_state or {}
             if not path.exists():
                 raise RecipeError(
-                    f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs the reference. "
-                    "Fix: resume from a checkpoint written by a syncing run with the same world size."
+                    f"Checkpoint `{Path(directory) / tag}` has no reference shard `{path.name}`, but this run syncs "
+                    "the reference. Fix: resume from a checkpoint written by a syncing run with the same world size."
                 )
             self._load_reference_shards(safe_load(path))
         return client_state or {}

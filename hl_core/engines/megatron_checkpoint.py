@@ -35,11 +35,13 @@ class MegatronCheckpointing:
         if set(params) != set(shard):
             raise RecipeError(
                 "The converted checkpoint does not match the megatron-core model "
-                f"(only in model: {sorted(set(params) - set(shard))[:5]}, only in checkpoint: {sorted(set(shard) - set(params))[:5]})."
+                f"(only in model: {sorted(set(params) - set(shard))[:5]}, only in checkpoint: "
+                f"{sorted(set(shard) - set(params))[:5]})."
             )
         for name, param in params.items():
             if tuple(param.shape) != tuple(shard[name].shape):
-                raise RecipeError(f"Shape mismatch for `{name}`: model {tuple(param.shape)}, checkpoint {tuple(shard[name].shape)}.")
+                raise RecipeError(f"Shape mismatch for `{name}`: model {tuple(param.shape)}, checkpoint "
+                                  f"{tuple(shard[name].shape)}.")
             param.copy_(shard[name].to(param.dtype))
 
     def _shard_file(self, directory: Path) -> Path:
@@ -85,7 +87,8 @@ class MegatronCheckpointing:
         if not layout_file.exists():
             raise RecipeError(f"No megatron checkpoint found in `{path}`. Fix: check `checkpoint.resume`.")
         layout = json.loads(layout_file.read_text())
-        if (layout["tp"], layout["pp"]) != (self.tp, self.pp) or (not self.cpu and layout["world_size"] != self.world_size):
+        if ((layout["tp"], layout["pp"]) != (self.tp, self.pp)
+                or (not self.cpu and layout["world_size"] != self.world_size)):
             raise RecipeError(
                 f"Checkpoint `{path}` was written with tp={layout['tp']}, pp={layout['pp']} "
                 f"({layout['world_size']} processes); this run has tp={self.tp}, pp={self.pp} ({self.world_size}). "

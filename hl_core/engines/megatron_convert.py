@@ -4,8 +4,8 @@
 each pipeline stage's ``GPTModel`` uses (layers numbered from 0 within the stage) and each tensor
 sliced for its tensor-parallel rank. ``ranks=[(pp_rank, tp_rank)]`` converts only those shards, and
 ``hf`` may be any mapping; with ``LazyHFCheckpoint`` (safetensors) a rank reads from disk only its own
-stage's tensors, and of those only its own tensor-parallel slice. ``mcore_to_hf(shards, hf_config, tp, pp)`` merges them back.
-Every step is a view, a slice or a concatenation: the round trip is bit-exact.
+stage's tensors, and of those only its own tensor-parallel slice. ``mcore_to_hf(shards, hf_config, tp, pp)`` merges them
+back. Every step is a view, a slice or a concatenation: the round trip is bit-exact.
 
 The layouts (megatron-core, local spec):
 
@@ -253,7 +253,8 @@ class LazyHFCheckpoint(Mapping):
         view = self._handles[self._where[key]].get_slice(key)
         shape = view.get_shape()
         if shape[dim] % parts:
-            raise ValueError(f"`{key}` has {shape[dim]} rows along dim {dim}, not divisible into {parts} tensor-parallel parts")
+            raise ValueError(f"`{key}` has {shape[dim]} rows along dim {dim}, not divisible into {parts} "
+                             f"tensor-parallel parts")
         size = shape[dim] // parts
         index = tuple(slice(part * size, (part + 1) * size) if d == dim else slice(None) for d in range(len(shape)))
         return view[index]
@@ -281,7 +282,8 @@ def save_hf_directory(hf: Dict[str, torch.Tensor], hf_config, directory: str, to
         size += nbytes
     shards.append(current)
     if len(shards) == 1:
-        save_file({n: hf[n].contiguous() for n in shards[0]}, str(directory / "model.safetensors"), metadata={"format": "pt"})
+        save_file({n: hf[n].contiguous() for n in shards[0]}, str(directory / "model.safetensors"),
+                  metadata={"format": "pt"})
     else:
         weight_map = {}
         for i, group in enumerate(shards):

@@ -73,7 +73,8 @@ def allreduce_tied_embedding_grads(model) -> None:
     copies of one weight; both get the sum of their gradients (``.grad``; CPU path)."""
     from megatron.core import parallel_state as ps
 
-    if not getattr(model, "share_embeddings_and_output_weights", False) or ps.get_pipeline_model_parallel_world_size() == 1:
+    if not getattr(model, "share_embeddings_and_output_weights",
+                   False) or ps.get_pipeline_model_parallel_world_size() == 1:
         return
     if ps.is_rank_in_embedding_group():
         weight = model.shared_embedding_or_output_weight()
@@ -103,8 +104,7 @@ def _init_distributed(backend: Optional[str]) -> None:
 
 class MegatronEngine(MegatronCheckpointing, Engine):
     def __init__(self, recipe, tokenizer):
-        from megatron.core import parallel_state as ps
-        from megatron.core import tensor_parallel
+        from megatron.core import parallel_state as ps, tensor_parallel
 
         self.recipe, self.tokenizer = recipe, tokenizer
         self.cpu = not torch.cuda.is_available()
@@ -172,7 +172,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         policy.train()
         self._build_optimizer(policy)  # sets self.policy (DDP-wrapped on GPU) and self.policy_module
         # humanline's shard-local sync: each rank's TP/PP slices (torch DDP / megatron DDP unwrapped)
-        self._sync_pairs = pair_parameters(self.policy_module, self.reference) if self.has_reference else ParameterPairs([])
+        self._sync_pairs = pair_parameters(self.policy_module,
+                                           self.reference) if self.has_reference else ParameterPairs([])
         self._pending: List[_PendingForward] = []
         self._micro_steps = 0
         self.updates_done = 0
@@ -186,7 +187,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         """This rank's (pp, tp) shard of the HF weights, converted; every parameter must be covered."""
         model_cfg = self.recipe.model
         if model_cfg.random_init and rehearsing_weights():
-            return  # a rehearsal keeps the random shards megatron's initialisers drew (models.loading.rehearsal_weights)
+            # a rehearsal keeps the random shards megatron's initialisers drew (models.loading.rehearsal_weights)
+            return
         if model_cfg.random_init:
             hf_model = build_causal_lm(model_cfg, "fp32", self.recipe.train.seed)
             source = hf_state_dict(hf_model)
@@ -204,7 +206,8 @@ class MegatronEngine(MegatronCheckpointing, Engine):
             decay, no_decay = [], []
             for param in policy.parameters():
                 (no_decay if param.dim() < 2 else decay).append(param)
-            groups = [{"params": ps_, "weight_decay": wd} for ps_, wd in ((decay, train.weight_decay), (no_decay, 0.0)) if ps_]
+            groups = [{"params": ps_, "weight_decay": wd} for ps_, wd in ((decay, train.weight_decay), (no_decay, 0.0))
+                      if ps_]
             self.optimizer = torch.optim.AdamW(groups, lr=train.lr, betas=tuple(train.adam_betas), eps=train.adam_eps)
             return
         # GPU: megatron-core DDP (contiguous grad buffers) + the distributed optimizer. Not exercised by the CPU tests.
@@ -388,7 +391,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
-    def _policy_module(self):
+    def trained_module(self):
         return self.policy_module
 
     def generation_module(self):
@@ -399,6 +402,9 @@ class MegatronEngine(MegatronCheckpointing, Engine):
 
     def full_state_dict(self):
         raise RecipeError("The megatron engine has no full-state export for vLLM yet; use `engine.name=deepspeed`.")
+
+    def weight_buckets(self, bucket_bytes: int):
+        raise RecipeError("The megatron engine pushes no weights into vLLM yet; use `engine.name=deepspeed`.")
 
     def close(self, destroy_process_group: bool = True) -> None:
         self._pending = []

@@ -97,5 +97,6 @@ def pipeline_token_logps(model, input_ids, *, num_microbatches: int, temperature
         logps = torch.cat([o["logps"] for o in outputs], dim=0)
     else:
         logps = torch.empty(rows, seq_len, dtype=torch.float32, device=device)
-    torch.distributed.broadcast(logps, src=ps.get_pipeline_model_parallel_last_rank(), group=ps.get_pipeline_model_parallel_group())
+    torch.distributed.broadcast(logps, src=ps.get_pipeline_model_parallel_last_rank(),
+                                group=ps.get_pipeline_model_parallel_group())
     return logps

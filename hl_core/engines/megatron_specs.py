@@ -105,7 +105,8 @@ def transformer_config(hf_config, *, tp: int, pp: int, dtype: torch.dtype, cpu: 
     head_dim = getattr(hf_config, "head_dim", None) or hf_config.hidden_size // heads
     if hf_config.num_hidden_layers % pp:
         raise RecipeError(
-            f"`parallel.pp={pp}` must divide the model's {hf_config.num_hidden_layers} layers. Fix: choose another `parallel.pp`."
+            f"`parallel.pp={pp}` must divide the model's {hf_config.num_hidden_layers} layers. Fix: choose another "
+            f"`parallel.pp`."
         )
     if kv_heads % tp or hf_config.vocab_size % tp:
         raise RecipeError(
@@ -183,11 +184,13 @@ class GemmaRMSNorm(torch.nn.Module):
 
 
 def _gemma2_modules():
-    """Gemma 2 classes subclassing megatron-core's (imported lazily: megatron is optional)."""
+    """Gemma 2 classes subclassing megatron-core's: the core attention, self-attention, MLP and model."""
+    return (_gemma2_core_attention(), *_gemma2_norm_wrappers())
+
+
+def _gemma2_core_attention():
+    """Gemma 2's core attention on megatron-core's module (imported lazily: megatron is optional)."""
     from megatron.core import tensor_parallel
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.attention import SelfAttention
-    from megatron.core.transformer.mlp import MLP
     from megatron.core.transformer.module import MegatronModule
     from megatron.core.utils import divide
 
@@ -207,7 +210,8 @@ def _gemma2_modules():
             self.window = config.sliding_window if (self.layer_number - 1) in config.sliding_layers else None
             tp = config.tensor_model_parallel_size
             self.heads_per_partition = divide(config.num_attention_heads, tp)
-            self.dropout = torch.nn.Dropout(config.attention_dropout if attention_dropout is None else attention_dropout)
+            dropout = config.attention_dropout if attention_dropout is None else attention_dropout
+            self.dropout = torch.nn.Dropout(dropout)
 
         def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                     packed_seq_params=None):
@@ -235,6 +239,16 @@ def _gemma2_modules():
                 probs = self.dropout(probs)
             context = torch.matmul(probs, v)  # [b, np, sq, hn]
             return context.permute(2, 0, 1, 3).reshape(sq, b, heads * hn)
+
+    return Gemma2CoreAttention
+
+
+def _gemma2_norm_wrappers():
+    """Gemma 2's self-attention and MLP (their outputs through Gemma's extra norms) and its model (the embedding
+    scale), subclassing megatron-core's (imported lazily: megatron is optional)."""
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.attention import SelfAttention
+    from megatron.core.transformer.mlp import MLP
 
     class Gemma2SelfAttention(SelfAttention):
         """Self-attention whose output goes through Gemma's post-attention norm (before the residual)."""
@@ -271,7 +285,7 @@ def _gemma2_modules():
         def _scale_embeddings(self, module, inputs, output):
             return output * torch.tensor(self.config.embedding_multiplier, dtype=output.dtype)
 
-    return Gemma2CoreAttention, Gemma2SelfAttention, Gemma2MLP, Gemma2GPTModel
+    return Gemma2SelfAttention, Gemma2MLP, Gemma2GPTModel
 
 
 def gemma2_block_spec(config, pp_rank: Optional[int] = None):
@@ -302,7 +316,8 @@ def gemma2_block_spec(config, pp_rank: Optional[int] = None):
             ),
             self_attn_bda=get_bias_dropout_add,
             pre_mlp_layernorm=GemmaRMSNorm,
-            mlp=ModuleSpec(module=mlp, submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
+            mlp=ModuleSpec(module=mlp,
+                           submodules=MLPSubmodules(linear_fc1=ColumnParallelLinear, linear_fc2=RowParallelLinear)),
             mlp_bda=get_bias_dropout_add,
         ),
     )

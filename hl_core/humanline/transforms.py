@@ -12,9 +12,17 @@ from typing import Dict, Tuple
 import torch
 
 from .functional import (
-    DEFAULT_LOG_EPS_P, DEFAULT_LOG_EPS_R, check_bounds, clip_log_ratio, fraction, unclamped_fraction,
+    DEFAULT_LOG_EPS_P,
+    DEFAULT_LOG_EPS_R,
+    check_bounds,
+    clip_log_ratio,
+    fraction,
+    unclamped_fraction,
 )
 from .sampling import DEFAULT_BETA_P, DEFAULT_BETA_R, DEFAULT_GAMMA_P, DEFAULT_GAMMA_R, rejection_mask
+
+Metrics = Dict[str, torch.Tensor]  # a transform's diagnostics: device tensors, read by the caller when it logs
+
 
 class LogRatioTransform:
     """Base of the transforms: ``__call__(policy_logps, ref_logps, mask) -> (log_ratios, metrics)``.

@@ -11,8 +11,14 @@ public, re-exported by ``hl_core.humanline`` for your own loop: ``prefix_token_l
 
 from .hidden import fused_sequence_token_logps
 from .logits import (
-    DEFAULT_CHUNK, chunk_positions, mask_from_labels, masked_mean, prefix_token_logps, sequence_token_logps,
-    token_logps, vocab_parallel_logps,
+    DEFAULT_CHUNK,
+    chunk_positions,
+    mask_from_labels,
+    masked_mean,
+    prefix_token_logps,
+    sequence_token_logps,
+    token_logps,
+    vocab_parallel_logps,
 )
 
 __all__ = ["DEFAULT_CHUNK", "chunk_positions", "fused_sequence_token_logps", "mask_from_labels", "masked_mean",

@@ -14,10 +14,10 @@ Two implementations of one function:
 
 * ``_BlockwiseLogps`` (plain PyTorch): every device; the reference the tests hold the rest to.
 * Liger-Kernel's fused linear cross-entropy (``reduction="none"``, its soft-cap; the temperature folded into the
-  hidden states and the bias, which is exact only without a soft-cap) on a CUDA device when ``liger-kernel`` is installed,
-  for forwards that need a gradient; its per-token loss is ``-logp``. Its backward is its own, fed the per-token
-  upstream gradient. A no-grad forward never calls it: its forward allocates an input-gradient buffer and reads a
-  token count on the host even when asked for no gradients.
+  hidden states and the bias, which is exact only without a soft-cap) on a CUDA device when ``liger-kernel`` is
+  installed, for forwards that need a gradient; its per-token loss is ``-logp``. Its backward is its own, fed the
+  per-token upstream gradient. A no-grad forward never calls it: its forward allocates an input-gradient buffer and
+  reads a token count on the host even when asked for no gradients.
 
 ``logps_from_hidden`` makes a Hugging Face causal LM (or a PEFT wrapper of one) return these log-probs from
 its forward instead of logits, so the call still goes through the training engine's forward (DeepSpeed's backward
@@ -43,7 +43,8 @@ from .logits import next_token_labels, to_prefix_layout
 _LIGER_FN = []  # [function or None], filled on first use
 
 
-def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor, bias: Optional[torch.Tensor] = None,
+def hidden_token_logps(hidden: torch.Tensor, weight: torch.Tensor, labels: torch.Tensor,
+                       bias: Optional[torch.Tensor] = None,
                        temperature: float = 1.0, softcap: Optional[float] = None, block_tokens: int = 256,
                        backend: str = "auto", index: Optional[torch.Tensor] = None) -> torch.Tensor:
     """``hidden [..., H]``, ``weight [V, H]``, ``labels [...]`` -> float32 log-probs ``[...]``; a label outside
@@ -271,7 +272,8 @@ def logps_from_hidden(model: torch.nn.Module, labels: torch.Tensor, temperature:
 
 
 def fused_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                               block_tokens: int = 256, temperature: float = 1.0, module: Optional[torch.nn.Module] = None,
+                               block_tokens: int = 256, temperature: float = 1.0,
+                               module: Optional[torch.nn.Module] = None,
                                device: Optional[torch.device] = None) -> torch.Tensor:
     """Per-token log-probs from the last hidden states and the output layer, never holding the ``[B, T, V]`` logits
     (our trainer's ``train.fused_logprobs``): ``prefix_token_logps``'s values, to float32 rounding.

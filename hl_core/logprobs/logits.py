@@ -36,7 +36,8 @@ def token_logps(
     most one ``[B, chunk, V]`` float32 block is live in either pass.
     """
     if logits.dim() != 3 or labels.shape != logits.shape[:2]:
-        raise ValueError(f"expected logits [B, T, V] and labels [B, T], got {tuple(logits.shape)}, {tuple(labels.shape)}")
+        raise ValueError(f"expected logits [B, T, V] and labels [B, T], got {tuple(logits.shape)}, "
+                         f"{tuple(labels.shape)}")
     vocab = logits.shape[-1]
     valid = (labels >= 0) & (labels < vocab)
     safe_labels = torch.where(valid, labels, torch.zeros_like(labels))

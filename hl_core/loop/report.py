@@ -203,7 +203,8 @@ class RunReport:
                          f"{summary['compiled_graphs']} graphs "
                          f"({summary['recompiles']} recompiles) in {summary['compile_s']:.1f}s of compile time")
         if eval_history:
-            lines.append(f"held-out, start (update {eval_history[0]['step']}) -> end (update {eval_history[-1]['step']}):")
+            lines.append(f"held-out, start (update {eval_history[0]['step']}) -> end (update "
+                         f"{eval_history[-1]['step']}):")
         for key, label in SUMMARY_EVAL_KEYS.items():
             if f"eval_start/{key}" in summary:
                 lines.append(f"  {label}: {summary[f'eval_start/{key}']:.3f} -> {summary[f'eval_end/{key}']:.3f}")

@@ -43,7 +43,8 @@ def rehearsing_weights() -> bool:
 
 
 # Any of these in a directory means it holds a tokenizer (fast, sentencepiece or BPE files).
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model")
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json", "vocab.txt",
+                   "spiece.model")
 
 
 def _remote_code_error(what: str, name: str) -> RecipeError:
@@ -156,8 +157,8 @@ def safetensors_problem(path: Path) -> Optional[str]:
                 and 0 <= offsets[0] <= offsets[1]):
             return f"its header entry `{name}` has no valid `data_offsets`"
         if offsets[1] > data:
-            return f"tensor `{name}` ends at byte {offsets[1]:,} of a data section of {data:,} bytes: the file is cut " \
-                "short"
+            return (f"tensor `{name}` ends at byte {offsets[1]:,} of a data section of {data:,} bytes: the file is "
+                    "cut short")
         end = max(end, offsets[1])
     if end != data:
         return f"its tensors cover {end:,} of its {data:,} data bytes"
@@ -278,7 +279,8 @@ def check_random_init_fits(model_cfg, config, kwargs, device: Optional[torch.dev
         )
 
 
-def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None, packing: bool = False):
+def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Optional[dict] = None,
+                    packing: bool = False):
     """Load (or, with ``model.random_init``, randomly initialise) a causal LM in ``precision``.
 
     ``zero3_init_config``: a DeepSpeed config dict; when given and ``random_init`` is off, weights are
@@ -302,7 +304,8 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
             cheap = _REHEARSAL_WEIGHTS
             if not cheap:  # a rehearsal builds in the compute dtype, partitioned under ZeRO-3: not this estimate
                 check_random_init_fits(model_cfg, config, kwargs, device)
-            with _fork_rng(seed, device), (device or contextlib.nullcontext()), _zero3_init(cheap and zero3_init_config):
+            device_context = device or contextlib.nullcontext()
+            with _fork_rng(seed, device), device_context, _zero3_init(cheap and zero3_init_config):
                 model = AutoModelForCausalLM.from_config(config, dtype=dtype if cheap else torch.float32, **kwargs)
                 if cheap and zero3_init_config:
                     _fill_partitions(model, getattr(config, "initializer_range", 0.02))
@@ -390,7 +393,8 @@ def _zero3_init(config: Optional[dict]):
 
 @contextlib.contextmanager
 def _fork_rng(seed: int, device: Optional[torch.device] = None):
-    """Seeded random draws (on the CPU, and on ``device`` when it is a GPU) that leave the caller's RNG states as they were."""
+    """Seeded random draws (on the CPU, and on ``device`` when it is a GPU) that leave the caller's RNG states as
+    they were."""
     with torch.random.fork_rng(devices=[device] if device is not None else []):
         torch.manual_seed(seed)
         yield

@@ -25,7 +25,8 @@ HIDDEN_LOGPS_FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "gemma", "gemma2"
 
 
 def known_model_type(model_cfg) -> Optional[str]:
-    """``model_type`` from the model's config.json (local, or in the Hugging Face cache); None when it is not at hand."""
+    """``model_type`` from the model's config.json (local, or in the Hugging Face cache); None when it is not at
+    hand."""
     try:
         return resolve_spec(model_cfg).model_type
     except RecipeError:
@@ -54,14 +55,15 @@ def check_speed_options(recipe, model_type: Optional[str] = None, cuda: Optional
             raise _liger_refusal(why)
     if fused and model_type is not None and model_type not in HIDDEN_LOGPS_FAMILIES:
         raise RecipeError(
-            f"`train.fused_logprobs: true` computes log-probs from the last hidden state and the output layer, which is "
+            f"`train.fused_logprobs: true` computes log-probs from the last hidden state and the output layer, which "
+            f"is "
             f"known to give the model's logits for {', '.join(HIDDEN_LOGPS_FAMILIES)}; this model is a `{model_type}` "
             "(its forward may scale or shift its logits). Fix: `train.fused_logprobs=false`.")
 
 
 def _liger_refusal(why: str) -> RecipeError:
-    return RecipeError(f"`model.kernels: liger` cannot be used here: {why}. Fix: `model.kernels=none` (the transformers "
-                       "modules), or run on a GPU with a Llama, Qwen 2.5 or Gemma 2 model.")
+    return RecipeError(f"`model.kernels: liger` cannot be used here: {why}. Fix: `model.kernels=none` (the "
+                       "transformers modules), or run on a GPU with a Llama, Qwen 2.5 or Gemma 2 model.")
 
 
 def apply_kernels(model: torch.nn.Module, kernels: str) -> None:
@@ -119,5 +121,6 @@ class RegionalCompile:
         events = torch._dynamo.utils.get_compilation_metrics()
         seconds = sum((e.entire_frame_compile_time_s or 0.0) + (e.backward_cumulative_compile_time_us or 0) / 1e6
                       for e in events)
-        return {"compiled_layers": self.layers, "compile_backend": self.backend, "compile_s": round(seconds, 2), "compiled_graphs": len(events),
+        return {"compiled_layers": self.layers, "compile_backend": self.backend, "compile_s": round(seconds, 2),
+                "compiled_graphs": len(events),
                 "recompiles": sum(1 for e in events if e.recompile_reason)}

@@ -1,8 +1,8 @@
 """Objectives: pure functions over per-token log-ratios, each returning ``(loss, metrics)``.
 
 The registry maps the recipe's ``objective.name`` to an ``ObjectiveSpec`` (the loss function, the
-kind of data it consumes, the metric keys it reports). Humanline is never re-implemented here: the trainer hands each objective
-log-ratios already transformed by ``hl_core.humanline``.
+kind of data it consumes, the metric keys it reports). Humanline is never re-implemented here: the trainer hands each
+objective log-ratios already transformed by ``hl_core.humanline``.
 """
 
 from __future__ import annotations

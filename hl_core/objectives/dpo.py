@@ -40,9 +40,10 @@ def dpo_loss(
     pairs whose score gap is under the threshold get 0). For ``simpo`` (reference-free) the first and third
     arguments are the policy's per-token log-probs rather than log-ratios.
 
-    Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device: no host read) hold the mean chosen/rejected implicit rewards (``beta`` times the summed
-    log-ratio, as TRL logs them for every reference-based type; SimPO: ``beta`` times the mean log-prob), the mean
-    margin and the reward accuracy (fraction of pairs with chosen reward > rejected, ties counting one half).
+    Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device: no host read) hold the mean
+    chosen/rejected implicit rewards (``beta`` times the summed log-ratio, as TRL logs them for every reference-based
+    type; SimPO: ``beta`` times the mean log-prob), the mean margin and the reward accuracy (fraction of pairs with
+    chosen reward > rejected, ties counting one half).
     """
     if chosen_logratios.shape[0] != rejected_logratios.shape[0]:
         raise ValueError("chosen and rejected batches must have the same number of pairs")
@@ -79,7 +80,8 @@ def dpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, float
     loss, metrics = dpo_loss(values[:half], mask[:half], values[half:], mask[half:], beta=cfg.beta,
                              weights=inputs.batch.get("weights"), loss_type=cfg.loss_type,
                              label_smoothing=cfg.label_smoothing, simpo_gamma=cfg.simpo_gamma)
-    metrics.update(policy_preference_metrics(inputs.policy_logps[:half], mask[:half], inputs.policy_logps[half:], mask[half:]))
+    metrics.update(policy_preference_metrics(inputs.policy_logps[:half], mask[:half], inputs.policy_logps[half:],
+                                             mask[half:]))
     return loss, metrics
 
 

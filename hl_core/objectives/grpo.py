@@ -96,9 +96,9 @@ def grpo_loss(
     ``lp_pol - lp_ref`` for the KL penalty, required when ``beta_kl > 0``; ``tokens_per_rank``: the
     ``"dapo"`` normaliser (:func:`mean_tokens_per_rank`; the local token count when None).
 
-    Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device) hold the PPO clip fractions (``clip/low_frac``: ``rho <
-    1 - eps_low`` with ``A < 0``; ``clip/high_frac``: ``rho > 1 + eps_high`` with ``A > 0``; and
-    their sum ``clip/frac``), ``ratio/mean``, ``kl/mean`` (when ``ref_logratios`` is given) and the
+    Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device) hold the PPO clip fractions
+    (``clip/low_frac``: ``rho < 1 - eps_low`` with ``A < 0``; ``clip/high_frac``: ``rho > 1 + eps_high`` with ``A > 0``;
+    and their sum ``clip/frac``), ``ratio/mean``, ``kl/mean`` (when ``ref_logratios`` is given) and the
     advantage mean/std/min/max, all over the completion tokens (advantages over sequences).
     """
     if aggregation not in AGGREGATIONS:

@@ -152,7 +152,8 @@ def kto_loss(
 ) -> Tuple[torch.Tensor, Dict[str, float]]:
     """Batch mean of the KTO losses (see the module docstring); ``desirable`` is a bool ``[B]``.
 
-    Returns ``(loss, metrics)``; metrics (device tensors, but the counts: host numbers from ``desirable``) hold ``kto/z0``, the counts ``count/desirable`` and
+    Returns ``(loss, metrics)``; metrics (device tensors, but the counts: host numbers from ``desirable``) hold
+    ``kto/z0``, the counts ``count/desirable`` and
     ``count/undesirable``, and the mean rewards ``beta * r`` of each kind (``rewards/desirable``,
     ``rewards/undesirable``), a mean being left out when its kind is absent from the batch.
     """

@@ -39,10 +39,11 @@ Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Larg
 ``s*b*h*(34 + 5*a*s/h)`` bytes, and with tensor parallelism t: ``s*b*h*(10 + 24/t + 5*a*s/(h*t))``.
 The ``5*a*s/h`` term (attention scores, softmax, dropout mask) is only stored by the `eager` attention;
 SDPA / FlashAttention kernels recompute it, so it is dropped for them (the megatron engine always uses a
-fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped attention). Times L layers (L/pp stages x pp
-micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient checkpointing each layer
-keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation (DeepSpeed: or
-the final norm's, whichever is larger, never both: its backward frees them before the first layer is recomputed;
+fused kernel, SDPA or Transformer Engine's, except for Gemma 2's soft-capped attention). Times L layers (L/pp stages x
+pp micro-batches in flight under the 1F1B pipeline; "L" here is the layer count). fp32 doubles it. With gradient
+checkpointing each layer keeps only its input (``2*s*b*h`` bytes) plus one layer's full activations during recomputation
+(DeepSpeed: or the final norm's, whichever is larger, never both: its backward frees them before the first layer is
+recomputed;
 ``plan_peak.py``).
 Logits: 8 bytes per logit, ``8*b*s*V/t``: the float32 copy that the log-softmax keeps for backward (4)
 plus the compute-dtype logits of the running forward or their gradient in backward (2 + 2); megatron's Gemma 2
@@ -74,16 +75,22 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 from ..config import Recipe, batch_layout, pipeline_microbatches
-from ..config.checks import check_lora
 from ..data.build import data_plan, load_split_records
 from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
 from ..objectives import reference_mode
-from .plan_lora import lora_terms
-from .plan_peak import (checkpointed_activations, deepspeed_phases, zero2_gradient_elements, zero3_gathered_elements,
-                        zero3_largest_sub_group)
-from .plan_terms import (layer_activation_bytes, logits_bytes, megatron_cpu_step_bytes, megatron_gpu_step_bytes,
-                         megatron_softcap_logits_bytes, norm_bytes)
+from .plan_peak import checkpointed_activations, deepspeed_phases, zero3_gathered_elements
+from .plan_states import (
+    REDUCE_BUCKET,
+    ZERO3_MAX_LIVE_PARAMETERS,
+    LoraPart,
+    ModelStates,
+    count_text,
+    deepspeed_states,
+    lora_part,
+    megatron_states,
+)
+from .plan_terms import layer_activation_bytes, logits_bytes, megatron_softcap_logits_bytes, norm_bytes
 
 GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
@@ -135,33 +142,6 @@ def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) 
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
 
 
-# DeepSpeed's ZeRO defaults that the engine leaves as they are (hl_core/engines/deepspeed_engine.py)
-REDUCE_BUCKET = 5e8  # reduce_bucket_size (elements), ZeRO 1-3
-ZERO3_MAX_LIVE_PARAMETERS = 1e9  # stage3_max_live_parameters (elements; stage3_max_reuse_distance is no larger)
-ZERO3_SUB_GROUP_SIZE = 1e9  # sub_group_size (elements): ZeRO-3 steps its optimizer one sub-group at a time
-
-
-def _megatron_stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> int:
-    """Parameters on one tensor-parallel rank of pipeline stage ``stage``: matrices split by tp, norms replicated."""
-    h = spec.hidden_size
-    norms = spec.norms_per_layer * h
-    per_stage_layers = spec.num_layers // pp
-    matrices = per_stage_layers * (spec.layer_params() - norms)
-    replicated = per_stage_layers * norms
-    if stage == 0:
-        matrices += spec.embedding_params()
-    if stage == pp - 1:
-        replicated += h  # final norm
-        if not spec.tie_word_embeddings or pp > 1:  # tied weights and pp > 1: the last stage keeps its own copy
-            matrices += spec.vocab_size * h
-    return -(-matrices // tp) + replicated
-
-
-def _megatron_shard_params(spec: ModelSpec, tp: int, pp: int) -> int:
-    """Parameters on the most loaded (tensor, pipeline) rank."""
-    return max(_megatron_stage_params(spec, tp, pp, stage) for stage in range(pp))
-
-
 def memory_plan(
     recipe: Recipe,
     world_size: Optional[int] = None,
@@ -184,7 +164,8 @@ def memory_plan(
     spec = spec or resolve_spec(recipe.model)
     pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
     stages = [stage] if stage is not None and pp > 1 else list(range(pp))
-    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s in stages]
+    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s
+             in stages]
     worst = max(plans, key=lambda p: p["bytes"]["total"])
     worst["stage_totals"] = {p["stage"]: p["gib"]["total"] for p in plans}
     return worst
@@ -194,147 +175,115 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
                 megatron_gpu: bool, pipe_stage: int, dp_rank: Optional[int] = None) -> Dict[str, Any]:
     """:func:`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
     dp, accum = batch_layout(recipe, world)
-    tp, pp = recipe.parallel.tp, recipe.parallel.pp
-    engine, stage = recipe.engine.name, recipe.engine.zero_stage
-    bf16 = recipe.engine.precision == "bf16"
-    pb = 2 if bf16 else 4  # bytes per parameter / activation element
-    P, L = spec.num_params(), spec.largest_layer_params()
+    engine = recipe.engine.name
+    pb = 2 if recipe.engine.precision == "bf16" else 4  # bytes per parameter / activation element
     notes: List[str] = []
-    lora, A = None, 0
-    if recipe.model.lora_enabled:  # plan_lora.py: the adapter from the dimensions and PEFT's matching
-
-        check_lora(recipe)
-        lora = lora_terms(spec, recipe.model.lora, pb)
-        A = lora["adapter_params"]
-        copy = reference_mode(recipe)[0] == "copy"
-        synced = copy and recipe.humanline.sync_every is not None
-        notes.append(
-            f"LoRA r={recipe.model.lora.r} on {lora['adapted_modules']} modules: {_count(A)} adapter params "
-            f"({100 * A / P:.2f}% of the model) get gradients and AdamW states; the reference is "
-            + ("the base plus a frozen adapter copy (the adapter's bytes)" if synced else
-               "the base with the adapter off (0 bytes)" if copy else "no model (see below)")
-        )
-    T = A if lora else P  # trainable parameters
-
+    lora = lora_part(recipe, spec, pb, notes)
     if engine == "megatron":
-        shard = _megatron_stage_params(spec, tp, pp, pipe_stage)
-        weights = pb * shard
-        grads = 4 * shard  # fp32 main-grad buffer (whole on each rank, also with the distributed optimizer)
-        # GPU: float32 master copy + AdamW moments; the CPU path: torch AdamW on the compute-dtype shards, its two
-        # moments in that dtype and no master copy (measured by --rehearse: 1.08 GiB for 0.54 GiB of bf16 weights)
-        opt_bytes = (12 if bf16 else 8) * shard if megatron_gpu else 2 * pb * shard
-        optimizer = opt_bytes / dp if distributed_optimizer else opt_bytes
-        reference = pb * shard
-        # GPU: megatron's DDP allocates the main-grad buffer up front; CPU path: ``.grad`` in backward
-        resident_grads, backward_grads = (grads, 0.0) if megatron_gpu else (0.0, pb * shard)
-        # GPU: a fused Adam steps in place, torch's AdamW (megatron's fallback) makes a float32 temporary of its shard;
-        # CPU path: its step's temporaries
-        step_grads = (megatron_gpu_step_bytes(shard / dp if distributed_optimizer else shard) if megatron_gpu
-                      else megatron_cpu_step_bytes(spec, pb, tp, pp, pipe_stage, dp, shard))
-        params_on_rank = shard
-        master_grads = 0.0  # no float32 copy of the gradients at the step: the main grads are resident
-        if megatron_gpu and step_grads:
-            notes.append("megatron: no fused Adam here (transformer-engine, apex), so megatron-core steps with torch's "
-                         "AdamW, which makes a float32 temporary of the optimizer shard (`step gradients`)")
-        notes.append(
-            "megatron: optimizer states " + ("partitioned over dp (distributed optimizer)" if distributed_optimizer
-                                             else "replicated (no distributed optimizer)")
-        )
+        states = megatron_states(recipe, spec, pb, dp, pipe_stage, distributed_optimizer, megatron_gpu, notes)
     else:
-        if stage == 3:
-            weights = pb * P / dp + pb * L
-            # DeepSpeed's stage-3 estimator convention (18P/N + 4L): the fp32 gradient partition plus the
-            # gathered layer's 16-bit gradient; the 16-bit partition it is made from is not counted again
-            low = (0 if bf16 else pb * P / dp) + pb * L
-            resident_grads = pb * P / dp  # the 16-bit gradient partition, allocated at start-up
-            if bf16:
-                low += resident_grads
-            backward_grads = 0.0 if bf16 else pb * P / dp
-            params_on_rank = P / dp
-        else:  # LoRA: the frozen base whole, gradients and optimizer states for the T = A adapter params only
-            weights = pb * (P + A)
-            low = pb * T / dp if stage == 2 else pb * T
-            resident_grads, backward_grads = 0.0, low  # compute-dtype gradients (ZeRO-2: this rank's partition)
-            if stage == 2 and not lora and dp > 1:  # the buffer DeepSpeed holds for the partition: every parameter
-                backward_grads = pb * zero2_gradient_elements(spec, dp, dp_rank)  # overlapping it (plan_peak.py)
-            params_on_rank = P + A
-        if bf16:
-            master_grads = 4 * T if stage == 0 else 4 * T / dp
-            grads = low + master_grads
-            optimizer = 12 * T if stage == 0 else 12 * T / dp
-        else:
-            master_grads = 0.0
-            grads = low
-            optimizer = 8 * T if stage == 0 else 8 * T / dp
-        step_grads = master_grads  # the float32 gradients the bf16 optimizer builds at the step
-        if stage == 3 and not lora:
-            # per sub-group: a flat 16-bit copy of its gradients, then (bf16) its float32 copy, both live at once
-            # (``_prepare_fp32_grad_for_sub_group``; an H100 rehearsal of Llama-3-8B's rank 0 of 8 measured 5.61 GiB
-            # for 6 bytes x 1.0e9 elements, Gemma-2-27B's rank 0 of 16 5.63 GiB for its first sub-group of 1.0e9)
-            sub_group = zero3_largest_sub_group(spec, dp, ZERO3_SUB_GROUP_SIZE)
-            step_grads = (pb + 4 if bf16 else pb) * sub_group
-        reference = pb * P / dp if stage == 3 else pb * P
-        if lora:  # no second model: a frozen copy of the adapter (synced) or nothing (the adapter switched off)
-            reference = pb * A if synced else 0.0
-
+        states = deepspeed_states(recipe, spec, pb, dp, dp_rank, lora)
     run_updates = planned_updates(recipe, dp, accum)
+    states.reference = _reference_bytes(recipe, states.reference, run_updates, accum, group_size, notes)
+    act = _activations(recipe, spec, pb, group_size, pipe_stage, lora)
+    bytes_ = _peak(recipe, spec, pb, dp, states, act)
+    _layout_notes(recipe, group_size, pipe_stage, act, notes)
+    gpu_gib = float(recipe.cluster.gpu_memory_gb)
+    P, A = spec.num_params(), lora.adapter_params if lora else 0
+    stage, tp, pp = recipe.engine.zero_stage, recipe.parallel.tp, recipe.parallel.pp
+    return dict(
+        model=spec.name, model_source=spec.source, params=P, largest_layer_params=spec.largest_layer_params(),
+        params_per_rank=states.params_on_rank, trainable_params=A if lora else P, lora_adapter_params=A,
+        engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
+        world_size=world, dp=dp, tp=tp, pp=pp, stage=pipe_stage, micro_batch_size=recipe.train.micro_batch_size,
+        gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
+        updates=run_updates,
+        sequences_per_micro_batch=act["b"], seq_len=recipe.data.max_length,
+        attention="eager" if act["eager"] else "fused (sdpa/flash)",
+        tokens_per_micro_batch=act["tokens"], token_budget=act["budget"],
+        gradient_checkpointing=bool(recipe.model.gradient_checkpointing), gpu_memory_gib=gpu_gib,
+        bytes=bytes_, gib={k: v / GIB for k, v in bytes_.items()},
+        exceeds=bytes_["total"] / GIB > gpu_gib, notes=notes,
+    )
+
+
+def _reference_bytes(recipe: Recipe, reference: float, run_updates: Tuple[Optional[int], str], accum: int,
+                     group_size: Optional[int], notes: List[str]) -> float:
+    """The reference model's bytes: ``reference`` when the run builds one, else 0 (with a note on where its
+    log-probs live)."""
     mode, why = reference_mode(recipe)
     if mode == "none":
-        reference = 0.0
         notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
-    elif mode in ("cached", "lookahead"):
-        reference = 0.0
+        return 0.0
+    if mode in ("cached", "lookahead"):
         updates = run_updates[0] if mode == "cached" else recipe.humanline.sync_every
         rows = (updates or 1) * accum * sequences_per_micro_batch(recipe, group_size)
         kept = rows * recipe.data.max_length * 4 / 2**20
         notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
                      f"{kept:.2f} MiB per rank " + (f"({updates} update(s) of padded float32 rows)" if updates else
                                                     "per update (padded float32 rows; `train.epochs` over hub data)"))
+        return 0.0
+    return reference
 
-    # activations and logits (hl_core.preflight.plan_terms: counted tensor by tensor, checked against measurement)
+
+def _activations(recipe: Recipe, spec: ModelSpec, pb: int, group_size: Optional[int], pipe_stage: int,
+                 lora: Optional[LoraPart]) -> Dict[str, Any]:
+    """Activations and logits of one micro-batch on the ranks of ``pipe_stage`` (plan_terms: counted tensor by
+    tensor, checked against measurement), with the layout facts they follow from."""
+    engine, pp = recipe.engine.name, recipe.parallel.pp
+    megatron = engine == "megatron"
     b = sequences_per_micro_batch(recipe, group_size)
     s, h, V = recipe.data.max_length, spec.hidden_size, spec.vocab_size
-    if engine == "megatron":  # fused attention (SDPA or TE) except Gemma 2's soft-capped local spec
-        eager = spec.model_type == "gemma2"
-    else:
-        eager = (recipe.model.attn_implementation or "sdpa") == "eager"
-    t = tp if engine == "megatron" else 1
+    # megatron: fused attention (SDPA or TE) except Gemma 2's soft-capped local spec
+    eager = spec.model_type == "gemma2" if megatron else (recipe.model.attn_implementation or "sdpa") == "eager"
+    t = recipe.parallel.tp if megatron else 1
     # tokens per micro-batch: b rows of <= s tokens, or the token budget (`train.max_tokens_per_micro_batch`)
     budget = recipe.train.max_tokens_per_micro_batch
     tokens = budget if budget is not None else s * b
     # megatron pp > 1: each micro-batch runs as m pipeline micro-batches of tokens / m; 1F1B keeps min(pp - stage, m)
     # of them in flight on stage `stage` (the first stage the most); the final norm and the logits on the last stage
-    pipeline = pipeline_microbatches(recipe, b) if engine == "megatron" else 1
+    pipeline = pipeline_microbatches(recipe, b) if megatron else 1
     tokens_in_flight = tokens / pipeline
-    in_flight = min(pp - pipe_stage, pipeline) if engine == "megatron" else 1
-    last_stage = engine != "megatron" or pipe_stage == pp - 1
+    in_flight = min(pp - pipe_stage, pipeline) if megatron else 1
+    last_stage = not megatron or pipe_stage == pp - 1
     per_layer = tokens_in_flight * layer_activation_bytes(spec, pb, t, s, eager)
-    layers_on_rank = spec.num_layers // pp if engine == "megatron" else spec.num_layers
+    layers_on_rank = spec.num_layers // pp if megatron else spec.num_layers
     final_norm = tokens_in_flight * norm_bytes(spec, pb) if last_stage else 0.0  # the final RMSNorm, once per token
     activations_full = per_layer * layers_on_rank * in_flight + final_norm
     layer_inputs = (pb * tokens_in_flight * h) * layers_on_rank * in_flight
-    if engine == "megatron":  # inputs + one layer + the final norm
+    if megatron:  # inputs + one layer + the final norm
         activations_ckpt = layer_inputs + per_layer + final_norm
     else:  # plan_peak.py: the final norm's tensors are freed before the first layer is recomputed
         activations_ckpt = checkpointed_activations(layer_inputs, per_layer, final_norm)
     if lora:  # what the adapters keep (A's outputs, dropout copies): all layers, or one layer being recomputed
-        activations_full += tokens * lora["activation_bytes_per_token"]
-        activations_ckpt += tokens * lora["activation_bytes_per_token"] / spec.num_layers
+        activations_full += tokens * lora.terms["activation_bytes_per_token"]
+        activations_ckpt += tokens * lora.terms["activation_bytes_per_token"] / spec.num_layers
     gemma2 = spec.model_type.startswith("gemma2")
     # megatron's Gemma 2 path: soft-capped chunks through megatron-core's cross entropy (plan_terms.py); HF's
     # Gemma 2: the tanh of its final logit soft-capping kept beside the logits
     chunk = recipe.train.logps_chunk_tokens
-    logits = (megatron_softcap_logits_bytes(tokens_in_flight, V, pb, t, chunk) if engine == "megatron" and gemma2 else
-              logits_bytes(1, tokens_in_flight, V, pb, t, chunk, softcap_copy=engine != "megatron" and gemma2))
-    logits = logits if last_stage else 0.0
+    logits = (megatron_softcap_logits_bytes(tokens_in_flight, V, pb, t, chunk) if megatron and gemma2 else
+              logits_bytes(1, tokens_in_flight, V, pb, t, chunk, softcap_copy=not megatron and gemma2))
+    return dict(b=b, eager=eager, tokens=tokens, budget=budget, pipeline=pipeline, in_flight=in_flight,
+                last_stage=last_stage, per_layer=per_layer, final_norm=final_norm, layer_inputs=layer_inputs,
+                activations_full=activations_full, activations_ckpt=activations_ckpt,
+                logits=logits if last_stage else 0.0,
+                lora_kept=tokens * lora.terms["activation_bytes_per_token"] if lora else 0.0, lora=lora is not None)
 
-    model_states = weights + grads + optimizer
+
+def _peak(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, states: ModelStates, act: Dict[str, Any]
+          ) -> Dict[str, float]:
+    """Every term's bytes and the peak: resident + the update's largest phase (``total``), and the same with
+    gradient checkpointing switched (``total_other_checkpointing``)."""
+    engine, stage = recipe.engine.name, recipe.engine.zero_stage
+    per_layer, logits = act["per_layer"], act["logits"]
+    model_states = states.weights + states.grads + states.optimizer
     # ZeRO-3 over dp > 1 (measured by --rehearse, hl_core/rehearsal): between updates only the partition is held,
     # plus the reduce bucket DeepSpeed allocates at start-up (reduce_bucket_size, 5e8 elements of the 16-bit
     # dtype: the engine leaves DeepSpeed's default); within an update the gathered parameters are not one layer
     # but the prefetcher's window, up to stage3_max_live_parameters, per phase (plan_peak.zero3_gathered_elements)
     zero3 = engine == "deepspeed" and stage == 3 and dp > 1
-    weights_at_rest = weights - pb * L if zero3 else weights
+    weights_at_rest = states.weights - pb * spec.largest_layer_params() if zero3 else states.weights
     buckets = pb * REDUCE_BUCKET if zero3 else 0.0
     # ZeRO-1/2 over dp > 1 (--rehearse, bf16 and fp32): a reduce bucket of the gradients' dtype made in the backward
     zero12 = engine == "deepspeed" and stage in (1, 2) and dp > 1
@@ -345,75 +294,60 @@ def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optiona
                                                        checkpointing=checkpointing) if zero3 else 0.0
                    for phase in ("logits", "layers")}
     gathered = max(gathered_in.values())  # reported: the peak's phase's (below), else the larger
-    resident = weights_at_rest + optimizer + reference + resident_grads + buckets
-    activations = activations_ckpt if checkpointing else activations_full
-    other = activations_full if checkpointing else activations_ckpt
+    resident = weights_at_rest + states.optimizer + states.reference + states.resident_grads + buckets
+    full, ckpt = act["activations_full"], act["activations_ckpt"]
+    activations = ckpt if checkpointing else full
+    other = full if checkpointing else ckpt
     if engine == "megatron":  # checkpointed: the logits peak before any layer is recomputed (only inputs beside them)
-        activations, other = (max(a - logits, a - per_layer) if ckpt else a
-                              for a, ckpt in ((activations, checkpointing), (other, not checkpointing)))
+        activations, other = (max(a - logits, a - per_layer) if on else a
+                              for a, on in ((activations, checkpointing), (other, not checkpointing)))
     # the peak: in the backward (gathered parameters, activations, logits and the gradients of earlier
     # micro-batches held at once) or at the optimizer step (the float32 gradients of a bf16 optimizer)
-    total = resident + backward_grads + max(gathered + backward_bucket + activations + logits, step_grads)
-    total_other = resident + backward_grads + max(gathered + backward_bucket + other + logits, step_grads)
+    base, step_grads = resident + states.backward_grads, states.step_grads
+    total = base + max(gathered + backward_bucket + activations + logits, step_grads)
+    total_other = base + max(gathered + backward_bucket + other + logits, step_grads)
     phases, tied = {}, 0.0
     if engine == "deepspeed":  # DeepSpeed: the largest of the update's phases (plan_peak.py), not their sum
-        lora_kept = tokens * lora["activation_bytes_per_token"] if lora else 0.0
-        tied = pb * spec.vocab_size * h if spec.tie_word_embeddings and not lora else 0.0
+        tied = pb * spec.vocab_size * spec.hidden_size if spec.tie_word_embeddings and not act["lora"] else 0.0
         phase_terms = dict(gathered_logits=gathered_in["logits"], gathered_layers=gathered_in["layers"],
-                           backward_bucket=backward_bucket, layer_inputs=layer_inputs,
-                           final_norm=final_norm, logits=logits, tied_output_gradient=tied, step_gradients=step_grads)
-        phases = deepspeed_phases(one_layer=per_layer + lora_kept / spec.num_layers, checkpointing=checkpointing,
-                                  activations_full=activations_full, **phase_terms)
-        other_phases = deepspeed_phases(one_layer=per_layer + lora_kept / spec.num_layers,
-                                        checkpointing=not checkpointing, activations_full=activations_full,
-                                        **phase_terms)
-        total = resident + backward_grads + max(phases.values())
+                           backward_bucket=backward_bucket, layer_inputs=act["layer_inputs"],
+                           final_norm=act["final_norm"], logits=logits, tied_output_gradient=tied,
+                           step_gradients=step_grads, one_layer=per_layer + act["lora_kept"] / spec.num_layers,
+                           activations_full=full)
+        phases = deepspeed_phases(checkpointing=checkpointing, **phase_terms)
+        other_phases = deepspeed_phases(checkpointing=not checkpointing, **phase_terms)
+        total = base + max(phases.values())
         gathered = gathered_in.get(max(phases, key=phases.get), gathered)
-        total_other = resident + backward_grads + max(other_phases.values())
-    gpu_gib = float(recipe.cluster.gpu_memory_gb)
-    if engine == "megatron" and pp > 1:
-        notes.append(f"pipeline stage {pipe_stage} of {pp}: {pipeline} pipeline micro-batch(es) per micro-batch, "
-                     f"{in_flight} in flight here" + ("; the embedding" if pipe_stage == 0 else "")
-                     + ("; the output layer and the logits" if last_stage else ""))
+        total_other = base + max(other_phases.values())
+    return dict(
+        weights=states.weights, gradients=states.grads, optimizer=states.optimizer, model_states=model_states,
+        reference=states.reference, weights_at_rest=weights_at_rest, reduce_buckets=buckets,
+        backward_bucket=backward_bucket, gathered_weights=gathered, resident=resident,
+        backward_gradients=states.backward_grads, step_gradients=step_grads, master_gradients=states.master_grads,
+        activations_full=full, activations_checkpointed=ckpt, logits=logits,
+        total=total, total_other_checkpointing=total_other,
+        tied_output_gradient=tied, **{f"phase_{name}": value for name, value in phases.items()},
+        **{f"gathered_weights_{name}": value for name, value in gathered_in.items()},
+    )
+
+
+def _layout_notes(recipe: Recipe, group_size: Optional[int], pipe_stage: int, act: Dict[str, Any],
+                  notes: List[str]) -> None:
+    """Notes on what the plan assumes: the pipeline stage, GRPO's group size, rollouts, the token budget."""
+    pp = recipe.parallel.pp
+    if recipe.engine.name == "megatron" and pp > 1:
+        notes.append(f"pipeline stage {pipe_stage} of {pp}: {act['pipeline']} pipeline micro-batch(es) per "
+                     f"micro-batch, {act['in_flight']} in flight here" + ("; the embedding" if pipe_stage == 0 else "")
+                     + ("; the output layer and the logits" if act["last_stage"] else ""))
     if recipe.objective.name == "grpo" and group_size is None:
         size, origin = grpo_group_size(recipe)
         notes.append(f"GRPO: {size} completions per prompt group ({origin})")
     if recipe.rollout.every is not None:
         notes.append("rollouts: generation memory (KV cache, sampling) is not counted")
-    if budget is not None:
-        notes.append(f"token budget: activations and logits for {budget} tokens per micro-batch "
+    if act["budget"] is not None:
+        notes.append(f"token budget: activations and logits for {act['budget']} tokens per micro-batch "
                      "(`train.max_tokens_per_micro_batch`, real tokens; padding to a micro-batch's longest row adds "
                      "to it unless `data.packing: true`)")
-
-    bytes_ = dict(
-        weights=weights, gradients=grads, optimizer=optimizer, model_states=model_states, reference=reference,
-        weights_at_rest=weights_at_rest, reduce_buckets=buckets, backward_bucket=backward_bucket, gathered_weights=gathered,
-        resident=resident, backward_gradients=backward_grads, step_gradients=step_grads, master_gradients=master_grads,
-        activations_full=activations_full, activations_checkpointed=activations_ckpt, logits=logits,
-        total=total, total_other_checkpointing=total_other,
-        tied_output_gradient=tied, **{f"phase_{name}": value for name, value in phases.items()},
-        **{f"gathered_weights_{name}": value for name, value in gathered_in.items()},
-    )
-    return dict(
-        model=spec.name, model_source=spec.source, params=P, largest_layer_params=L, params_per_rank=params_on_rank,
-        trainable_params=T, lora_adapter_params=A,
-        engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
-        world_size=world, dp=dp, tp=tp, pp=pp, stage=pipe_stage, micro_batch_size=recipe.train.micro_batch_size,
-        gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
-        updates=run_updates,
-        sequences_per_micro_batch=b, seq_len=s, attention="eager" if eager else "fused (sdpa/flash)",
-        tokens_per_micro_batch=tokens, token_budget=budget,
-        gradient_checkpointing=checkpointing, gpu_memory_gib=gpu_gib,
-        bytes=bytes_, gib={k: v / GIB for k, v in bytes_.items()},
-        exceeds=total / GIB > gpu_gib, notes=notes,
-    )
-
-
-def _count(n: float) -> str:
-    for unit, size in (("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.2f}{unit}"
-    return str(int(n))
 
 
 def _phase_lines(v: Dict[str, float]) -> List[str]:
@@ -439,7 +373,8 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
               else "Megatron-core (distributed optimizer)")
     ckpt = plan["gradient_checkpointing"]
     lines = [
-        f"plan for `{recipe.name}`: {plan['model']} ({_count(plan['params'])} params; dims from {plan['model_source']})",
+        f"plan for `{recipe.name}`: {plan['model']} ({count_text(plan['params'])} params; dims from "
+        f"{plan['model_source']})",
         f"world: {plan['world_size']} GPUs = {recipe.cluster.nodes} node(s) x {recipe.cluster.gpus_per_node}"
         if world_size is None else f"world: {plan['world_size']} processes",
         f"layout: dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}; {engine}, {plan['precision']}",
@@ -489,7 +424,8 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
         if plan["engine"] == "deepspeed" and plan["zero_stage"] < 3:
             hints.append("raise `engine.zero_stage`")
         if plan["engine"] == "megatron":
-            hints.append("raise `parallel.tp` (splits weights, activations and logits) or `parallel.pp` (splits layers)")
+            hints.append("raise `parallel.tp` (splits weights, activations and logits) or `parallel.pp` (splits "
+                         "layers)")
         hints += ["lower `train.max_tokens_per_micro_batch`" if plan["token_budget"] is not None
                   else "lower `train.micro_batch_size` or `data.max_length`", "use more GPUs"]
         lines.append(

@@ -1,7 +1,8 @@
 """``run.py --validate``: everything that can be checked without the weights or a GPU.
 
 The schema was checked on load; here: the launcher's variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_RANK``,
-``MASTER_ADDR``, ``MASTER_PORT``: the run would refuse them at its start), the cross-field checks (``check_recipe``: data and model paths,
+``MASTER_ADDR``, ``MASTER_PORT``: the run would refuse them at its start), the cross-field checks (``check_recipe``:
+data and model paths,
 ``output_dir``, the checkpoint to resume), the checkpoint's run record against the recipe and another run's outputs
 in ``output_dir`` (``hl_core/loop``), the parallel layout for the world size, the speed switches against the model
 family and the machine (``model.kernels: liger`` needs a CUDA GPU), the local model directory's config
@@ -17,9 +18,9 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from ..callbacks import build_callbacks
 from ..config import batch_layout, check_recipe
 from ..data.build import build_datasets, data_plan, describe_data, load_split_records
-from ..callbacks import build_callbacks
 from ..engines.base import check_launch_environment
 from ..loop.lifecycle import check_other_run
 from ..loop.run_record import check_resume_record, run_record
@@ -69,6 +70,7 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     lines.append(
         f"objective {recipe.objective.name}, transform {hl.transform}"
         + (f" [{hl.log_eps_P}, {hl.log_eps_R}]" if hl.transform == "clip" else "")
-        + f", sync_every {hl.sync_every}, engine {recipe.engine.name} ZeRO-{recipe.engine.zero_stage} {recipe.engine.precision}"
+        + f", sync_every {hl.sync_every}, engine {recipe.engine.name} ZeRO-{recipe.engine.zero_stage} "
+          f"{recipe.engine.precision}"
     )
     return "\n".join(lines)

@@ -1,6 +1,7 @@
 """Where the reference's per-token log-probs come from (``objectives.reference_mode``).
 
-* ``copy`` / ``none``: the engine's reference model (``hl_core.humanline.ReferenceSync`` overwrites it at each sync, or mixes the
+* ``copy`` / ``none``: the engine's reference model (``hl_core.humanline.ReferenceSync`` overwrites it at each sync, or
+  mixes the
   policy into it: ``humanline.sync_mix``), or none.
 * ``cached`` (``train.cache_reference_logps``, frozen reference, offline data): the policy, before any update,
   computes the log-probs of every batch of the run and of the eval set once; they are stored on disk

@@ -31,8 +31,8 @@ import torch
 
 from ..errors import DiskFull, RecipeError
 from ..storage.checkpoints import safe_load
-from ..storage.disk_full import is_disk_full
 from ..storage.digests import file_digest, local_files
+from ..storage.disk_full import is_disk_full
 from .sources import StoredReferenceLogps
 from .store import LogpStore
 
@@ -61,7 +61,8 @@ def fingerprint(recipe, world_size: int, dp_size: int, gradient_accumulation_ste
     train = recipe.train
     fields.update({
         "objective.name": recipe.objective.name, "engine.name": recipe.engine.name,
-        "engine.precision": recipe.engine.precision, "parallel.tp": recipe.parallel.tp, "parallel.pp": recipe.parallel.pp,
+        "engine.precision": recipe.engine.precision, "parallel.tp": recipe.parallel.tp,
+        "parallel.pp": recipe.parallel.pp,
         "world size": world_size, "data-parallel size": dp_size, "train.seed": train.seed,
         "train.micro_batch_size": train.micro_batch_size, "gradient accumulation steps": gradient_accumulation_steps,
         "train.logps_chunk_tokens": train.logps_chunk_tokens,

@@ -9,9 +9,9 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from ..humanline import ReferenceSync, SyncRecord, SyncSchedule
 from ..callbacks import CallbackContext
 from ..errors import DataError
+from ..humanline import ReferenceSync, SyncRecord, SyncSchedule
 from ..storage.checkpoints import reference_logps_file, safe_load
 from .store import LogpStore, forward_batches, forward_is_deterministic
 
@@ -68,7 +68,7 @@ class ReferenceLogps:
         """After the engine loaded ``checkpoint`` (``updates_done`` updates): restore what this mode keeps; a notice
         when the checkpoint was written in another mode (e.g. ``train.on_nonfinite: skip`` chose a copy after a
         look-ahead run stopped)."""
-        if getattr(self.engine, "resynced_at_resume", False):
+        if self.engine.resynced_at_resume:
             return ("The checkpoint was written with look-ahead syncing and keeps no reference copy; this run keeps "
                     f"one ({self.reason}). It starts from the policy's weights at the resume: one extra sync there.")
         return None
@@ -81,7 +81,7 @@ class StoredReferenceLogps(ReferenceLogps):
         super().__init__(engine, mode, reason)
         self.store = store or LogpStore()
         self.policy_is_reference = False  # before the first optimizer step (look-ahead): read the policy itself
-        self.detach_is_exact = forward_is_deterministic(engine._policy_module())
+        self.detach_is_exact = forward_is_deterministic(engine.trained_module())
 
     @property
     def available(self) -> bool:
@@ -179,7 +179,8 @@ class LookaheadReference(StoredReferenceLogps):
         problem = lookahead_state_problem(state)
         if problem:
             raise DataError(
-                f"`{path}` does not hold look-ahead log-probs ({problem}): it was damaged or written by something else. "
+                f"`{path}` does not hold look-ahead log-probs ({problem}): it was damaged or written by something "
+                f"else. "
                 "Nothing was loaded. Fix: delete that file (the reference then restarts from the policy's weights at "
                 "the resume, one extra sync), or resume from another checkpoint (`checkpoint.resume=step_N`)."
             )

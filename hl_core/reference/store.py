@@ -55,8 +55,9 @@ class LogpStore:
     def fill(self, engine, batches: Iterable[dict], temperature: float) -> int:
         """Compute (with the policy as the reference) every forward batch of ``batches`` not stored yet;
         returns the number of forwards run. The copies to the host are asynchronous on a GPU: read the values on
-        the host only after ``engine.synchronize()`` (the trainer waits at the end of every update). Every rank runs the same number (ZeRO-3 / model-parallel forwards
-        are collective): ranks hold the same number of batches of the same kinds."""
+        the host only after ``engine.synchronize()`` (the trainer waits at the end of every update). Every rank runs the
+        same number (ZeRO-3 / model-parallel forwards are collective): ranks hold the same number of batches of the same
+        kinds."""
         forwards = 0
         for batch in batches:
             for forward in forward_batches(batch):

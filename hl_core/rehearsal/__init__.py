@@ -53,7 +53,8 @@ def rehearse(recipe_path: str, overrides: List[str], rank: Optional[int] = None,
                        "--kernels", kernels, "--json", str(out)]
             if micro_batches is not None:
                 command += ["--micro-batches", str(micro_batches)]
-            env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p))
+            env = dict(os.environ,
+                       PYTHONPATH=os.pathsep.join(p for p in (str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")) if p))
             # in this process's care: a SIGTERM/SIGINT here is forwarded, and a SIGKILL here ends it too
             code = children.run(command, env=env).returncode
             if code != 0:

@@ -1,5 +1,6 @@
 """One rank of a rehearsal in this process (what ``--rehearse`` starts for each rank):
-``python -m hl_core.rehearsal RECIPE [key=value ...] --rank R [--kernels auto|real|shapes] [--micro-batches N] [--json PATH]``."""
+``python -m hl_core.rehearsal RECIPE [key=value ...] --rank R [--kernels auto|real|shapes] [--micro-batches N] [--json
+PATH]``."""
 
 import argparse
 import sys

@@ -151,7 +151,8 @@ def rehearsal_overrides(recipe, workdir: Path, world_size: int, micro_batches: O
         write_rows(workdir / "data" / "train.jsonl", prompt, completion)
         overrides += [f"data.train.path={workdir / 'data' / 'train.jsonl'}", "data.train.name=null"]
         notes.append(f"data: synthetic rows of {data.max_length} tokens (prompt {data.max_prompt_length})"
-                     + ("; rollouts sample full-length completions at once (generation not rehearsed)" if rollout else ""))
+                     + ("; rollouts sample full-length completions at once (generation not rehearsed)" if rollout
+                        else ""))
     if recipe.rollout.every is not None:
         overrides.append("rollout.backend=hf")
         if recipe.rollout.every > updates:

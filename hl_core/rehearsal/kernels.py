@@ -57,5 +57,6 @@ class ShapeOnlyKernels(TorchDispatchMode):
         shaped = func(*meta_args, **meta_kwargs)
         self.skipped += 1
         return tree_map_only(
-            torch.Tensor, lambda m: torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device).zero_(), shaped
+            torch.Tensor, lambda m: torch.empty_strided(m.shape, m.stride(), dtype=m.dtype, device=device).zero_(),
+            shaped
         )

@@ -220,9 +220,10 @@ def optimizer_tensors(optimizer) -> list:
 def largest_stepped_numel(engine) -> int:
     """Elements of the largest tensor the optimizer steps (a master copy or a parameter): the size of the CPU
     step's per-tensor float32 temporaries (a shape, read off the optimizer; no memory is inferred from it)."""
-    optimizer = getattr(engine, "optimizer", None)
+    optimizer = engine.optimizer
     wrappers = list(getattr(optimizer, "chained_optimizers", [])) or [optimizer]
-    stepped = [t for w in wrappers for name in MASTER_COPIES for t in getattr(w, name, None) or [] if torch.is_tensor(t)]
+    stepped = [t for w in wrappers for name in MASTER_COPIES for t in getattr(w, name, None) or []
+               if torch.is_tensor(t)]
     inner = [inner_optimizer(w) for w in wrappers]
     stepped += [p for o in inner if o is not None for group in o.param_groups for p in group["params"]]
     return max((t.numel() for t in stepped), default=0)
@@ -232,12 +233,12 @@ def at_rest(engine, device: torch.device) -> Dict[str, int]:
     """Bytes live between updates, split by owner (each storage counted once, in the first owner that holds
     it: policy, reference, optimizer, then the rest)."""
     live = live_storages(device)
-    policy = engine._policy_module()
+    policy = engine.trained_module()
     owners = {"weights": _owned(policy.parameters())}
     reference = engine.reference
     reference = getattr(reference, "module", reference)
     owners["reference"] = _owned(reference.parameters()) if isinstance(reference, torch.nn.Module) else {}
-    owners["optimizer"] = _owned(optimizer_tensors(getattr(engine, "optimizer", None)))
+    owners["optimizer"] = _owned(optimizer_tensors(engine.optimizer))
     out, claimed = {}, set()
     for name, owned in owners.items():
         keys = [k for k in owned if k in live and k not in claimed]

@@ -27,7 +27,8 @@ def memory_rows(result: Dict) -> List[Tuple[str, int, float, str]]:
     step_plan = max(plan["step_gradients"], plan.get("master_gradients", plan["step_gradients"]) + cpu_step) \
         if cpu_step else plan["step_gradients"]
     peak_plan = max(plan["total"], plan["resident"] + plan["backward_gradients"] + step_plan)
-    activations = plan["activations_checkpointed"] if result["plan"]["gradient_checkpointing"] else plan["activations_full"]
+    checkpointing = result["plan"]["gradient_checkpointing"]
+    activations = plan["activations_checkpointed"] if checkpointing else plan["activations_full"]
     process = "allocator max_memory_allocated" if result["device"] != "CPU" else "process VmHWM above the start"
     return [
         ("at rest", m["at_rest"], plan["resident"], "live tensor storages after an update"),
@@ -83,9 +84,10 @@ def render(result: Dict) -> str:
     lines = [
         f"rehearsal of `{result['recipe']}`: rank {result['rank']} of {result['world_size']} ({layout}); every other "
         "rank is torch's fake process group",
-        f"  {result['model']} at {result['layers']} layers, {engine}, {result['precision']}, on {result['device']}, {kernels}",
-        f"  reference log-probs: {result['reference_mode']}; {result['micro_batches']} micro-batches per update rehearsed "
-        f"(the recipe's: {result['accumulation']})",
+        f"  {result['model']} at {result['layers']} layers, {engine}, {result['precision']}, on {result['device']}, "
+        f"{kernels}",
+        f"  reference log-probs: {result['reference_mode']}; {result['micro_batches']} micro-batches per update "
+        f"rehearsed (the recipe's: {result['accumulation']})",
     ]
     lines += [f"  {note}" for note in result["notes"]]
     rows = memory_rows(result)
@@ -94,7 +96,8 @@ def render(result: Dict) -> str:
                  f"({result['plan_flavour']}):")
     lines.append(f"  {'term':<28}{'measured':>10}{'plan':>10}{'ratio':>8}  how measured")
     for label, measured, planned, how in rows:
-        lines.append(f"  {label:<28}{measured / scale:10.2f}{planned / scale:10.2f}{_ratio(measured, planned):>8}  {how}")
+        lines.append(f"  {label:<28}{measured / scale:10.2f}{planned / scale:10.2f}{_ratio(measured, planned):>8}  "
+                     f"{how}")
     off = disagreements(result)
     if off:
         lines.append(f"  WARNING: more than {TOLERANCE:.0%} from the plan: {', '.join(off)}")
@@ -107,13 +110,14 @@ def render(result: Dict) -> str:
     sync = result["sync_bytes"]
     lines.append(f"  humanline sync: {sync / GIB:.3f} GiB moved" + (
         " (shard-local copy: no collective)" if sync == 0 and result["reference_mode"] == "copy" else
-        " (look-ahead: the policy's forwards over the coming batches)" if result["reference_mode"] == "lookahead" else ""))
+        " (look-ahead: the policy's forwards over the coming batches)" if result["reference_mode"] == "lookahead"
+        else ""))
     times = projected_seconds(result)
     bandwidth = (f"NVLink {NVLINK_BYTES_PER_S / 1e9:.0f} GB/s within a node, InfiniBand "
                  f"{INFINIBAND_BYTES_PER_S / 1e9:.0f} GB/s between nodes, ring algorithms, no overlap")
     if times["compute_s"] is None:
-        lines.append(f"time per update: compute not measured (shape-only kernels); communication {times['communication_s']:.2f} s "
-                     f"at {bandwidth} (a model)")
+        lines.append(f"time per update: compute not measured (shape-only kernels); communication "
+                     f"{times['communication_s']:.2f} s at {bandwidth} (a model)")
     else:
         lines.append(f"time per update: compute {times['compute_s']:.2f} s on {result['device']} (a lower bound: no "
                      f"communication) + communication {times['communication_s']:.2f} s at {bandwidth} = "
@@ -125,8 +129,8 @@ def render(result: Dict) -> str:
                          f"update {e['update']} {e['dtype']}{tuple(e['shape'])}" for e in events[:6])
                      + (" ..." if len(events) > 6 else ""))
     if result["skipped_updates"]:
-        lines.append(f"  note: {result['skipped_updates']} update(s) had non-finite values (fake collectives) and skipped "
-                     "their optimizer step")
+        lines.append(f"  note: {result['skipped_updates']} update(s) had non-finite values (fake collectives) and "
+                     "skipped their optimizer step")
     lines.append("nothing written: this rehearsal's output_dir was a temporary directory, removed (no checkpoint, "
                  "final/ or metrics)")
     return "\n".join(lines)

@@ -205,14 +205,12 @@ class Progress:
 
 
 def _vocab_widths(engine, vocab: int) -> List[int]:
-    tp = getattr(engine, "tp", 1)
+    tp = engine.tp
     return sorted({vocab, vocab // tp})
 
 
-def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: str = "auto",
-                  micro_batches: Optional[int] = None, updates: int = 3) -> Dict:
-    """Rehearse rank ``rank`` of the recipe's world; returns the measurements and the plan for that rank."""
-    recipe = load_recipe(recipe_path, overrides)
+def _checked_world(recipe, rank: int, micro_batches) -> int:
+    """The recipe's world size, once the layout fits it, ``rank`` is in it and ``micro_batches`` is at least 2."""
     world = world_size_of(recipe)
     check_layout(recipe, world)
     if not 0 <= rank < world:
@@ -222,6 +220,47 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
         raise UserError(f"`--rehearse-micro-batches {micro_batches}`: at least 2 (one non-final micro-batch and the "
                         "final one, whose backward carries the update's gradient reduction). Fix: pass 2 or more, "
                         "or `all`.")
+    return world
+
+
+def _measured_updates(trainer, phases: "Phases", ledger: TensorLedger, traffic: CollectiveTraffic,
+                      process: ProcessMemory, before_engine: int, device: torch.device, timed: bool) -> tuple:
+    """The warm-up updates, the measured one (memory by owner and phase, the collectives counted) and, when
+    ``timed``, one more for the phases' wall-clock times. Returns the rows, the memory terms, the measured update's
+    micro-batches and the times (or None)."""
+    engine = trainer.engine
+    rows = [trainer.train_step() for _ in range(MEASURED_UPDATE)]  # warm-up
+    rest = at_rest(engine, device)
+    rest_process = process.current() - before_engine
+    phases.reset()
+    process.reset_peak()
+    ledger.on = traffic.recording = True
+    ledger.reset_peaks()
+    with ledger.saved_tensors_hooks():
+        rows.append(trainer.train_step())
+    ledger.on = traffic.recording = False
+    process_peak = process.peak() - before_engine
+    memory = dict(
+        at_rest=rest["total"], weights=rest["weights"], optimizer=rest["optimizer"], reference=rest["reference"],
+        kept_other=rest["other"], backward_gradients=phases.backward_live, step_gradients=ledger.peak.get("step", 0),
+        activations=ledger.peak.get("activation", 0), logits=ledger.peak.get("logits", 0),
+        peak_tensors=rest["total"] + ledger.peak_total, peak_process=process_peak, at_rest_process=rest_process,
+        at_peak=ledger.at_peak, gathered=ledger.peak.get("gathered", 0),
+        largest_stepped_numel=largest_stepped_numel(engine),
+    )
+    measured_micro, seconds = phases.micro_batches, None
+    if timed:
+        phases.reset()
+        rows.append(trainer.train_step())
+        seconds = dict(phases.seconds)
+    return rows, memory, measured_micro, seconds
+
+
+def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: str = "auto",
+                  micro_batches: Optional[int] = None, updates: int = 3) -> Dict:
+    """Rehearse rank ``rank`` of the recipe's world; returns the measurements and the plan for that rank."""
+    recipe = load_recipe(recipe_path, overrides)
+    world = _checked_world(recipe, rank, micro_batches)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     shapes_only = kernels == "shapes" or (kernels == "auto" and device.type == "cpu")
     pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
@@ -254,35 +293,15 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             progress.attach(phases, trainer.engine.gradient_accumulation_steps)
             zeroed = ZeroedGradients(engine)
             if hasattr(trainer.source, "sampler"):
-                trainer.source.sampler = SyntheticSampler(4, rehearsed.rollout.max_new_tokens, rehearsed.data.max_length)
+                trainer.source.sampler = SyntheticSampler(4, rehearsed.rollout.max_new_tokens,
+                                                          rehearsed.data.max_length)
             stack.enter_context(RehearsalMode(traffic, ledger))
-            rows = [trainer.train_step() for _ in range(MEASURED_UPDATE)]  # warm-up
-            rest = at_rest(engine, device)
-            rest_process = process.current() - before_engine
-            phases.reset()
-            process.reset_peak()
-            ledger.on = traffic.recording = True
-            ledger.reset_peaks()
-            with ledger.saved_tensors_hooks():
-                rows.append(trainer.train_step())
-            ledger.on = traffic.recording = False
-            process_peak = process.peak() - before_engine
-            measured_micro = phases.micro_batches
-            timed = None
-            if not shapes_only and updates > MEASURED_UPDATE + 1:
-                phases.reset()
-                rows.append(trainer.train_step())
-                timed = dict(phases.seconds)
+            rows, memory, measured_micro, timed = _measured_updates(
+                trainer, phases, ledger, traffic, process, before_engine, device,
+                timed=not shapes_only and updates > MEASURED_UPDATE + 1)
             kernels_skipped = kernel_mode.skipped if kernel_mode is not None else 0
-        coords = dict(dp=engine.dp_rank, dp_size=engine.dp_size, tp=getattr(engine, "tp_rank", 0),
-                      pp_stage=getattr(engine, "pp_rank", 0))
-        memory = dict(
-            at_rest=rest["total"], weights=rest["weights"], optimizer=rest["optimizer"], reference=rest["reference"],
-            kept_other=rest["other"], backward_gradients=phases.backward_live, step_gradients=ledger.peak.get("step", 0),
-            activations=ledger.peak.get("activation", 0), logits=ledger.peak.get("logits", 0),
-            peak_tensors=rest["total"] + ledger.peak_total, peak_process=process_peak, at_rest_process=rest_process,
-            at_peak=ledger.at_peak, gathered=ledger.peak.get("gathered", 0), largest_stepped_numel=largest_stepped_numel(engine),
-        )
+        coords = dict(dp=engine.dp_rank, dp_size=engine.dp_size, tp=engine.tp_rank,
+                      pp_stage=engine.pp_rank)
         megatron_cpu = recipe.engine.name == "megatron" and device.type == "cpu"
         plan = memory_plan(recipe, world, stage=coords["pp_stage"], distributed_optimizer=not megatron_cpu,
                            megatron_gpu=not megatron_cpu, dp_rank=coords["dp"])
@@ -295,7 +314,8 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             plan=plan, plan_flavour="megatron CPU path" if megatron_cpu else "as on GPUs",
             traffic=scaled_traffic(traffic, measured_micro, layout["accumulation"]),
             sync_bytes=sum(r.payload for r in traffic.by_kind(("sync",)).values()),
-            reference_mode=trainer.reference.mode, timed=timed and scaled_time(timed, measured_micro, layout["accumulation"]),
+            reference_mode=trainer.reference.mode, timed=timed
+            and scaled_time(timed, measured_micro, layout["accumulation"]),
             skipped_updates=sum(bool(r.get("skipped")) for r in rows), losses=[r.get("loss") for r in rows],
             zeroed_gradients=zeroed.events,
         )

@@ -16,7 +16,6 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-
 # Imports inside functions: vLLM is optional, loaded only for `rollout.backend: vllm` (or `auto` on a GPU);
 # transformers only on the static-cache path.
 
@@ -85,7 +84,8 @@ def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_ne
         cache, mask = _static_cache(model, mask, width + max_new_tokens, pool)
     for t in range(max_new_tokens):
         if kv_cache == "static":
-            out = _static_step(model if t == 0 else (step or model), step_ids, mask, step_pos, cache, width + max(t - 1, 0), t)
+            out = _static_step(model if t == 0 else (step or model), step_ids, mask, step_pos, cache, width
+                               + max(t - 1, 0), t)
         else:
             out = model(input_ids=step_ids, attention_mask=mask, position_ids=step_pos, past_key_values=cache,
                         use_cache=True, logits_to_keep=1)
@@ -181,7 +181,8 @@ def without_input_grad_hooks(module):
     (``enable_input_require_grads``); a decode step compiled whole (``fullgraph``) cannot trace that
     ``requires_grad_`` (torch 2.11 stops at a graph break, seen on an H100), and sampling needs no grads, so the
     hooks are off while the static path decodes and back on for training."""
-    hooked = getattr(module, "_require_grads_hook", None) is not None or bool(getattr(module, "_require_grads_hooks", None))
+    hooked = getattr(module, "_require_grads_hook",
+                     None) is not None or bool(getattr(module, "_require_grads_hooks", None))
     if hooked:
         module.disable_input_require_grads()
     try:

@@ -14,8 +14,8 @@ from typing import Callable, Dict, List, Optional, Sequence
 
 import torch
 
-from ..data.prompts import last_boxed
 from ..callbacks import load_callable  # the one `package.module:name` loader (train.callbacks too)
+from ..data.prompts import last_boxed
 from ..errors import RecipeError
 
 _ANSWER_TAG = re.compile(r"<answer>(.*?)</answer>", re.DOTALL | re.IGNORECASE)
@@ -139,8 +139,10 @@ class RewardModelReward:
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
         if not cfg.model:
-            raise RecipeError("`rollout.reward.kind: reward_model` needs `rollout.reward.model` (a model name or directory).")
-        self.device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+            raise RecipeError("`rollout.reward.kind: reward_model` needs `rollout.reward.model` (a model name or "
+                              "directory).")
+        self.device = torch.device("cuda",
+                                   torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
         dtype = torch.bfloat16 if self.device.type == "cuda" else torch.float32
         self.tokenizer = AutoTokenizer.from_pretrained(cfg.model, trust_remote_code=cfg.trust_remote_code)
         self.model = AutoModelForSequenceClassification.from_pretrained(

@@ -34,7 +34,8 @@ def build(kind):
 
 def whole(model):
     """Every parameter whole (a collective for DTensors: never inside a sync)."""
-    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p in model.named_parameters()}
+    return {n: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone() for n, p
+            in model.named_parameters()}
 
 
 report = {}

@@ -24,7 +24,8 @@ report_path, out_dir = sys.argv[1], sys.argv[2]
 def rows(input_ids, completion_mask, attention_mask):
     out = []
     for ids, comp, att in zip(input_ids.tolist(), completion_mask.tolist(), attention_mask.tolist()):
-        out.append((tuple(t for t, c, a in zip(ids, comp, att) if a and not c), tuple(t for t, c in zip(ids, comp) if c)))
+        out.append((tuple(t for t, c, a in zip(ids, comp, att) if a and not c),
+                    tuple(t for t, c in zip(ids, comp) if c)))
     return out
 
 
@@ -36,7 +37,8 @@ def kl_rows_report(batches):
         kl = rows(b["kl_input_ids"], b["kl_completion_mask"], b["kl_attention_mask"])
         for (prompt, _), (kl_prompt, kl_completion) in zip(main, kl):
             others = {c for p, c in pairs if p != prompt}
-            report.append({"same_prompt_tokens": kl_prompt == prompt, "other_prompts_completion": kl_completion in others})
+            report.append({"same_prompt_tokens": kl_prompt == prompt, "other_prompts_completion": kl_completion
+                           in others})
     return report
 
 

@@ -84,7 +84,8 @@ def synced_run(report):
             records.append(dict(sync_bytes=pending.pop("sync_bytes", 0), ref_vs_policy=pending["ref_vs_policy"],
                                 reference_grads=pending["reference_grads"],
                                 next_ref_vs_pre_policy=(ref_next - pending["policy_logps"]).abs().max().item(),
-                                policy_moved=(logps(engine, batch, "policy") - pending["policy_logps"]).abs().max().item()))
+                                policy_moved=(logps(engine, batch,
+                                                    "policy") - pending["policy_logps"]).abs().max().item()))
         return out
 
     engine.step, trainer.callbacks.before_optimizer_step = step, sync
@@ -146,7 +147,8 @@ def resume_runs(report):
     runs = [("whole", ["checkpoint.save_every=null"]), ("split", ["checkpoint.save_every=3", "train.stop_after=3"]),
             ("split", ["checkpoint.save_every=3"])]
     for index, (name, extra) in enumerate(runs):
-        recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo_lora.yaml", [*common, *extra, f"output_dir={out_root / name}"])
+        recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo_lora.yaml",
+                             [*common, *extra, f"output_dir={out_root / name}"])
         trainer = Trainer(recipe)
         trainer.setup()
         trainer.train()

@@ -16,8 +16,10 @@ from hl_core.engines import megatron_cpu  # noqa: E402
 dist.init_process_group("gloo")
 megatron_cpu.install()
 
-from megatron.core import parallel_state as ps  # noqa: E402
-from megatron.core import tensor_parallel  # noqa: E402
+from megatron.core import (
+    parallel_state as ps,  # noqa: E402
+    tensor_parallel,  # noqa: E402
+)
 from megatron.core.transformer import TransformerConfig  # noqa: E402
 from megatron.core.transformer.dot_product_attention import DotProductAttention  # noqa: E402
 from megatron.core.transformer.enums import AttnMaskType  # noqa: E402
@@ -29,7 +31,8 @@ from hl_core.engines.megatron_specs import causal_mask  # noqa: E402
 ps.initialize_model_parallel(tensor_model_parallel_size=2)
 tensor_parallel.model_parallel_cuda_manual_seed(0)
 heads, groups, head_dim, seq, batch = 8, 2, 16, 24, 3
-config = TransformerConfig(num_layers=1, hidden_size=heads * head_dim, num_attention_heads=heads, num_query_groups=groups,
+config = TransformerConfig(num_layers=1, hidden_size=heads * head_dim, num_attention_heads=heads,
+                           num_query_groups=groups,
                            kv_channels=head_dim, use_cpu_initialization=True, attention_dropout=0.0, **CPU_CONFIG_FLAGS)
 local_heads, local_groups = heads // 2, groups // 2
 gen = torch.Generator().manual_seed(1 + ps.get_tensor_model_parallel_rank())

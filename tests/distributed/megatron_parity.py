@@ -29,13 +29,17 @@ torch.manual_seed(0)
 dist.init_process_group("gloo")
 megatron_cpu.install()
 
-from megatron.core import parallel_state as ps  # noqa: E402
-from megatron.core import tensor_parallel  # noqa: E402
+from megatron.core import (
+    parallel_state as ps,  # noqa: E402
+    tensor_parallel,  # noqa: E402
+)
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config  # noqa: E402
 
 from hl_core.engines.megatron_convert import hf_state_dict, hf_to_mcore, mcore_to_hf  # noqa: E402
 from hl_core.engines.megatron_engine import (  # noqa: E402
-    allreduce_tied_embedding_grads, pipeline_token_logps, vocab_parallel_token_logps,
+    allreduce_tied_embedding_grads,
+    pipeline_token_logps,
+    vocab_parallel_token_logps,
 )
 from hl_core.engines.megatron_specs import build_gpt_model, causal_mask, logits_transform, transformer_config  # noqa: E402
 from hl_core.logprobs import sequence_token_logps  # noqa: E402
@@ -135,7 +139,8 @@ for family, cfg in CONFIGS.items():
         row["weights_roundtrip_exact"] = set(weights) == set(sd) and all(torch.equal(weights[k], sd[k]) for k in sd)
         if family == "gemma2" and (tp, pp) == (1, 1):
             with torch.no_grad():
-                for name, override in (("no_window_diff", {"sliding_layers": ()}), ("no_softcap_diff", {"attn_logit_softcapping": None})):
+                for name, override in (("no_window_diff", {"sliding_layers": ()}),
+                                       ("no_softcap_diff", {"attn_logit_softcapping": None})):
                     control, _ = build(cfg, tp, pp, **override)
                     load(control, sd, cfg, tp, pp)
                     out = logits_transform(config)(control(ids, torch.arange(T)[None].expand(N, -1), mask))

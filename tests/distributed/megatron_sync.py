@@ -15,13 +15,15 @@ import torch.distributed as dist
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from sync_harness import CountCollectives, record_sync_steps  # noqa: E402
+
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.engines.megatron_convert import mcore_to_hf  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
 
 report_path, out_dir, recipe_path, sync_every = sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4])
 recipe = load_recipe(recipe_path, [
-    f"humanline.sync_every={sync_every}", "humanline.reference=copy", f"output_dir={out_dir}", "logging.progress_bar=false",
+    f"humanline.sync_every={sync_every}", "humanline.reference=copy", f"output_dir={out_dir}",
+    "logging.progress_bar=false",
     *sys.argv[5:],
 ])
 trainer = Trainer(recipe)

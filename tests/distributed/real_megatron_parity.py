@@ -24,14 +24,19 @@ from hl_core.engines import megatron_cpu  # noqa: E402
 dist.init_process_group("gloo")
 megatron_cpu.install()
 
-from megatron.core import parallel_state as ps  # noqa: E402
-from megatron.core import tensor_parallel  # noqa: E402
+from megatron.core import (
+    parallel_state as ps,  # noqa: E402
+    tensor_parallel,  # noqa: E402
+)
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402
 
 from hl_core.engines.megatron_convert import hf_state_dict, hf_to_mcore, mcore_to_hf  # noqa: E402
 from hl_core.engines.megatron_engine import pipeline_token_logps, vocab_parallel_token_logps  # noqa: E402
 from hl_core.engines.megatron_specs import (  # noqa: E402
-    build_gpt_model, causal_mask, logits_transform, transformer_config,
+    build_gpt_model,
+    causal_mask,
+    logits_transform,
+    transformer_config,
 )
 from hl_core.logprobs import sequence_token_logps  # noqa: E402
 

@@ -1,6 +1,7 @@
 """A rehearsal whose warm-up update gets one gradient full of NaN (what a buffer no faked rank filled can hold):
 ``python tests/distributed/rehearse_poisoned.py <launchers/run.py arguments>``. The first guard check of the run
-finds this rank's first gradient tensor filled with NaN; the rehearsal must zero it and step (tests/test_rehearsal.py)."""
+finds this rank's first gradient tensor filled with NaN; the rehearsal must zero it and step
+(tests/test_rehearsal.py)."""
 
 import sys
 from pathlib import Path

@@ -41,7 +41,8 @@ class CountCollectives:
 
 def record_sync_steps(trainer, engine, gather_policy: Callable[[], Dict], gather_reference: Callable[[], Dict],
                       modules=(dist,)) -> List[dict]:
-    """Wrap the trainer's before-optimizer-step callbacks (the sync) and ``engine.step``; returns the list the records are appended to: per update
+    """Wrap the trainer's before-optimizer-step callbacks (the sync) and ``engine.step``; returns the list the records
+    are appended to: per update
     ``n``, whether it synced, the collectives issued during the sync, and max-abs differences of the
     reference against the pre-update policy / pre-sync reference / the soft update of the two (``torch.lerp`` of
     the gathered weights by ``humanline.sync_mix``), and how far the policy moved."""

@@ -13,9 +13,10 @@ import torch.distributed as dist
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sync_harness import CountCollectives, record_sync_steps  # noqa: E402
+
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
-from sync_harness import CountCollectives, record_sync_steps  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 report_path, out_dir, sync_every = sys.argv[1], sys.argv[2], int(sys.argv[3])

@@ -13,10 +13,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from sync_harness import record_sync_steps  # noqa: E402
+
 from hl_core.config import load_recipe  # noqa: E402
 from hl_core.trainer import Trainer  # noqa: E402
 from launchers.in_process import destroy_process_group  # noqa: E402
-from sync_harness import record_sync_steps  # noqa: E402
 
 
 def weights(engine, which: str):

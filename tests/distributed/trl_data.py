@@ -16,7 +16,8 @@ MAX_LENGTH, MAX_PROMPT_LENGTH, LR = 64, 32, 1e-3
 def common_config(steps: int, batch: int, deepspeed=None, out=None) -> dict:
     import tempfile
 
-    return dict(output_dir=out or tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch, max_steps=steps,
+    return dict(output_dir=out or tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch,
+                max_steps=steps,
                 learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
                 weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[],
                 train_sampling_strategy="sequential", seed=0, bf16=False, gradient_checkpointing=False,

@@ -34,6 +34,7 @@ for index, (stage, precision) in enumerate(configs):
         continue
     rows = [json.loads(line) for line in (out_root / name / "metrics.jsonl").read_text().splitlines()]
     results[name] = {"loss": [r["loss"] for r in rows], "grad_norm": [r["grad_norm"] for r in rows],
-                     "synced": [r["synced"] for r in rows], "final": str(out_root / name / "final") if save_final else None}
+                     "synced": [r["synced"] for r in rows], "final": str(out_root / name / "final") if save_final
+                     else None}
 if rank == 0:
     report_path.write_text(json.dumps(results))

@@ -18,7 +18,6 @@ go to the output too, for the world-size comparison of seeds. Rank 0 writes OUT.
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -80,7 +79,8 @@ def main(argv) -> int:
         vllm_greedy = [group[0] for group in sampler.sample_groups(prompts, 1, seeds, greedy=True)]
         report["updates"].append({
             "update": update, "reset": not (no_reset_last and update == updates - 1),
-            "max_logp_diff": max(diffs), "max_logp_diff_long": max(d for (p, _, _), d in zip(rows, diffs) if len(p) > 256)
+            "max_logp_diff": max(diffs),
+            "max_logp_diff_long": max(d for (p, _, _), d in zip(rows, diffs) if len(p) > 256)
             if any(len(p) > 256 for p in prompts) else None,
             "greedy_equal": sum(a == b for a, b in zip(vllm_greedy, hf_greedy)), "prompts": len(prompts),
             "long_prompts": sum(len(p) > 256 for p in prompts), "hf_greedy": hf_greedy, "vllm_greedy": vllm_greedy,

@@ -57,7 +57,6 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
     _trl_trainer = "GRPOTrainer"
 
     def __init__(self, *args, ref_model=None, advantage_eps: float = 1e-4, **kwargs):
-        settings = kwargs.get("args", args[2] if len(args) > 2 else None)
         self.advantage_eps = advantage_eps
         self._humanline_ref = ref_model
         self._humanline_pending = None

@@ -21,9 +21,9 @@ import time
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, _env
-from post_training_targets import fails, finalizers_in_a_loop, says_hello
 from hl_core.config import load_recipe
 from hl_core.loop.post_training import run_post_training
+from post_training_targets import fails, finalizers_in_a_loop, says_hello
 
 TRIES = int(os.environ.get("HL_TEST_SIGNAL_TRIES", "3"))
 RUN_TRIES = int(os.environ.get("HL_TEST_SIGNAL_RUN_TRIES", "1"))

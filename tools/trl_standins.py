@@ -249,7 +249,9 @@ def _snapshot_rev(folder: Path) -> str:
 def build_models(out: Path) -> List[str]:
     """Each model under ``hub/models--ORG--NAME/snapshots/REV`` with ``refs/main`` naming REV (the Hub's layout)."""
     import torch
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()
     built = []
     for seed, (model_id, make) in enumerate(model_specs().items()):
         torch.manual_seed(seed)

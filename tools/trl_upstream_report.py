@@ -69,6 +69,9 @@ def markdown(data: dict) -> List[str]:
     for kind in ("failed", "refusal"):
         lines += ["", f"| {kind}: cause (first line) | tests |", "| --- | --- |"]
         lines += [f"| `{cause}` | {len(tests)} |" for cause, tests in data[kind].items()]
+    lines += ["", "Each refusal, as the adapter states it (tests: how many of those passing with TRL's trainers):", ""]
+    for cause, tests in data["refusal"].items():
+        lines.append(f"- ({len(tests)} tests, e.g. `{tests[0]}`) {data['messages'].get(cause, cause)}")
     if data["control_failed"]:
         lines += ["", "Failing with TRL's own trainers too (left out):", ""]
         lines += [f"- `{test}`: `{cause}`" for test, cause in data["control_failed"].items()]

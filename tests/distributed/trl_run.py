@@ -60,13 +60,14 @@ def counted(self, updates_done):
         modules.append(deepspeed.comm)
     except ImportError:
         pass
+    probe.mark("adapter_sync")  # the weights the sync copies (the callback's call, or the engine's attached one)
     with CountCollectives(modules) as counter:
         record = original(self, updates_done)
     calls.append({"update": updates_done, "synced": record.synced, "sync_collectives": counter.count})
     if dist.is_initialized() and not any(c.get("probe") for c in calls):  # the counter can see one
-        with CountCollectives(modules) as probe:
+        with CountCollectives(modules) as barrier:
             dist.barrier()
-        calls[-1]["probe"] = probe.count
+        calls[-1]["probe"] = barrier.count
     return record
 
 
@@ -121,15 +122,6 @@ class HookProbe(TrainerCallback):
 
 
 probe = HookProbe()
-base_sync = HumanlineSyncCallback.before_optimizer_step
-
-
-def probed_sync(self):
-    probe.mark("adapter_sync")
-    return base_sync(self)
-
-
-HumanlineSyncCallback.before_optimizer_step = probed_sync
 transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
 trainer = build(args.trainer, Path(args.model), args.steps, transform,
                 SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out)

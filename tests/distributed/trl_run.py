@@ -49,6 +49,9 @@ original = ReferenceSync._run  # every sync, called by hand or attached
 def counted(self, updates_done):
     import torch.distributed as dist
 
+    if not args.late:  # the adapter's sync (before the step: by hand, or attached to the DeepSpeed engine's step)
+        hook_probe.mark("adapter_sync")
+
     modules = [dist]
     try:
         import deepspeed.comm
@@ -116,16 +119,7 @@ class HookProbe(TrainerCallback):
         self.mark("end")
 
 
-probe = HookProbe()
-base_sync = HumanlineSyncCallback.before_optimizer_step
-
-
-def probed_sync(self):
-    probe.mark("adapter_sync")
-    return base_sync(self)
-
-
-HumanlineSyncCallback.before_optimizer_step = probed_sync
+probe = hook_probe = HookProbe()  # `probe` inside counted() is its collective counter
 transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
 trainer = build(args.trainer, Path(args.model), args.steps, transform,
                 SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out)

@@ -44,7 +44,8 @@ def main(args):
     warmup = lambda n: min(1.0, (n + 1) / args.warmup)  # noqa: E731
     policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config,
                                            lr_scheduler=lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, warmup))
-    reference, _, _, _ = deepspeed.initialize(model=reference.requires_grad_(False), config=config)
+    ref_config = config if args.zero == 3 else {**config, "zero_optimization": {"stage": 0}}  # no optimizer below 3
+    reference, _, _, _ = deepspeed.initialize(model=reference.requires_grad_(False), config=ref_config)
     reference.eval()
 
     # humanline: clip each token's log-ratio, and sync the reference every k updates (shard-local, no gather)

@@ -24,7 +24,6 @@ from .load import apply_overrides, deep_merge, load_recipe, parse_override, reci
 from .schema import Recipe
 from .sections import (
     OBJECTIVE_CONFIGS,
-    CheckpointConfig,
     DPOObjective,
     EngineConfig,
     GRPOObjective,
@@ -40,6 +39,7 @@ from .sections_data import DataConfig, DataSource, MixtureSource
 from .sections_run import (
     POST_TRAINING_EVALS,
     AlpacaEvalConfig,
+    CheckpointConfig,
     ClusterConfig,
     DataQualityEvalConfig,
     EvalConfig,

@@ -9,7 +9,6 @@ from pydantic import Field, field_validator
 from ..errors import did_you_mean
 from .sections import (
     OBJECTIVE_CONFIGS,
-    CheckpointConfig,
     EngineConfig,
     HumanlineConfig,
     ModelConfig,
@@ -19,7 +18,7 @@ from .sections import (
     _Section,
 )
 from .sections_data import DataConfig
-from .sections_run import ClusterConfig, EvalConfig, LoggingConfig, RolloutConfig
+from .sections_run import CheckpointConfig, ClusterConfig, EvalConfig, LoggingConfig, RolloutConfig
 
 
 class Recipe(_Section):

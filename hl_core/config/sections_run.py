@@ -247,3 +247,23 @@ class ClusterConfig(_Section):
     time: Optional[str] = Field(None, description="SLURM time limit, e.g. `24:00:00`.")
     gpu_memory_gb: float = Field(80.0, gt=0, description="Memory of one GPU, for `--plan` warnings.")
     container: Optional[str] = Field(None, description="Container image for the SLURM job.")
+
+
+class CheckpointConfig(_Section):
+    """Resumable checkpoints and the final Hugging Face export."""
+
+    save_every: Optional[int] = Field(
+        None, ge=1, description="Save a resumable checkpoint every N updates, and at the end of a finished run (so "
+        "a rerun with a larger `train.max_steps` extends it); null: only when a run is stopped early.",
+    )
+    keep_last: int = Field(2, ge=1, description="Resumable checkpoints kept on disk.")
+    resume: str = Field(
+        "auto", description="`auto` (the newest complete checkpoint in output_dir if any), `never`, or a path."
+    )
+    save_final: bool = Field(True, description="Write `final/`, a Hugging Face model directory, at the end.")
+    overwrite: bool = Field(
+        False, description="Let a run start afresh in an `output_dir` that holds another run (`resume: never`, a "
+        "checkpoint of another directory, or `auto` beside a finished run's `final/` with no checkpoint), or resume "
+        "an older checkpoint than the newest: that run's newer checkpoints and `final/` are deleted first. Without "
+        "it such a run is refused (exit code 2): two runs in one directory would mix.",
+    )

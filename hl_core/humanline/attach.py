@@ -30,16 +30,14 @@ def optimizer_kind(target) -> str:
     """``"torch"``, ``"deepspeed"`` or ``"megatron"``; a ``TypeError`` for anything else."""
     if isinstance(target, torch.optim.Optimizer):
         return "torch"
-    if "deepspeed" in sys.modules:
-        from deepspeed import DeepSpeedEngine
-
-        if isinstance(target, DeepSpeedEngine):
-            return "deepspeed"
-    if "megatron.core" in sys.modules:
-        from megatron.core.optimizer import MegatronOptimizer
-
-        if isinstance(target, MegatronOptimizer):
-            return "megatron"
+    # a DeepSpeed engine or a Megatron optimizer exists only once its package is imported: read the class from
+    # sys.modules, so that the humanline API never imports either package itself
+    deepspeed = sys.modules.get("deepspeed")
+    if deepspeed is not None and isinstance(target, deepspeed.DeepSpeedEngine):
+        return "deepspeed"
+    megatron_optimizer = sys.modules.get("megatron.core.optimizer")
+    if megatron_optimizer is not None and isinstance(target, megatron_optimizer.MegatronOptimizer):
+        return "megatron"
     raise TypeError(
         f"ReferenceSync.attach takes a torch optimizer, a DeepSpeed engine or a Megatron-core optimizer, got a "
         f"{type(target).__name__}. Fix: pass the object whose step() ends the update, or call "

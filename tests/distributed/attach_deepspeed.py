@@ -35,7 +35,9 @@ def engines():
     policy = model()
     policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=torch.optim.AdamW(policy.parameters(), lr=0.05),
                                            config=config)
-    reference, _, _, _ = deepspeed.initialize(model=model().requires_grad_(False), config=config)
+    # a reference without an optimizer: ZeRO-3 partitions it like the policy; below 3 every rank holds it whole
+    ref_config = config if args.zero == 3 else {**config, "zero_optimization": {"stage": 0}}
+    reference, _, _, _ = deepspeed.initialize(model=model().requires_grad_(False), config=ref_config)
     return policy, reference
 
 

@@ -9,7 +9,7 @@ above the inputs: the reference's no-grad forward, and the policy's forward + ba
 weight both trained). The implementations:
 
 * ``plain``: ``(hidden @ W.T).float().log_softmax(-1).gather(labels)``, the ``[N, V]`` logits held.
-* ``blockwise``: ``hidden_token_logps(..., backend="torch")``, in :func:`~hl_core.logprobs.hidden.block_rows` rows
+* ``blockwise``: ``hidden_token_logps(..., backend="torch")``, in `block_rows` rows
   per block (printed).
 * ``liger``: ``hidden_token_logps(..., backend="liger")`` for the forward + backward (Liger-Kernel's fused linear
   cross-entropy; CUDA and liger-kernel only). A no-grad forward never uses it, so its no-grad row is ``blockwise``'s.

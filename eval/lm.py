@@ -3,10 +3,10 @@
 * ``hf``: lm-eval's ``HFLM`` (Hugging Face ``generate``; runs on CPU).
 * ``vllm``: lm-eval's ``VLLM`` (needs the ``vllm`` package and a GPU).
 * ``auto``: ``vllm`` when it is importable and CUDA is available, else ``hf``.
-* :class:`ScriptedLM` (registered in lm-eval as ``hl_scripted``): a model-free generator whose replies
+* `ScriptedLM` (registered in lm-eval as ``hl_scripted``): a model-free generator whose replies
   come from a Python function; the tests use it as a planted "model" to check the scoring end to end.
 
-:func:`generate` runs any of them on plain prompts (AlpacaEval generation uses it), so MATH500 and
+`generate` runs any of them on plain prompts (AlpacaEval generation uses it), so MATH500 and
 AlpacaEval share one backend layer.
 """
 
@@ -234,7 +234,7 @@ class ScriptedLM(_scripted_base()):
 
 
 def register_scripted() -> None:
-    """Register :class:`ScriptedLM` in lm-eval's model registry as ``hl_scripted`` (idempotent)."""
+    """Register `ScriptedLM` in lm-eval's model registry as ``hl_scripted`` (idempotent)."""
     from lm_eval.api.registry import register_model
 
     try:

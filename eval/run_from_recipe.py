@@ -11,7 +11,7 @@ and ``python -m eval RECIPE.yaml`` does the same from the command line. Results 
 ``data_quality.json`` (+ their per-sample files).
 
 Recipe keys (all under ``eval:``, next to the held-out keys ``every``/``at_start``/...; see
-:data:`EVAL_KEYS` for the types, defaults and descriptions)::
+`EVAL_KEYS` for the types, defaults and descriptions)::
 
     eval:
       after_training: true      # run the enabled blocks below when training finishes
@@ -153,7 +153,7 @@ def run_post_training_eval(
     ``recipe``: the validated ``Recipe`` (or its dict); ``model_dir``: the trained model (``output_dir/final``);
     ``output_dir``: the run's output directory. ``only``: run these blocks whatever ``enabled`` says (the CLI
     uses it). Returns ``{"eval_dir": ..., "<block>": result dict or {"error": ...}}``; with
-    ``raise_on_error`` an :class:`EvalError` listing the failed blocks is raised after all blocks ran (its
+    ``raise_on_error`` an `EvalError` listing the failed blocks is raised after all blocks ran (its
     paragraph only, exit 2, when each failure was a user error; a ``RuntimeError`` when one was a bug, whose
     traceback was logged).
     Does nothing on ranks other than 0, or when ``eval.after_training`` is false and ``only`` is not given.
@@ -179,7 +179,7 @@ def run_blocks(
     recipe: Any = None,
     raise_on_error: bool = True,
 ) -> Dict[str, Any]:
-    """Run ``blocks`` with ``settings`` (as :func:`eval_settings` returns them) into ``eval_dir``."""
+    """Run ``blocks`` with ``settings`` (as `eval_settings` returns them) into ``eval_dir``."""
     blocks = list(blocks)
     for b in blocks:
         if b not in BLOCKS:

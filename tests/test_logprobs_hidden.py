@@ -74,7 +74,7 @@ def test_the_block_size_changes_nothing_float64(temperature, softcap):
 
 
 def test_a_block_is_a_small_share_of_the_logits_and_few_blocks_cover_them():
-    """:func:`block_rows`: a block of logits holds at most 1/BLOCK_SHARE of ``[N, V]`` (or the floor of
+    """`block_rows`: a block of logits holds at most 1/BLOCK_SHARE of ``[N, V]`` (or the floor of
     MIN_BLOCK_LOGITS) and never more than ``block_tokens`` rows; a large input takes about BLOCK_SHARE blocks."""
     from hl_core.logprobs.hidden import BLOCK_SHARE, MIN_BLOCK_LOGITS, block_rows
 

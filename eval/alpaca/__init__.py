@@ -7,9 +7,9 @@ are available) the length-controlled win rate.
   default, or a local JSON/JSONL file in the same schema (``instruction``, ``output`` = the reference
   output, optional ``generator``, ``dataset``); ``reference_outputs`` may give the reference outputs
   separately.
-* Generation: any backend of :mod:`eval.lm` (``hf`` on CPU, ``vllm`` on GPU, or an lm-eval ``LM``);
+* Generation: any backend of `eval.lm` (``hf`` on CPU, ``vllm`` on GPU, or an lm-eval ``LM``);
   defaults follow the HALOs sampler the authors used (temperature 0.7, top_p 0.95, 2048 new tokens).
-* Judging (:mod:`eval.alpaca.judges`): ``alpaca_eval.main.evaluate`` with an API annotator config, or with
+* Judging (`eval.alpaca.judges`): ``alpaca_eval.main.evaluate`` with an API annotator config, or with
   a local annotator wrapping a reward model (e.g. ArmoRM) or a Python callable.
 * Metrics: alpaca_eval's ``get_winrate`` (``win_rate`` in percent, ``standard_error``,
   ``discrete_win_rate``, counts) always; ``get_length_controlled_winrate`` when its GLM inputs are

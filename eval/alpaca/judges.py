@@ -15,7 +15,7 @@ Judge specs (``--judge``):
   ``RLHFlow/ArmoRM-Llama3-8B-v0.1`` with ``trust_remote_code``) scores ``[user: instruction, assistant:
   output]`` for both outputs; the higher reward wins (``rm_mode="soft"``: preference ``1 + sigmoid(r2 - r1)``).
 * ``py:MODULE:FUNCTION`` or ``py:path/to/file.py:FUNCTION`` -- ``FUNCTION(instruction, output_1, output_2)``
-  returning a preference in [1, 2] (or a Python callable passed directly to :func:`make_judge`).
+  returning a preference in [1, 2] (or a Python callable passed directly to `make_judge`).
 """
 
 from __future__ import annotations

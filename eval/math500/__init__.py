@@ -1,6 +1,6 @@
 """MATH-500 pass@1 through lm-eval, scored with math-verify.
 
-:func:`run_math500` loads the ``hl_math500`` task YAML shipped next to this file
+`run_math500` loads the ``hl_math500`` task YAML shipped next to this file
 (``eval/math500/tasks/hl_math500.yaml``), points it at the data (the hub's ``HuggingFaceH4/MATH-500`` by
 default, or a local JSONL/JSON/Parquet file in the same schema), sets the sampling (the paper's
 temperature 0.6, top_p 0.95, up to 2048 new tokens, n samples per problem) and runs it with
@@ -149,7 +149,7 @@ def run_math500(
     """Run MATH-500 and return the result dict (also written to ``output_dir/math500.json`` when given).
 
     ``model``: a local HF model directory, a hub name, or an ``lm_eval.api.model.LM`` (e.g.
-    :class:`eval.lm.ScriptedLM`). ``chat_template``: ``"auto"`` (on when the model has one, except for
+    `eval.lm.ScriptedLM`). ``chat_template``: ``"auto"`` (on when the model has one, except for
     the ``minerva`` prompt), ``True``/``False``. With ``prompt="r1"`` and the chat template on, the
     paper's open-r1 system prompt is the system message.
     """

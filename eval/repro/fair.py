@@ -8,7 +8,7 @@ statistics as ``--study preference``; DPO and KTO (offline humanline GRPO alread
    preference recipes' 1e-4), offline humanline (k = 1, clip +-1.5) and offline over the multipliers x online's
    choice. Then each arm, at its chosen learning rate, tries the other max grad norms: the authors ran online
    DPO/KTO at 0.5 and made humanline's a launch argument (``docs/authors-settings.md``); offline gets the same
-   try, so every arm has the same number of tuning points. The rule is :func:`select`, fixed before any run.
+   try, so every arm has the same number of tuning points. The rule is `select`, fixed before any run.
 2. **Sync period**: humanline at k in ``sync_periods``, at humanline's tuned values (tuned at k = 1).
 3. **Offline data source** (``eval.repro.sources``): offline and offline humanline at their tuned values (tuned
    on the weak source) on each source; online writes its own data and is the reference for every source.

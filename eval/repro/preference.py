@@ -2,7 +2,7 @@
 gap for DPO, KTO and GRPO, the paper's instruction-following experiment in miniature?
 
 * Task: the toy addition prompts, scored by a graded reward that is an exact, known function of the completion
-  (:func:`digit_credit`: per-digit credit minus a length penalty), so "better" is never a judge's opinion and
+  (`digit_credit`: per-digit credit minus a length penalty), so "better" is never a judge's opinion and
   there is room to improve over the warm-up policy (which copies a noisy demonstrator).
 * Offline data: written once by a *different, weaker* model (a shorter warm-up from another seed, as the paper's
   offline sets came from other models): ``SAMPLES`` completions per training prompt, scored by the same reward,

@@ -1,6 +1,6 @@
 """Who writes the preference studies' offline data: one or several models ("writers"), each a supervised warm-up
 (``recipes/repro/warmup.yaml`` + its overrides, its own seed) that samples completions for every training prompt
-(temperature 1, each prompt under its own seed); the reward (:func:`eval.repro.preference.digit_credit`) picks
+(temperature 1, each prompt under its own seed); the reward (`eval.repro.preference.digit_credit`) picks
 best vs worst among a prompt's non-empty completions.
 
 * ``weak``: today's source (the preference study's): a shorter warm-up (120 updates) from another seed, 4 samples.
@@ -8,7 +8,7 @@ best vs worst among a prompt's non-empty completions.
 * ``mixture``: UltraFeedback-shaped: 4 models of different strength (120, 240, 600 and 1200 updates, the weak and
   strong writers among them), one completion each, best vs worst.
 
-:func:`build_source_data` writes ``pairs.jsonl`` (DPO, KTO), ``groups.jsonl`` (GRPO groups of two) and
+`build_source_data` writes ``pairs.jsonl`` (DPO, KTO), ``groups.jsonl`` (GRPO groups of two) and
 ``meta.json`` (counts, reward means, the pair distance, which writer wrote chosen and rejected) once, cached by the
 writers' weights, the prompts and the sampling settings. It runs in a study worker (AVX2 kernels, 1 thread).
 """

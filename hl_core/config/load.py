@@ -28,8 +28,8 @@ class DuplicateKeyError(yaml.constructor.ConstructorError):
 
 class UniqueKeyLoader(yaml.SafeLoader):
     """``yaml.safe_load`` semantics, except that a key given twice in one mapping raises
-    :class:`DuplicateKeyError` naming both lines (plain YAML silently keeps the last), and a document whose aliases
-    expand past ``MAX_YAML_VALUES`` values raises :class:`YAMLLimitError` before anything is built. Merge keys
+    `DuplicateKeyError` naming both lines (plain YAML silently keeps the last), and a document whose aliases
+    expand past ``MAX_YAML_VALUES`` values raises `YAMLLimitError` before anything is built. Merge keys
     (``<<``) still merge and may be overridden."""
 
     def construct_mapping(self, node, deep=False):
@@ -93,8 +93,8 @@ def expanded_size(root: yaml.Node, limit: int) -> int:
 
 
 def safe_load_unique(text: str) -> Any:
-    """``yaml.safe_load`` refusing duplicate keys (see :class:`UniqueKeyLoader`, a ``SafeLoader``), alias bombs
-    and nesting deeper than Python's recursion limit (:class:`YAMLLimitError`)."""
+    """``yaml.safe_load`` refusing duplicate keys (see `UniqueKeyLoader`, a ``SafeLoader``), alias bombs
+    and nesting deeper than Python's recursion limit (`YAMLLimitError`)."""
     loader = UniqueKeyLoader(text)
     try:
         return loader.get_single_data()

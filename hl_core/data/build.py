@@ -92,7 +92,7 @@ DATA_KINDS = {
 
 @dataclass(frozen=True)
 class DataPlan:
-    """What a run asks of its data, read from the recipe once by :func:`data_plan`; the builders below take this
+    """What a run asks of its data, read from the recipe once by `data_plan`; the builders below take this
     and the recipe's ``data`` section, nothing else."""
 
     train_kind: str  # what the train split holds: a key of DATA_KINDS (prompts when rollouts write completions)
@@ -131,7 +131,7 @@ def takes_donors(collate: Callable) -> bool:
 
 
 def collate_micro_batches(collate: Callable, micro_features: List[List[dict]], more: Sequence[dict] = ()) -> List[dict]:
-    """Collate each micro-batch of one update. A collate function that :func:`takes_donors` also gets the
+    """Collate each micro-batch of one update. A collate function that `takes_donors` also gets the
     rest of the data: the other micro-batches (the next one first, circularly), then ``more`` (e.g. other
     ranks' examples of the same update)."""
     if not takes_donors(collate):
@@ -200,7 +200,7 @@ def build_datasets(data_cfg, plan: DataPlan, tokenizer, show_progress: bool = Tr
 
     Examples whose completions are all the same tokens (e.g. a pair that ``data.max_length`` cut to
     chosen == rejected) are dropped and counted in ``dataset.stats``; ``show_progress`` also prints the
-    data summary (:func:`describe_data`) and, unless ``bars`` is false, a tokenizing bar for a long split.
+    data summary (`describe_data`) and, unless ``bars`` is false, a tokenizing bar for a long split.
     ``records``: ``load_split_records(...)`` when already loaded. A mixture's sources are tokenized and counted one
     by one, then joined in order (``dataset.parts``)."""
     collate = example_collate(plan, tokenizer)

@@ -11,9 +11,9 @@ Rows (detected per row):
 * pairs with ``score_chosen``/``score_rejected`` -> a group of two with those scores;
 * plain pairs without scores -> a group of two scored (1.0, 0.0).
 
-Pairs are parsed by :func:`hl_core.data.preference.parse_preference_row` (plain or messages form;
+Pairs are parsed by `hl_core.data.preference.parse_preference_row` (plain or messages form;
 ``format`` has its meaning there; native groups accept both prompt forms and string completions).
-Bad rows raise :class:`hl_core.errors.DataError` naming ``file:line`` (or ``file:row N``) and the fix;
+Bad rows raise `hl_core.errors.DataError` naming ``file:line`` (or ``file:row N``) and the fix;
 rows are never dropped.
 """
 
@@ -59,7 +59,7 @@ class GroupRecord:
 
 
 def parse_group_row(row: Any, source: str, format: str = "auto") -> GroupRecord:
-    """Validate one row (native group or pair) and turn it into a :class:`GroupRecord`."""
+    """Validate one row (native group or pair) and turn it into a `GroupRecord`."""
     if not isinstance(row, dict):
         raise DataError(
             f"{source}: row is a {type(row).__name__}, not an object. Fix: each row must be an object with "
@@ -86,7 +86,7 @@ def parse_group_row(row: Any, source: str, format: str = "auto") -> GroupRecord:
 load_group_records = row_loader(
     "load_group_records", parse_group_row, "GRPO group data", GROUP_EXAMPLE,
     "`prompt`, `completions` and `scores` (or scored preference pairs)",
-    """Load and validate GRPO groups (:class:`GroupRecord`) from a local file or a Hugging Face set; ``limit``
+    """Load and validate GRPO groups (`GroupRecord`) from a local file or a Hugging Face set; ``limit``
     counts rows (= groups).""",
 )
 
@@ -169,7 +169,7 @@ def tokenize_group(
 ) -> Dict[str, Any]:
     """Tokenize one group into ``{"input_ids": [[...]], "completion_mask": [[...]], "scores": [...]}``.
 
-    As :func:`hl_core.data.preference.tokenize_preference`, with one prompt shared by the whole group:
+    As `hl_core.data.preference.tokenize_preference`, with one prompt shared by the whole group:
     the LONGEST completion decides whether the prompt is cut to its last ``max_prompt_length`` tokens
     (BOS kept); every completion is then cut to ``max_length - len(prompt) - 1`` tokens and gets EOS, so
     each sequence fits in ``max_length`` and all start with the same prompt ids.

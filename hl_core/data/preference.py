@@ -9,7 +9,7 @@ Rows come in two forms (``format="auto"`` detects the form per row from the type
   (chosen and rejected must share them). When the lists hold only the assistant message, the ``prompt``
   column is the prompt (a string, or a list of messages as in TRL's conversational format).
 
-Every bad row raises :class:`hl_core.errors.DataError` naming its place -- ``file.jsonl:LINE`` (1-based
+Every bad row raises `hl_core.errors.DataError` naming its place -- ``file.jsonl:LINE`` (1-based
 line) for JSONL, ``file:row N`` (0-based row index) for JSON lists, Parquet files and Hugging Face sets --
 and the fix. Rows are never silently dropped.
 """
@@ -56,7 +56,7 @@ class PreferenceRecord:
 
 
 def parse_preference_row(row: Any, source: str, format: str = "auto") -> PreferenceRecord:
-    """Validate one row (plain or messages form) and turn it into a :class:`PreferenceRecord`."""
+    """Validate one row (plain or messages form) and turn it into a `PreferenceRecord`."""
     if not isinstance(row, dict):
         raise DataError(
             f"{source}: row is a {type(row).__name__}, not an object. Fix: each row must be an object with "
@@ -90,7 +90,7 @@ def parse_preference_row(row: Any, source: str, format: str = "auto") -> Prefere
 load_preference_records = row_loader(
     "load_preference_records", parse_preference_row, "preference data", PAIR_EXAMPLE,
     "`prompt`, `chosen` and `rejected`",
-    """Load and validate preference pairs (:class:`PreferenceRecord`) from a local file or a Hugging Face set.""",
+    """Load and validate preference pairs (`PreferenceRecord`) from a local file or a Hugging Face set.""",
 )
 
 
@@ -199,7 +199,7 @@ def tokenize_preference(
     tokenizer normally adds one and the rendered prompt does not already start with it; EOS is appended to
     each completion. ``completion_mask`` is 1 exactly on the completion tokens and that EOS.
 
-    Truncation (see :func:`truncate_pair`): if prompt + longer completion + EOS exceeds ``max_length`` and
+    Truncation (see `truncate_pair`): if prompt + longer completion + EOS exceeds ``max_length`` and
     the prompt is longer than ``max_prompt_length``, keep the prompt's last ``max_prompt_length`` tokens
     (BOS kept); then cut each completion to ``max_length - len(prompt) - 1`` tokens and append EOS.
 

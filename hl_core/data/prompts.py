@@ -79,7 +79,7 @@ def parse_prompt_row(
 
 load_prompt_records = row_loader(
     "load_prompt_records", parse_prompt_row, "prompt data", PROMPT_EXAMPLE, "`prompt` (or `problem`) and `answer`",
-    """Load prompts and reference answers (:class:`PromptRecord`) from a local file or a Hugging Face set;
+    """Load prompts and reference answers (`PromptRecord`) from a local file or a Hugging Face set;
     ``system_prompt`` (keyword) is put first in every conversation that has no system message.""",
 )
 

@@ -3,9 +3,9 @@
 * reading rows from a local ``.jsonl``/``.json``/``.parquet`` file or a Hugging Face set, each row with its
   place (``file.jsonl:LINE``, 1-based line; ``file:row N``, 0-based, for JSON lists, Parquet and HF sets);
 * validating the common row pieces (prompts, message lists, completion texts);
-* (tokenizing, truncation and padding are in :mod:`hl_core.data.tokens`).
+* (tokenizing, truncation and padding are in `hl_core.data.tokens`).
 
-Every bad row raises :class:`hl_core.errors.DataError` naming its place and the fix.
+Every bad row raises `hl_core.errors.DataError` naming its place and the fix.
 """
 
 from __future__ import annotations
@@ -105,7 +105,7 @@ LOADER_ARGS_DOC = """
 
 def row_loader(name: str, parse, what: str, example: str, fields: str, doc: str):
     """A ``load_*_records(path=None, name=None, split="train", config=None, format="auto", limit=None, *,
-    data_files=None, **parse_options)`` function: :func:`load_rows` with ``parse`` and its messages bound.
+    data_files=None, **parse_options)`` function: `load_rows` with ``parse`` and its messages bound.
     ``parse(row, source, format, **parse_options)`` turns one row into a record or a list of records."""
 
     def load(
@@ -261,7 +261,7 @@ def iter_jsonl(path: str, text: Optional[str] = None, example: str = PAIR_EXAMPL
 
 
 def _locate_in_list(text: str, path: str) -> Optional[DataError]:
-    """For a .json file whose whole text :func:`parse_json` refused: the same refusal for the first item of its
+    """For a .json file whose whole text `parse_json` refused: the same refusal for the first item of its
     top-level list that has the problem, naming ``path:line (row i)``; None when that cannot be found."""
     ws = re.compile(r"[ \t\n\r]*")
     try:

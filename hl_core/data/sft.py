@@ -42,7 +42,7 @@ def parse_sft_row(row: Any, source: str, format: str = "auto") -> SFTRecord:
 
 load_sft_records = row_loader(
     "load_sft_records", parse_sft_row, "SFT data", SFT_EXAMPLE, "`prompt` and `completion`",
-    """Load and validate demonstrations (:class:`SFTRecord`) from a local file or a Hugging Face set.""",
+    """Load and validate demonstrations (`SFTRecord`) from a local file or a Hugging Face set.""",
 )
 
 

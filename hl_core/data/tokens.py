@@ -20,7 +20,7 @@ Messages = List[Dict[str, str]]
 
 @dataclass
 class TruncationCount:
-    """What :func:`truncate_completions` cut while counting: examples (one prompt with its completions) that
+    """What `truncate_completions` cut while counting: examples (one prompt with its completions) that
     lost tokens, and the tokens they lost (prompt and completions together)."""
 
     rows: int = 0
@@ -112,14 +112,14 @@ def prompt_text(messages: Messages, tokenizer, chat_template: str = "auto") -> s
 
 
 class ChatTemplateError(DataError):
-    """A chat template raised on one conversation; :meth:`at` names the row (the renderer does not know it)."""
+    """A chat template raised on one conversation; `at` names the row (the renderer does not know it)."""
 
     def at(self, source: str) -> DataError:
         return DataError(f"{source}: {self}")
 
 
 def chat_template_refusal(exc: Exception, which: str) -> Optional[ChatTemplateError]:
-    """A :class:`ChatTemplateError` for an exception that the Jinja template ``which`` raised while rendering (its
+    """A `ChatTemplateError` for an exception that the Jinja template ``which`` raised while rendering (its
     ``raise_exception``, a syntax error, or its sandbox stopping an attribute access such as ``__class__``); None
     for any other exception."""
     jinja2 = sys.modules.get("jinja2")  # loaded by whoever rendered: an exception of its type means it is there
@@ -166,10 +166,10 @@ def truncate_completions(
     max_prompt_length: int,
     bos_token_id: Optional[int] = None,
 ) -> Tuple[List[int], List[List[int]]]:
-    """The truncation rule of :func:`hl_core.data.preference.truncate_pair` for any number of completions
+    """The truncation rule of `hl_core.data.preference.truncate_pair` for any number of completions
     sharing one prompt (completions EXCLUDE the EOS appended afterwards): the longest completion decides
     whether the prompt is cut to its last ``max_prompt_length`` tokens (BOS kept), then every completion is
-    cut to ``max_length - len(prompt) - 1`` tokens. Inside :func:`counting_truncation`, a cut is counted.
+    cut to ``max_length - len(prompt) - 1`` tokens. Inside `counting_truncation`, a cut is counted.
     """
     check_lengths(max_length, max_prompt_length)
     before = len(prompt_ids) + sum(len(c) for c in completions)

@@ -6,18 +6,18 @@ Rows (``format="auto"`` detects the form per row):
   layout). ``label`` may also be the int 0 or 1; anything else is an error. A ``completion`` message list
   must end with the assistant message; messages before it, when there are any, are the prompt (the
   ``prompt`` column is then not needed), as for preference conversations.
-* paired: anything :func:`hl_core.data.preference.load_preference_records` accepts (``chosen`` /
+* paired: anything `hl_core.data.preference.load_preference_records` accepts (``chosen`` /
   ``rejected``, plain or messages form). Each pair becomes TWO records, chosen (desirable) then rejected
   (undesirable), with the pair's source.
 
 ``format``: ``"auto"``; ``"plain"`` (string completions only) or ``"messages"`` (message-list completions
 only) -- for paired rows it has the meaning of the preference loader. A row with neither
 ``completion``/``label`` nor ``chosen``/``rejected`` is an error (KTO needs labelled completions or
-preference pairs), as is a row with both. Bad rows raise :class:`hl_core.errors.DataError` naming
+preference pairs), as is a row with both. Bad rows raise `hl_core.errors.DataError` naming
 ``file:line`` (or ``file:row N``); rows are never dropped.
 
-Batches: :func:`collate_unpaired` also builds KTO's reference-point batch of mismatched pairs,
-each prompt with a completion written for a different prompt (:func:`hl_core.objectives.kto.mismatched_pairs`).
+Batches: `collate_unpaired` also builds KTO's reference-point batch of mismatched pairs,
+each prompt with a completion written for a different prompt (`hl_core.objectives.kto.mismatched_pairs`).
 """
 
 from __future__ import annotations
@@ -95,7 +95,7 @@ def parse_unpaired_row(row: Any, source: str, format: str = "auto") -> List[Unpa
 load_unpaired_records = row_loader(
     "load_unpaired_records", parse_unpaired_row, "KTO data", UNPAIRED_EXAMPLE,
     "`prompt`, `completion` and `label` (or preference pairs with `chosen` and `rejected`)",
-    """Load and validate KTO examples (:class:`UnpairedRecord`) from a local file or a Hugging Face set.
+    """Load and validate KTO examples (`UnpairedRecord`) from a local file or a Hugging Face set.
     ``limit`` counts SOURCE rows: ``limit=3`` over pairs gives 6 records.""",
 )
 
@@ -162,9 +162,9 @@ def tokenize_unpaired(
     """Tokenize one example into ``{"prompt_ids", "completion_ids", "desirable", "max_length"}``.
 
     Rendering, BOS/EOS handling and truncation are those of
-    :func:`hl_core.data.preference.tokenize_preference` with a single completion: ``completion_ids``
+    `hl_core.data.preference.tokenize_preference` with a single completion: ``completion_ids``
     end with EOS and ``len(prompt_ids) + len(completion_ids) <= max_length``. ``max_length`` is stored in
-    the feature so that :func:`collate_unpaired` can cap the mismatched (KL) rows the same way.
+    the feature so that `collate_unpaired` can cap the mismatched (KL) rows the same way.
     """
     prompt_ids, (completion_ids,) = tokenize_prompt_and_completions(
         record.prompt, [record.completion], tokenizer, max_length, max_prompt_length, chat_template
@@ -198,11 +198,11 @@ def collate_unpaired(
     Returns long ``[B, T]`` ``input_ids`` / ``attention_mask`` / ``completion_mask`` (row i = prompt_i +
     completion_i), bool ``[B]`` ``desirable``, and long ``[B, T_kl]`` ``kl_input_ids`` /
     ``kl_attention_mask`` / ``kl_completion_mask`` where KL row i = prompt_i + a completion of another
-    prompt (:func:`hl_core.objectives.kto.mismatched_pairs`: the micro-batch first, then ``donors``, the
+    prompt (`hl_core.objectives.kto.mismatched_pairs`: the micro-batch first, then ``donors``, the
     features of the rest of the rank's / the update's data; zero-``weight`` features lend nothing), and
     bool ``[B]`` ``kl_same_prompt``: True where no other prompt's completion existed. Length cap of the KL
     rows: ``max_length`` when given, else the
-    smallest ``"max_length"`` stored in the features by :func:`tokenize_unpaired` (none: no cap); a KL
+    smallest ``"max_length"`` stored in the features by `tokenize_unpaired` (none: no cap); a KL
     completion that does not fit is cut after the prompt, keeping its final EOS.
 
     ``rows``: the batch holds only ``features[rows]`` while the KL pairing runs over all ``features`` (the

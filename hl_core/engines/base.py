@@ -88,7 +88,7 @@ def check_launch_environment(environ=os.environ) -> None:
 def launch_environment(backend: Optional[str]) -> str:
     """The process-group backend (``backend``, else nccl on GPU and gloo on CPU). A plain
     ``python launchers/run.py ...`` (no launcher) gets the environment of a one-process group. The launcher's
-    variables are checked first (:func:`check_launch_environment`)."""
+    variables are checked first (`check_launch_environment`)."""
     check_launch_environment()
     if "RANK" not in os.environ:
         os.environ.setdefault("RANK", "0")

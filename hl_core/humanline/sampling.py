@@ -61,8 +61,10 @@ def log_beta_sample(
 
     Args:
         shape: the draws' shape.
-        a, b: the Beta parameters (``> 0``).
-        generator, device: where the draws come from and live.
+        a: the Beta parameters (``> 0``).
+        b: the Beta parameters (``> 0``).
+        generator: where the draws come from and live.
+        device: where the draws come from and live.
 
     Returns:
         ``log u``, float64, of ``shape``.
@@ -95,9 +97,13 @@ def rejection_mask(
     ``u_R`` is drawn before ``u_P``, both from ``generator`` (the global RNG when ``None``).
 
     Args:
-        policy_logps, ref_logps: per-token log-probs of the two models.
+        policy_logps: per-token log-probs of the two models.
+        ref_logps: per-token log-probs of the two models.
         mask: 1 on tokens that count.
-        gamma_P, gamma_R, beta_P, beta_R: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
+        gamma_P: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
+        gamma_R: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
+        beta_P: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
+        beta_R: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
         generator: where the draws come from.
 
     Returns:

@@ -97,7 +97,10 @@ class SampleTransform(LogRatioTransform):
     own seed for independent draws; tensor/pipeline-parallel peers must share one).
 
     Args:
-        gamma_P, gamma_R, beta_P, beta_R: the Beta draws' parameters (``> 0``).
+        gamma_P: the Beta draws' parameters (``> 0``).
+        gamma_R: the Beta draws' parameters (``> 0``).
+        beta_P: the Beta draws' parameters (``> 0``).
+        beta_R: the Beta draws' parameters (``> 0``).
         seed: the generators' seed.
 
     Returns (when called):

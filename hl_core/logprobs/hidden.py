@@ -96,7 +96,7 @@ MIN_BLOCK_LOGITS = 2 ** 22
 
 
 def block_rows(count: int, vocab: int, block_tokens: int) -> int:
-    """Tokens per block for ``count`` tokens over a vocabulary of ``vocab`` (see :data:`BLOCK_SHARE`)."""
+    """Tokens per block for ``count`` tokens over a vocabulary of ``vocab`` (see `BLOCK_SHARE`)."""
     budget = max(count * vocab // BLOCK_SHARE, MIN_BLOCK_LOGITS)
     return max(1, min(int(block_tokens), budget // max(1, vocab)))
 

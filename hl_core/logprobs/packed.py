@@ -112,7 +112,7 @@ def packed_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor,
                                 device: Optional[torch.device] = None) -> torch.Tensor:
     """``sequence_token_logps`` through one packed forward: same ``[rows, T]`` result.
     ``chunk_tokens``: tokens per float32 block of the log-softmax (``train.logps_chunk_tokens``). ``fused``: from the
-    hidden states (:mod:`.hidden`; ``module`` is the causal LM inside ``model``), only for tokens that have a next
+    hidden states (`hidden`; ``module`` is the causal LM inside ``model``), only for tokens that have a next
     token in their own sequence. ``input_ids`` and ``attention_mask`` may be the host-side batch: the bins (and the
     fused path's labels and their valid positions) are built where they are, then moved to ``device`` (default:
     where they are) without waiting."""

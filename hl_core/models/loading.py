@@ -57,7 +57,7 @@ def _remote_code_error(what: str, name: str) -> RecipeError:
 
 def load_tokenizer(model_cfg):
     """The tokenizer of ``model.tokenizer`` (default ``model.name_or_path``), with a pad token; refused when
-    it has more tokens than the model's vocabulary (see :func:`check_vocab`)."""
+    it has more tokens than the model's vocabulary (see `check_vocab`)."""
     from transformers import AutoTokenizer
 
     name = model_cfg.tokenizer or model_cfg.name_or_path
@@ -167,7 +167,7 @@ def safetensors_problem(path: Path) -> Optional[str]:
 
 def weight_files_problem(directory) -> Optional[str]:
     """What keeps the local model directory ``directory`` from loading, checked without reading weights: no
-    ``config.json``, a damaged ``*.safetensors`` file (:func:`safetensors_problem`), or a shard its index names
+    ``config.json``, a damaged ``*.safetensors`` file (`safetensors_problem`), or a shard its index names
     that is missing. None when nothing is found."""
     directory = Path(directory)
     if not (directory / "config.json").is_file():
@@ -224,7 +224,7 @@ def nonfinite_parameter(model) -> Optional[str]:
 
 def check_weights_load(model_cfg) -> None:
     """A local ``model.name_or_path`` loaded from its weights (not ``model.random_init``) has intact files
-    (:func:`weight_files_problem`); raises ``RecipeError`` naming the file."""
+    (`weight_files_problem`); raises ``RecipeError`` naming the file."""
     local = Path(model_cfg.name_or_path).expanduser()
     if model_cfg.random_init or not local.is_dir():
         return
@@ -257,7 +257,7 @@ def available_bytes(device: Optional[torch.device]) -> Tuple[int, str]:
 def check_random_init_fits(model_cfg, config, kwargs, device: Optional[torch.device]) -> None:
     """Refuse, before a byte is allocated, a ``model.random_init`` model whose fp32 weights (it is initialised in
     fp32) exceed the memory free where it is built. Its size comes from the config's dimensions
-    (:func:`resolve_spec`), or, for an architecture they do not describe, from the model built on the meta device."""
+    (`resolve_spec`), or, for an architecture they do not describe, from the model built on the meta device."""
     try:
         params = resolve_spec(model_cfg).num_params()
     except RecipeError:

@@ -1,6 +1,6 @@
 """Architecture dimensions of the models our recipes name, so `--validate` and `--plan` need no hub access.
 
-``resolve_spec(recipe.model)`` returns a :class:`ModelSpec`: from the model directory's ``config.json``
+``resolve_spec(recipe.model)`` returns a `ModelSpec`: from the model directory's ``config.json``
 when ``model.name_or_path`` is a local directory, from the table below for the Hugging Face names our
 recipes use, or from a ``config.json`` already in the local Hugging Face cache (never downloading).
 ``model.config_overrides`` is applied on top. ``check_layout(recipe, world_size)`` checks the parallel
@@ -90,7 +90,7 @@ class ModelSpec:
 
     def layer_vectors(self) -> List[int]:
         """Elements of one decoder layer's biases (q, k, v[, o]; gate, up, down) and norms; with
-        :meth:`layer_matrices`, every parameter tensor of the layer (their sums add up to :meth:`layer_params`)."""
+        `layer_matrices`, every parameter tensor of the layer (their sums add up to `layer_params`)."""
         h, q, kv, i = self.hidden_size, self.q_dim, self.kv_dim, self.intermediate_size
         biases = ([q, kv, kv] if self.qkv_bias or self.o_bias else []) + ([h] if self.o_bias else [])
         biases += [i, i, h] if self.mlp_bias else []
@@ -213,7 +213,7 @@ for _name, _base in (
 
 
 def spec_from_config(config: Mapping[str, Any], name: str = "local", source: str = "config.json") -> ModelSpec:
-    """A :class:`ModelSpec` from a Hugging Face ``config.json`` mapping (``text_config`` is used when present)."""
+    """A `ModelSpec` from a Hugging Face ``config.json`` mapping (``text_config`` is used when present)."""
     if isinstance(config.get("text_config"), Mapping):
         outer_tie = config.get("tie_word_embeddings")
         config = dict(config["text_config"], **({"tie_word_embeddings": outer_tie} if outer_tie is not None else {}))

@@ -94,7 +94,7 @@ def grpo_loss(
     ``logratios``: the transformed log-ratios ``d_hl`` (against the synced reference in humanline,
     the behaviour policy otherwise); ``advantages``: ``[B]``; ``ref_logratios``: the unclamped
     ``lp_pol - lp_ref`` for the KL penalty, required when ``beta_kl > 0``; ``tokens_per_rank``: the
-    ``"dapo"`` normaliser (:func:`mean_tokens_per_rank`; the local token count when None).
+    ``"dapo"`` normaliser (`mean_tokens_per_rank`; the local token count when None).
 
     Returns ``(loss, metrics)``; metrics (0-dim tensors on the log-ratios' device) hold the PPO clip fractions
     (``clip/low_frac``: ``rho < 1 - eps_low`` with ``A < 0``; ``clip/high_frac``: ``rho > 1 + eps_high`` with ``A > 0``;

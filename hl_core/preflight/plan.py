@@ -173,7 +173,7 @@ def memory_plan(
 
 def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optional[int], distributed_optimizer: bool,
                 megatron_gpu: bool, pipe_stage: int, dp_rank: Optional[int] = None) -> Dict[str, Any]:
-    """:func:`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
+    """`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
     dp, accum = batch_layout(recipe, world)
     engine = recipe.engine.name
     pb = 2 if recipe.engine.precision == "bf16" else 4  # bytes per parameter / activation element

@@ -37,7 +37,7 @@ chunks not yet reached: ``3 pb L + 8 (L - 2c)`` (the first chunk: ``2 pb L + 8 (
 tokens, V/t = 32000, c = 256 and 128 tokens).
 
 The megatron engine's CPU step (``MegatronEngine._cpu_step``, bf16 or fp32 shards in ``.grad``; see
-:func:`megatron_cpu_step_bytes`): over dp > 1 the flat copy of every gradient it all-reduces (pb per parameter,
+`megatron_cpu_step_bytes`): over dp > 1 the flat copy of every gradient it all-reduces (pb per parameter,
 alive to the end of the step); the global gradient norm's ``grad.float().pow(2)`` of one tensor at a time (two
 float32 temporaries in bf16, one in fp32; the last stage's tied output-layer copy is ``shared`` and left out);
 torch AdamW's per-tensor step (the CPU has no foreach kernels) ``denom = exp_avg_sq.sqrt() / c``: two compute-dtype

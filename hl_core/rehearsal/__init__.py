@@ -36,7 +36,7 @@ PACKAGE_ROOT = Path(__file__).resolve().parent.parent.parent  # the directory th
 
 def rehearse(recipe_path: str, overrides: List[str], rank: Optional[int] = None, kernels: str = "auto",
              micro_batches: Optional[int] = None, json_path: Optional[str] = None) -> int:
-    """Rehearse ``rank`` here, or each rank of :func:`ranks_to_rehearse` in a child process; print the reports
+    """Rehearse ``rank`` here, or each rank of `ranks_to_rehearse` in a child process; print the reports
     and (``json_path``) write the results as a JSON list. Exit code: 0, or the first failing child's."""
     if rank is not None:
         result = rehearse_rank(recipe_path, overrides, rank, kernels, micro_batches)

@@ -4,7 +4,7 @@
   collector's objects, each storage once), split into the policy's weights, the reference's, the optimizer's
   tensors (its states and the float32 master copies it steps) and the rest (gradient buffers kept between
   updates). On a GPU the allocator's ``memory_allocated`` is reported beside it.
-* within an update, :class:`TensorLedger`: every storage an operation creates (a dispatch mode sees each
+* within an update, `TensorLedger`: every storage an operation creates (a dispatch mode sees each
   output) is entered with a category and leaves when it is freed (a weak reference on the storage), so its
   live bytes per category, and their peaks, are known at every moment:
   - ``logits``: tensors whose last dimension is the (tensor-parallel slice of the) vocabulary: the logits,

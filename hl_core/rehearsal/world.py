@@ -6,7 +6,7 @@ this rank's slice, and a broadcast or a receive leaves the buffer as it was.
 
 Two things here:
 
-* :class:`CollectiveTraffic`: the bytes each collective would move, counted at the process group (every
+* `CollectiveTraffic`: the bytes each collective would move, counted at the process group (every
   ``c10d`` operation goes through the dispatcher, so a dispatch mode sees DeepSpeed's, megatron's and our
   own alike), by kind and by the phase of the update, and the time they would take under a stated
   bandwidth model.

@@ -1,4 +1,4 @@
-"""Sampling completions from the current policy (our batched decode loop; vLLM: :mod:`.vllm_sampler`).
+"""Sampling completions from the current policy (our batched decode loop; vLLM: `vllm_sampler`).
 
 Reproducibility: all prompts of a micro-batch are decoded in one batch, but each prompt's group of
 ``num_generations`` samples draws from its own generator, seeded from the run seed and the prompt's
@@ -53,7 +53,7 @@ def sample_groups(model, groups: Sequence[Tuple[List[int], int, int]], *, max_ne
     (ZeRO-3 ranks must call forward equally often). Returns completions per group, EOS included.
 
     ``kv_cache``: ``dynamic`` (the cache and the attention mask grow each step) or ``static`` (one cache of
-    :func:`static_cache_length` positions allocated up front, the mask covering it, each step writing at its
+    `static_cache_length` positions allocated up front, the mask covering it, each step writing at its
     ``cache_position``: fixed shapes, so a GPU can replay the decode step as a CUDA graph). ``step``: what runs the
     one-token decode steps of the static path (default ``model``; a compiled copy of its forward on a GPU).
     ``pool``: a dict in which the static cache is kept between calls (reset, not reallocated, when the next call
@@ -238,8 +238,8 @@ def vllm_usable() -> bool:
 
 
 def build_sampler(engine, tokenizer, recipe):
-    """The recipe's sampler: :class:`~hl_core.rollout.vllm_sampler.VLLMSampler` (one engine per rank, at any world
-    size) for ``rollout.backend: vllm``, or ``auto`` where vLLM is usable; else :class:`HFSampler`."""
+    """The recipe's sampler: `VLLMSampler` (one engine per rank, at any world
+    size) for ``rollout.backend: vllm``, or ``auto`` where vLLM is usable; else `HFSampler`."""
     cfg = recipe.rollout
     if cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_usable()):
         from .vllm_sampler import VLLMSampler

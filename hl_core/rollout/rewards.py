@@ -100,7 +100,7 @@ TAG_MARKERS = ("<think>\n", "\n</think>\n", "\n<answer>\n", "\n</answer>")
 
 
 def tag_count(completion: str) -> float:
-    """0.25 for each of :data:`TAG_MARKERS` that occurs exactly once in ``completion`` (0 to 1)."""
+    """0.25 for each of `TAG_MARKERS` that occurs exactly once in ``completion`` (0 to 1)."""
     if not isinstance(completion, str):
         return 0.0
     return 0.25 * sum(completion.count(marker) == 1 for marker in TAG_MARKERS)

@@ -9,11 +9,11 @@
   (HF names) through ``llm.collective_rpc("reload_weights", ...)`` in checkpoint format: vLLM restores each layer's
   checkpoint layout, loads, and repacks it (the CPU build prepacks linear weights, so the model's own
   ``load_weights`` cannot be called on a running engine). Under ZeRO-3 the parameters are gathered one bucket of
-  ``rollout.vllm.bucket_mb`` at a time (:meth:`DeepSpeedEngine.weight_buckets`), never a whole second copy.
+  ``rollout.vllm.bucket_mb`` at a time (`DeepSpeedEngine.weight_buckets`), never a whole second copy.
 * **The prefix cache is reset at every push**: otherwise prompts longer than one KV block reuse KV computed by the
   old weights, and the run trains on completions of a stale policy.
-* **Seeds.** Every prompt's request carries its own seed (``SamplingParams.seed``: :func:`prompt_seed` hashed,
-  :func:`request_seed`), so its samples depend neither on the batch it shares nor on the number of ranks. They are
+* **Seeds.** Every prompt's request carries its own seed (``SamplingParams.seed``: `prompt_seed` hashed,
+  `request_seed`), so its samples depend neither on the batch it shares nor on the number of ranks. They are
   not the hf sampler's samples for the same seeds (another random stream), only as reproducible.
 """
 
@@ -35,7 +35,7 @@ VLLM_ENV = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "VLLM_NO_USAGE_STATS": "1", "
 
 
 def check_vllm_version(version: str) -> None:
-    """Refuse, in one paragraph, a vLLM outside :data:`SUPPORTED_VLLM`."""
+    """Refuse, in one paragraph, a vLLM outside `SUPPORTED_VLLM`."""
     from packaging.version import InvalidVersion, Version
 
     low, high = SUPPORTED_VLLM
@@ -54,7 +54,7 @@ def check_vllm_version(version: str) -> None:
 
 
 def import_vllm():
-    """``vllm`` (its version checked), after setting :data:`VLLM_ENV` where the caller has not."""
+    """``vllm`` (its version checked), after setting `VLLM_ENV` where the caller has not."""
     for key, value in VLLM_ENV.items():
         os.environ.setdefault(key, value)
     if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":
@@ -77,7 +77,7 @@ def import_vllm():
 
 def request_seed(seed: int) -> int:
     """The seed of a prompt's vLLM request: ``seed`` hashed. vLLM seeds the ``n`` samples of a request with ``seed``,
-    ``seed + 1``, ... ``seed + n - 1``, and :func:`prompt_seed` gives neighbouring prompts neighbouring seeds: unhashed,
+    ``seed + 1``, ... ``seed + n - 1``, and `prompt_seed` gives neighbouring prompts neighbouring seeds: unhashed,
     sample ``i`` of prompt ``p`` would draw the very random numbers of sample ``i - 1`` of prompt ``p + 1`` (on the
     tiny digits recipe that cut the held-out reward gain of 30 updates from about 2.0 to 1.2)."""
     digest = hashlib.blake2b(str(int(seed)).encode(), digest_size=8, person=b"hl-vllm-seed").digest()
@@ -113,7 +113,7 @@ def llm_kwargs(recipe, world_size: int, on_gpu: bool) -> dict:
 
 
 class VLLMSampler:
-    """Samples with an in-process vLLM engine on this rank; the same interface as :class:`HFSampler`."""
+    """Samples with an in-process vLLM engine on this rank; the same interface as `HFSampler`."""
 
     name = "vllm"
 

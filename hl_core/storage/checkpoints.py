@@ -160,7 +160,7 @@ def publish_final(output_dir: Path) -> None:
     """Rank 0: ``.final.partial`` (whole) becomes ``final``. An older ``final`` is swapped out in one atomic step
     and then deleted, so a complete ``final/`` exists at every instant; where the file system cannot swap, the
     old one is renamed to ``.final.old`` first, and a kill between the two renames leaves it for
-    :func:`recover_final` to put back at the next start."""
+    `recover_final` to put back at the next start."""
     partial, final, old = output_dir / FINAL_PARTIAL, output_dir / FINAL_DIR, output_dir / FINAL_OLD
     if old.exists():
         shutil.rmtree(old)  # a finished replacement's leftover

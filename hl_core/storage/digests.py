@@ -19,7 +19,7 @@ def sha256_file(path: Path) -> str:
 
 
 def file_digest(path: Path) -> str:
-    """:func:`sha256_file`; for a file over 256 MiB its size and modification time (hashing model weights of
+    """`sha256_file`; for a file over 256 MiB its size and modification time (hashing model weights of
     tens of GiB at every start would cost minutes)."""
     stat = path.stat()
     if stat.st_size > LARGE_FILE:

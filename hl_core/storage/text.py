@@ -24,7 +24,7 @@ def non_regular_file(path) -> Optional[str]:
 
 def read_regular_bytes(path, error: Callable[[str], Exception]) -> bytes:
     """The bytes of the regular file ``path``; ``error(kind)`` is raised for anything else (see
-    :func:`non_regular_file`), before a byte is read. Other ``OSError``\\ s propagate."""
+    `non_regular_file`), before a byte is read. Other ``OSError``\\ s propagate."""
     kind = non_regular_file(path)
     if kind is not None:
         raise error(kind)

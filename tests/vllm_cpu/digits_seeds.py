@@ -3,7 +3,7 @@
     python tests/vllm_cpu/digits_seeds.py OUT.json BACKEND SEED[,SEED...] [--stale SEED[,SEED...]]
 
 Each seed is one whole run of ``launchers/run.py`` (world size 1), called in this process one after another
-(:mod:`launchers.in_process`: the imports and vLLM's first engine start are paid once, so a seed costs seconds).
+(`launchers.in_process`: the imports and vLLM's first engine start are paid once, so a seed costs seconds).
 Every run starts from the same weights (the recipe's ``train.seed``); ``rollout.seed`` changes only the rollout and
 evaluation samples. OUT.json: ``{"fresh": {seed: [held-out evaluation rows of eval.jsonl]}, "stale": {...}}``.
 

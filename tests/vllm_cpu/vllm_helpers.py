@@ -53,7 +53,7 @@ def free_port() -> int:
 
 
 def torchrun(args, nproc: int, timeout: float = 400, expect: int = 0) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node NPROC ARGS`` in the vLLM environment (see :func:`run_python`)."""
+    """``torchrun --nproc_per_node NPROC ARGS`` in the vLLM environment (see `run_python`)."""
     return run_python(["-m", "torch.distributed.run", f"--nproc_per_node={nproc}", f"--master_port={free_port()}",
                        *args], timeout, expect)
 

@@ -3,7 +3,7 @@ this file by path from the task YAML, so it imports nothing from the ``eval`` pa
 
 Rows follow the ``HuggingFaceH4/MATH-500`` schema: ``problem``, ``solution``, ``answer``, ``subject``,
 ``level``, ``unique_id``. With ``repeats: n`` and the ``take_first_k`` filter (k = n) each problem gets
-its n sampled completions; :func:`process_results` marks each one correct or not with math-verify, and
+its n sampled completions; `process_results` marks each one correct or not with math-verify, and
 the aggregations turn the per-problem lists into:
 
 * ``pass@1``: mean correctness over all problems and samples;

@@ -1,7 +1,7 @@
 """Humanline DPO on TRL's ``DPOTrainer``: TRL's own loss, on per-token log-ratios transformed (clipped) before the sums.
 
 TRL sums each sequence's per-token log-probs inside ``DPOTrainer._compute_loss`` before any ratio is formed.
-:class:`HumanlineDPOTrainer` runs TRL's ``_compute_loss`` with the stand-ins of ``fused.FusedPair``: TRL sees
+`HumanlineDPOTrainer` runs TRL's ``_compute_loss`` with the stand-ins of ``fused.FusedPair``: TRL sees
 ``lp_ref + d_hl`` as the policy's per-token log-probs, so every ``loss_type`` (and their weighted mixes),
 ``f_divergence_type``, ``ld_alpha``, ``use_weighting``, ``label_smoothing``, the router's auxiliary loss and
 ``compute_metrics`` behave as TRL's, on the transformed log-ratios. For ``loss_type="sigmoid"`` this is the pack's

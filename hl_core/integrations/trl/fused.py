@@ -3,7 +3,7 @@ TRL's ``_compute_loss``.
 
 TRL 1.15/1.16 get each sequence's per-token log-probs from the fused LM head
 (``model(..., labels=labels, fused_lm_head=True).log_probs``), policy first, then the reference, and form every loss
-from ``sum_t lp_pol - sum_t lp_ref``. :class:`FusedPair` hands TRL, in place of the policy's per-token log-probs,
+from ``sum_t lp_pol - sum_t lp_ref``. `FusedPair` hands TRL, in place of the policy's per-token log-probs,
 ``lp_ref + d_hl`` (``d_hl`` the transformed log-ratio ``T(lp_pol - lp_ref)``), and the reference's own log-probs for
 the reference. Every difference TRL forms is then a sum of transformed log-ratios, with the transform's gradient
 (a clamped token contributes none), so every DPO ``loss_type``, ``f_divergence_type``, ``ld_alpha``, KTO's ``kl``
@@ -65,7 +65,7 @@ class FusedPair:
 
 
 def compute_loss_on_pair(trainer, trl_compute_loss, model, inputs, return_outputs):
-    """Call TRL's ``_compute_loss`` (``trl_compute_loss``, bound) with the stand-ins of :class:`FusedPair`.
+    """Call TRL's ``_compute_loss`` (``trl_compute_loss``, bound) with the stand-ins of `FusedPair`.
 
     ``trainer.ref_model`` is the reference stand-in for the call's duration only. The clipped fraction counted is
     that of the last fused forward: the completions (KTO's mismatched rows come first).

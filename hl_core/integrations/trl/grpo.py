@@ -1,7 +1,7 @@
 """Humanline GRPO on TRL's ``GRPOTrainer``: TRL's own loss, with the ratio taken against the synced reference and its
 per-token log-ratio transformed (clipped) before ``exp()``, then PPO-clipped (so clipped twice), as the method says.
 
-:class:`HumanlineGRPOTrainer` runs TRL's ``_compute_loss`` with, for the policy's per-token log-probs,
+`HumanlineGRPOTrainer` runs TRL's ``_compute_loss`` with, for the policy's per-token log-probs,
 ``lp_ref + d_hl`` (``d_hl = T(lp_pol - lp_ref)``, ``lp_ref`` the synced reference's, computed at loss time), and the
 reference's log-probs as TRL's ``old_per_token_logps``. So TRL's ratio is ``exp(d_hl)``, and every ``loss_type``,
 ``importance_sampling_level``, the entropy bonus (static and adaptive), ``top_entropy_quantile``, the router's

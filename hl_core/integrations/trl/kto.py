@@ -1,7 +1,7 @@
 """Humanline KTO on TRL's ``KTOTrainer``: TRL's own loss, on per-token log-ratios transformed (clipped) before the sums,
 those of the mismatched (KL) rows behind the reference point included.
 
-:class:`HumanlineKTOTrainer` runs TRL's ``_compute_loss`` with the stand-ins of ``fused.FusedPair``: TRL sees
+`HumanlineKTOTrainer` runs TRL's ``_compute_loss`` with the stand-ins of ``fused.FusedPair``: TRL sees
 ``lp_ref + d_hl`` as the policy's per-token log-probs, for the completions and for the KL rows, so TRL's ``kl``
 (``max(0, mean over ranks of the mean KL sums)``, here of clipped KL log-ratios), both ``loss_type`` values, the
 desirable/undesirable weights, the router's auxiliary loss and ``compute_metrics`` behave as TRL's. With

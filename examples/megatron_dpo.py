@@ -23,27 +23,19 @@ import torch
 import torch.nn.functional as F
 from _launch import launch, load_model, parser as example_parser
 from megatron.core import parallel_state as ps, tensor_parallel
-from transformers import AutoConfig, AutoTokenizer
+from transformers import AutoTokenizer
 
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
-from hl_core.engines import megatron_cpu
-from hl_core.engines.megatron_convert import hf_state_dict, hf_to_mcore
-from hl_core.engines.megatron_specs import build_gpt_model, causal_mask, transformer_config
 from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule, pair_parameters
+from hl_core.mcore import causal_mask, gpt_chunk_from_hf, use_cpu
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 warnings.filterwarnings("ignore", module="megatron")  # its notes on GPU-only settings
 
 
-def build_chunks(args, hf_config, tp_rank):
-    """Your model chunks (one here: pp = 1), this rank's TP shard of the HF weights (a bridge does the same)."""
-    config = transformer_config(hf_config, tp=args.tp, pp=1, dtype=torch.float32, cpu=not torch.cuda.is_available())
-    model = build_gpt_model(hf_config, config, pre_process=True, post_process=True)
-    shard = hf_to_mcore(hf_state_dict(load_model(args.model, args.seed)), hf_config, args.tp, 1, ranks=[(0, tp_rank)])
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            param.copy_(shard[(0, tp_rank)][name])
-    return [model]
+def build_chunks(args, tp_rank):
+    """Your model chunks (one here: pp = 1): this rank's TP slice of the HF weights (a bridge does the same)."""
+    return [gpt_chunk_from_hf(load_model(args.model, args.seed), tp=args.tp, tp_rank=tp_rank)]
 
 
 def forward_step(chunks, batch):
@@ -67,7 +59,7 @@ def clip_grad_norm_(params, max_norm):
 
 def main(args):
     if not torch.cuda.is_available():
-        megatron_cpu.install()  # megatron-core on CPU: the shims our engine uses (gloo, no CUDA kernels)
+        use_cpu()  # megatron-core on CPU: the shims our engine uses (gloo, no CUDA kernels)
     torch.distributed.init_process_group("gloo" if not torch.cuda.is_available() else "nccl")
     ps.initialize_model_parallel(tensor_model_parallel_size=args.tp)
     tensor_parallel.model_parallel_cuda_manual_seed(args.seed)
@@ -75,8 +67,7 @@ def main(args):
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     pairs = [tokenize_preference(r, tokenizer, args.max_length, args.max_prompt_length)
              for r in load_preference_records(path=args.data)]
-    hf_config = AutoConfig.from_pretrained(args.model)
-    policy, reference = build_chunks(args, hf_config, tp_rank), build_chunks(args, hf_config, tp_rank)
+    policy, reference = build_chunks(args, tp_rank), build_chunks(args, tp_rank)
     for chunk in reference:
         chunk.requires_grad_(False).eval()
     params = [p for chunk in policy for p in chunk.parameters()]

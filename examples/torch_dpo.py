@@ -4,6 +4,8 @@ a clip on the per-token log-ratios and a reference sync hooked onto the optimize
     python examples/torch_dpo.py                                  # one CPU process, the tiny model and pairs
     python examples/torch_dpo.py --stop-after 4 --checkpoint ckpt   # 4 updates, saved to ckpt/
     python examples/torch_dpo.py --checkpoint ckpt                  # the rest, from ckpt/
+
+Needs only the base install: `pip install -e .`.
 """
 
 import warnings

@@ -342,7 +342,7 @@ def _check_command(line: str):
                 continue
         elif word == "bash" and i + 1 < len(words) and words[i + 1][0] != "-" and not (REPO / words[i + 1]).exists():
             problems.append(f"no script {words[i + 1]}")
-        if target is None or target in ("torch.distributed.run", "pytest", "pip", "mkdocs"):
+        if target is None or target in ("torch.distributed.run", "pytest", "pip", "mkdocs", "ruff"):
             continue
         flags = [re.split(r"[=\[]", w)[0] for w in words[i + 1:] if re.match(r"--[a-z]", w) and w != "--help"]
         if target in PARSED:

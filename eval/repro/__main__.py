@@ -34,7 +34,15 @@ from .fair import PREFERENCE_FAIR
 from .report import clamp_binding, per_run, regime, write_report
 from .runs import REPO, Run, RunFailed, WorkerPool, accepted_warmups, environment, run_all
 from .sources import SOURCES, source_data
-from .studies import FULL, QUICK, STUDIES as BASE_STUDIES, Grid, Study, grid_runs
+from .studies import (
+    FULL,
+    QUICK,
+    RECIPES,  # noqa: F401 (the studies' recipe folder: callers read eval.repro.__main__.RECIPES)
+    STUDIES as BASE_STUDIES,
+    Grid,
+    Study,
+    grid_runs,
+)
 
 STUDIES = {**BASE_STUDIES, PREFERENCE_FAIR.name: PREFERENCE_FAIR}
 

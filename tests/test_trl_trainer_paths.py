@@ -1,6 +1,6 @@
 """The humanline TRL trainers on the paths a TRL user takes (one CPU process, the tiny model, in this process):
 checkpoints with ``save_steps`` (the metrics go to JSON as floats), an epoch whose last batch is smaller,
-``compute_metrics`` (TRL's extra forward for the logits), a PEFT policy (refused in one paragraph), GRPO's entropy
+``compute_metrics`` (TRL's extra forward for the logits), GRPO's entropy
 bonus and a mixture-of-experts router's auxiliary loss (applied, as TRL applies them)."""
 
 import json
@@ -18,13 +18,11 @@ sys.path.insert(0, str(REPO / "tests" / "distributed"))
 
 from trl_data import dpo_rows, grpo_rows, kto_rows, load  # noqa: E402
 
-from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import ClipTransform, NoTransform, SyncSchedule  # noqa: E402
 from hl_core.integrations.trl import (  # noqa: E402
     HumanlineDPOTrainer,
     HumanlineGRPOTrainer,
     HumanlineKTOTrainer,
-    HumanlineTrlSettingError,
 )
 from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
 
@@ -108,14 +106,6 @@ def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path): 
     result = build(weights, tmp_path, compute_metrics=compute_metrics).evaluate()
     assert result["eval_seen"] == 1.0 and math.isfinite(result["eval_loss"])
     assert seen and seen[0][-1] == 448  # the vocabulary: TRL's extra forward gave the logits
-
-
-def test_grpo_with_a_peft_model_is_refused_in_one_paragraph(weights, tmp_path):  # noqa: F811
-    peft = pytest.importorskip("peft")
-    model = peft.get_peft_model(load(weights), peft.LoraConfig(r=4, target_modules=["q_proj", "v_proj"]))
-    with pytest.raises(HumanlineTrlSettingError) as info:
-        grpo(weights, tmp_path, model=model, args={"max_steps": 1})
-    assert isinstance(info.value, UserError) and "\n" not in str(info.value) and "PEFT" in str(info.value)
 
 
 def first_loss(weights, tmp_path, transform=None, **args):  # noqa: F811

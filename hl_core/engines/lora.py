@@ -22,7 +22,7 @@ import torch
 
 from ..errors import RecipeError
 from ..humanline import ParameterPairs, pair_lora_adapters
-from ..humanline.sync import LORA_LAYER_PARTS, adapter_tensors
+from ..humanline.sync import LORA_LAYER_PARTS, active_lora_adapter, adapter_tensors
 from ..models.loading import _fork_rng
 
 # Imports inside functions: PEFT is an optional extra (`pip install -e .[lora]`), loaded only for `model.lora`.
@@ -92,23 +92,11 @@ class LoraAdapters:
         """The module as the reference: eval mode, and the ``reference`` adapter (synced) or no adapter (frozen)."""
         model = self.model
         was_training = model.training
-        saved = [(layer, layer.__dict__.get("_active_adapter"), layer.__dict__.get("_disable_adapters"))
-                 for layer in self.layers]
         model.eval()
-        for layer in self.layers:
-            if self.synced:
-                layer._active_adapter = [REFERENCE]
-            else:
-                layer._disable_adapters = True
         try:
-            yield
+            with active_lora_adapter(model, REFERENCE if self.synced else None):
+                yield
         finally:
-            for layer, active, disabled in saved:
-                for attr, value in (("_active_adapter", active), ("_disable_adapters", disabled)):
-                    if value is None:
-                        layer.__dict__.pop(attr, None)
-                    else:
-                        setattr(layer, attr, value)
             model.train(was_training)
 
     @torch.no_grad()

@@ -13,7 +13,8 @@ its reference shard cover the same elements. What "its own shard" is depends on 
 
 from __future__ import annotations
 
-from typing import Iterator, List, Sequence, Tuple, Union
+import contextlib
+from typing import Iterator, List, Optional, Sequence, Tuple, Union
 
 import torch
 
@@ -190,10 +191,9 @@ def pair_lora_adapters(model: torch.nn.Module, policy_adapter: str = "default",
     Returns:
         The pairs, named by the reference adapter's parameter names.
     """
-    model = _unwrap(model)
-    names = {id(p): n for n, p in model.named_parameters()}
+    names = {id(p): n for n, p in _unwrap(model).named_parameters()}
     pairs, layouts_differ = [], False
-    for layer in (m for m in model.modules() if hasattr(m, "lora_A")):  # PEFT's LoRA layers, without importing PEFT
+    for layer in lora_layers(model):
         pol, ref = adapter_tensors(layer, policy_adapter), adapter_tensors(layer, reference_adapter)
         layouts_differ |= [n for n, _ in pol] != [n for n, _ in ref]
         pairs += [(names[id(r)], p, r) for (_, p), (_, r) in zip(pol, ref)]
@@ -203,3 +203,39 @@ def pair_lora_adapters(model: torch.nn.Module, policy_adapter: str = "default",
         raise ValueError(f"the `{policy_adapter}` and `{reference_adapter}` adapters differ in layout: add the "
                          "reference adapter with the policy adapter's LoraConfig")
     return ParameterPairs(pairs)
+
+
+def lora_layers(model: torch.nn.Module) -> List[torch.nn.Module]:
+    """PEFT's LoRA layers of ``model`` (or of the PEFT model a wrapper holds), found without importing PEFT."""
+    return [m for m in _unwrap(model).modules() if hasattr(m, "lora_A")]
+
+
+@contextlib.contextmanager
+def active_lora_adapter(model: torch.nn.Module, adapter: Optional[str]):
+    """Run ``model``'s LoRA layers with ``adapter`` only (``None``: with no adapter, the base model) for the block.
+
+    The layers' ``_active_adapter`` / ``_disable_adapters`` are set directly and restored on exit: PEFT's
+    ``set_adapter`` and ``disable_adapter`` also rewrite ``requires_grad``, which must not change under an optimizer's
+    or DeepSpeed's bookkeeping. The model's train/eval mode is left as it is.
+
+    Args:
+        model: a PEFT model, or a wrapper holding one (a DeepSpeed engine, DDP).
+        adapter: the adapter to run (``"ref"``, ``"reference"``), or ``None`` for none.
+    """
+    layers = lora_layers(model)
+    saved = [(layer, layer.__dict__.get("_active_adapter"), layer.__dict__.get("_disable_adapters"))
+             for layer in layers]
+    for layer in layers:
+        if adapter is None:
+            layer._disable_adapters = True
+        else:
+            layer._active_adapter = [adapter]
+    try:
+        yield
+    finally:
+        for layer, active, disabled in saved:
+            for attr, value in (("_active_adapter", active), ("_disable_adapters", disabled)):
+                if value is None:
+                    layer.__dict__.pop(attr, None)
+                else:
+                    setattr(layer, attr, value)

@@ -43,6 +43,8 @@ parser.add_argument("--persist-below", type=int, default=1000)
 parser.add_argument("--late", action="store_true")
 parser.add_argument("--out", default=None)
 parser.add_argument("--sample", action="store_true", help="humanline sampling (SampleTransform, seed 0)")
+parser.add_argument("--lr", type=float, default=1e-3)
+parser.add_argument("--lora-seed", type=int, default=None, help="a LoRA policy, its adapter seeded as the pack's")
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -124,7 +126,8 @@ class HookProbe(TrainerCallback):
 probe = HookProbe()
 transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
 trainer = build(args.trainer, Path(args.model), args.steps, transform,
-                SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out)
+                SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out, lr=args.lr,
+                lora_seed=args.lora_seed)
 trainer.add_callback(probe)
 trainer.train()
 Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,

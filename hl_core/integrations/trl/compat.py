@@ -96,27 +96,6 @@ def check_trl(trainer: str) -> None:
         )
 
 
-def check_peft(trainer: str, model, peft_config) -> None:
-    """Refuse a PEFT policy (a ``PeftModel``, or ``peft_config=``): the adapter syncs a separate reference model.
-
-    Raises:
-        HumanlineTrlSettingError: one paragraph naming the setting and the fix.
-    """
-    try:
-        from peft import PeftModel  # optional: only a PEFT user has it
-    except ImportError:  # no peft: no PEFT model either
-        return
-    if peft_config is not None or isinstance(model, PeftModel):
-        raise HumanlineTrlSettingError(
-            f"{trainer} does not take a PEFT/LoRA policy yet: humanline syncs the reference from the policy every k "
-            "updates and clips against it, and with PEFT TRL keeps no separate reference (it disables the adapter, "
-            "or loads a frozen 'ref' adapter) that the adapter could sync, so the run would train against a "
-            "reference that never moves. Fix: train the full model (no `peft_config`, a plain model, and "
-            "`ref_model=` a second copy or none), or use our trainer's LoRA (`model.lora`, whose reference adapter "
-            "is synced from the policy's)."
-        )
-
-
 def check_settings(args) -> None:
     """Refuse TRL settings the humanline objective cannot honour."""
     if getattr(args, "use_liger_kernel", False) and not fused_head_available():

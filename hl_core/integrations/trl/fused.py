@@ -29,7 +29,7 @@ class FusedPair:
     Args:
         trainer: the humanline trainer (its ``_humanline_log_ratios``).
         policy: the policy as TRL would call it (the wrapped model).
-        reference: the reference model.
+        reference: the reference model (with a PEFT policy, the policy running its ``ref`` adapter).
     """
 
     def __init__(self, trainer, policy, reference):
@@ -71,7 +71,7 @@ def compute_loss_on_pair(trainer, trl_compute_loss, model, inputs, return_output
     that of the last fused forward: the completions (KTO's mismatched rows come first).
     """
     reference = trainer.ref_model
-    pair = FusedPair(trainer, model, reference)
+    pair = FusedPair(trainer, model, trainer._humanline_reference(model))
     trainer.ref_model = pair.reference_forward
     try:
         out = trl_compute_loss(pair.policy_forward, inputs, return_outputs)

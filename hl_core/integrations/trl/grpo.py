@@ -65,7 +65,9 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         super().__init__(*args, **kwargs)
 
     def _ensure_reference(self) -> None:
-        if self.ref_model is None:
+        if self._humanline_peft is not None:  # the reference is the policy's `ref` adapter
+            super()._ensure_reference()
+        elif self.ref_model is None:
             self.ref_model = self._build_reference(self._humanline_ref)
         self._humanline_ref = None
 
@@ -137,7 +139,8 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         inputs, mask = pending
         ref_kwargs = {key: value for key, value in kwargs.items() if key not in ("compute_entropy", "compute_aux_loss")}
         with torch.no_grad():
-            ref_logps = super()._get_per_token_logps_and_entropies(self.ref_model, *args, **ref_kwargs)[0]
+            reference = self._humanline_reference(model)
+            ref_logps = super()._get_per_token_logps_and_entropies(reference, *args, **ref_kwargs)[0]
         policy_logps = out[0]
         log_ratios, metrics, _ = self._humanline_log_ratios(policy_logps, ref_logps, mask, lead=0)
         humanline_logps = ref_logps + log_ratios

@@ -13,7 +13,8 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hl_core.humanline import ClipTransform, LogRatioTransform, SyncSchedule
 
-from .compat import check_peft, check_settings, check_trl
+from .compat import check_settings, check_trl
+from .lora import AdapterReference, ensure_reference_adapter, peft_policy
 from .sync import HumanlineSyncCallback
 
 SYNC_FILE = "humanline_sync_rank{rank}.pt"  # ReferenceSync.state_dict(): the counts and the reference shards
@@ -43,15 +44,22 @@ class HumanlineMixin:
         self.humanline_transform = ClipTransform() if transform is None else transform
         settings = kwargs.get("args", args[2] if len(args) > 2 else None)
         check_settings(settings)
-        check_peft(type(self).__name__, args[0] if args else kwargs.get("model"), kwargs.get("peft_config"))
         self._humanline_update: Dict[str, object] = {}
         super().__init__(*args, **kwargs)
+        self._humanline_peft = peft_policy(self.model)
         self._ensure_reference()
         self.humanline_sync = HumanlineSyncCallback(self, schedule, rows=True)
         self.add_callback(self.humanline_sync)
 
     def _ensure_reference(self) -> None:
-        """Build a reference where the TRL trainer keeps none (GRPO at ``beta=0``)."""
+        """A PEFT policy's reference: the frozen ``ref`` adapter (``lora.ensure_reference_adapter``)."""
+        if self._humanline_peft is not None:
+            ensure_reference_adapter(type(self).__name__, self._humanline_peft)
+
+    def _humanline_reference(self, policy):
+        """The reference to call on the policy's inputs: ``ref_model``, or a PEFT ``policy`` running its ``ref``
+        adapter (``lora.AdapterReference``)."""
+        return AdapterReference(policy) if self._humanline_peft is not None else self.ref_model
 
     @property
     def humanline_history(self):

@@ -24,7 +24,9 @@ from typing import List, Optional
 import torch
 from transformers import TrainerCallback
 
-from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule, pair_parameters
+from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule
+
+from .lora import reference_pairs
 
 
 class HumanlineSyncCallback(TrainerCallback):
@@ -65,7 +67,7 @@ class HumanlineSyncCallback(TrainerCallback):
         trainer = self.trainer
         if self.schedule is None or self.schedule.every is None:
             return
-        pairs = pair_parameters(trainer.model_wrapped, trainer.ref_model)
+        pairs = reference_pairs(trainer.model_wrapped, trainer.ref_model)
         self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
         if self._restored is not None:  # the reference syncing moved, and the counts, from the checkpoint
             self.sync.load_state_dict(self._restored)

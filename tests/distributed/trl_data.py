@@ -13,13 +13,14 @@ TINY = REPO / "tests" / "fixtures" / "tiny"
 MAX_LENGTH, MAX_PROMPT_LENGTH, LR = 64, 32, 1e-3
 
 
-def common_config(steps: int, batch: int, deepspeed=None, out=None) -> dict:
+def common_config(steps: int, batch: int, deepspeed=None, out=None, save_steps=None) -> dict:
     import tempfile
 
+    saving = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {"save_strategy": "no"}
     return dict(output_dir=out or tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch,
                 max_steps=steps,
                 learning_rate=LR, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-                weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[],
+                weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, report_to=[], **saving,
                 train_sampling_strategy="sequential", seed=0, bf16=False, gradient_checkpointing=False,
                 disable_tqdm=True, deepspeed=deepspeed, **cpu_deepspeed_state(deepspeed))
 
@@ -97,15 +98,15 @@ def grpo_rows(tokenizer) -> Dataset:
     return Dataset.from_dict(rows)
 
 
-def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None):
-    """A humanline TRL trainer of ``kind``."""
+def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None, save_steps=None):
+    """A humanline TRL trainer of ``kind`` (a checkpoint every ``save_steps`` updates, if given)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     if kind == "dpo":
         from trl import DPOConfig
 
         from hl_core.integrations.trl import HumanlineDPOTrainer
 
-        config = DPOConfig(**common_config(steps, 8, deepspeed, out), beta=0.1, max_length=None)
+        config = DPOConfig(**common_config(steps, 8, deepspeed, out, save_steps), beta=0.1, max_length=None)
         return HumanlineDPOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
                                    train_dataset=dpo_rows(tokenizer), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
@@ -114,7 +115,7 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineKTOTrainer
 
-        config = KTOConfig(**common_config(steps, 16, deepspeed, out), beta=0.1, max_length=None)
+        config = KTOConfig(**common_config(steps, 16, deepspeed, out, save_steps), beta=0.1, max_length=None)
         return HumanlineKTOTrainer(load(model_dir), ref_model=load(model_dir), args=config,
                                    train_dataset=kto_rows(tokenizer, 16), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
@@ -123,8 +124,8 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineGRPOTrainer
 
-        config = GRPOConfig(**common_config(steps, 8, deepspeed, out), beta=0.0, epsilon=0.2, loss_type="bnpo",
-                            num_generations=4, temperature=1.0)
+        config = GRPOConfig(**common_config(steps, 8, deepspeed, out, save_steps), beta=0.0, epsilon=0.2,
+                            loss_type="bnpo", num_generations=4, temperature=1.0)
         return HumanlineGRPOTrainer(load(model_dir), reward_funcs=unused_reward, args=config,
                                     train_dataset=grpo_rows(tokenizer), processing_class=tokenizer,
                                     transform=transform, schedule=schedule)

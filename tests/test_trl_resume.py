@@ -124,3 +124,27 @@ def test_without_the_saved_reference_the_resumed_losses_differ(weights, tmp_path
     losses = [row["loss"] for row in whole.humanline_history]
     again = [row["loss"] for row in resumed.humanline_history]
     assert max(abs(a - b) for a, b in zip(losses[SAVE:SAVE + 2], again[SAVE:SAVE + 2])) > 1e-4, (losses, again)
+
+
+@needs_fused
+def test_a_checkpoint_without_the_sync_file_or_of_another_layout_is_refused(weights, tmp_path):  # noqa: F811
+    """Resuming where this rank's ``humanline_sync_rank<r>.pt`` is missing (a stock trainer's checkpoint, or more
+    processes than saved it), or holds shards of another layout, is one paragraph, not a silent initial reference
+    or a traceback."""
+    import shutil
+
+    from hl_core.integrations.trl import HumanlineTrlSettingError
+
+    humanline_losses(dpo, weights, tmp_path / "whole")
+    saved = tmp_path / "whole" / "out" / f"checkpoint-{SAVE}"
+    missing, other = tmp_path / "missing", tmp_path / "other"
+    shutil.copytree(saved, missing, ignore=shutil.ignore_patterns("humanline_sync_rank*.pt"))
+    shutil.copytree(saved, other)
+    state = torch.load(other / "humanline_sync_rank0.pt", weights_only=True)
+    name = next(iter(state["reference_shards"]))
+    state["reference_shards"][name] = state["reference_shards"][name].flatten()[:7]  # another rank's partition
+    torch.save(state, other / "humanline_sync_rank0.pt")
+    for checkpoint, says in ((missing, "humanline_sync_rank0.pt"), (other, name)):
+        with pytest.raises(HumanlineTrlSettingError) as info:
+            humanline_losses(dpo, weights, tmp_path / checkpoint.name, resume=str(checkpoint))
+        assert "\n" not in str(info.value) and says in str(info.value) and "Fix:" in str(info.value)

@@ -22,11 +22,12 @@ def pack_losses(recipe, weights, tmp_path, *overrides, nproc=1):
     return [row["loss"] for row in read_jsonl(out / "metrics.jsonl")]
 
 
-def trl_run(kind, weights, tmp_path, *args, nproc=1, name="trl"):
+def trl_run(kind, weights, tmp_path, *args, nproc=1, name="trl", k=K):
     """The humanline TRL trainer's report per rank: ``history`` (one row per update), ``calls`` (each sync call and
-    the collectives during it) and ``hooks`` (weight checksums where a sync could run)."""
+    the collectives during it), ``hooks`` (weight checksums where a sync could run) and ``restores`` (the sync
+    state loaded on resume); the reference synced every ``k`` updates."""
     report = tmp_path / f"{name}_{kind}"
-    run_torchrun(RUN, [report, "--trainer", kind, "--model", weights, "--steps", STEPS, "--sync-every", K,
+    run_torchrun(RUN, [report, "--trainer", kind, "--model", weights, "--steps", STEPS, "--sync-every", k,
                        "--clip", *CLIP, "--out", tmp_path / f"{name}_out", *args], nproc=nproc)
     return [json.loads((tmp_path / f"{report.name}.rank{r}.json").read_text()) for r in range(nproc)]
 

@@ -13,13 +13,14 @@ TINY = REPO / "tests" / "fixtures" / "tiny"
 MAX_LENGTH, MAX_PROMPT_LENGTH, LR = 64, 32, 1e-3
 
 
-def common_config(steps: int, batch: int, deepspeed=None, out=None, lr=LR) -> dict:
+def common_config(steps: int, batch: int, deepspeed=None, out=None, save_steps=None, lr=LR) -> dict:
     import tempfile
 
+    saving = {"save_strategy": "steps", "save_steps": save_steps} if save_steps else {"save_strategy": "no"}
     return dict(output_dir=out or tempfile.mkdtemp(prefix="trl_run_"), per_device_train_batch_size=batch,
                 max_steps=steps,
                 learning_rate=lr, lr_scheduler_type="constant", warmup_steps=0, optim="adamw_torch",
-                weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, save_strategy="no", report_to=[],
+                weight_decay=0.0, max_grad_norm=1.0, logging_steps=1, report_to=[], **saving,
                 train_sampling_strategy="sequential", seed=0, bf16=False, gradient_checkpointing=False,
                 disable_tqdm=True, deepspeed=deepspeed, **cpu_deepspeed_state(deepspeed))
 
@@ -110,19 +111,21 @@ def lora_policy(model_dir: Path, seed: int):
     return wrap_lora(load(model_dir), section, synced=False, seed=seed).model
 
 
-def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None, lr=LR,
-          lora_seed=None):
-    """A humanline TRL trainer of ``kind``; with ``lora_seed``, a LoRA policy (``lora_policy``) and no reference
-    model (the trainer's reference is then the policy's ``ref`` adapter)."""
+def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None, save_steps=None,
+          lr=LR, lora_seed=None):
+    """A humanline TRL trainer of ``kind`` (a checkpoint every ``save_steps`` updates, if given); with
+    ``lora_seed``, a LoRA policy (``lora_policy``) and no reference model (the trainer's reference is then the
+    policy's ``ref`` adapter)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lora = lora_seed is not None
     policy = lora_policy(model_dir, lora_seed) if lora else load(model_dir)
+    options = (deepspeed, out, save_steps, lr)
     if kind == "dpo":
         from trl import DPOConfig
 
         from hl_core.integrations.trl import HumanlineDPOTrainer
 
-        config = DPOConfig(**common_config(steps, 8, deepspeed, out, lr), beta=0.1, max_length=None)
+        config = DPOConfig(**common_config(steps, 8, *options), beta=0.1, max_length=None)
         return HumanlineDPOTrainer(policy, ref_model=None if lora else load(model_dir), args=config,
                                    train_dataset=dpo_rows(tokenizer), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
@@ -131,7 +134,7 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineKTOTrainer
 
-        config = KTOConfig(**common_config(steps, 16, deepspeed, out, lr), beta=0.1, max_length=None)
+        config = KTOConfig(**common_config(steps, 16, *options), beta=0.1, max_length=None)
         return HumanlineKTOTrainer(policy, ref_model=None if lora else load(model_dir), args=config,
                                    train_dataset=kto_rows(tokenizer, 16), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
@@ -140,8 +143,8 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineGRPOTrainer
 
-        config = GRPOConfig(**common_config(steps, 8, deepspeed, out, lr), beta=0.0, epsilon=0.2, loss_type="bnpo",
-                            num_generations=4, temperature=1.0)
+        config = GRPOConfig(**common_config(steps, 8, *options), beta=0.0, epsilon=0.2,
+                            loss_type="bnpo", num_generations=4, temperature=1.0)
         return HumanlineGRPOTrainer(policy, reward_funcs=unused_reward, args=config,
                                     train_dataset=grpo_rows(tokenizer), processing_class=tokenizer,
                                     transform=transform, schedule=schedule)

@@ -2,10 +2,15 @@
 tokenizes them, and write what happened to ``REPORT.rank<r>.json``: one row per update (``update``, ``loss``,
 ``clipped_frac``, ``synced``) and, per sync call, the collectives that ran during it.
 
-usage: trl_run.py REPORT --trainer dpo|kto|grpo --model DIR [--zero 3] [--late] [...]
+usage: trl_run.py REPORT --trainer dpo|kto|grpo --model DIR [--zero 3] [--late] [--save-steps N] [--resume DIR]
+[...]
 
 ``--late`` moves the sync to TRL's ``on_step_end`` (after the optimizer step: the post-update weights), the timing
-the comparison must reject."""
+the comparison must reject. ``--save-steps N`` writes TRL's checkpoints (with the humanline files) every N updates;
+``--resume DIR`` trains with ``resume_from_checkpoint=DIR``, and the report's ``restores`` has, per
+``ReferenceSync.load_state_dict`` call, the collectives during it and the checksum of this rank's reference
+(ZeRO-3: its partitions) after it. Each update's row in ``hooks`` has ``ref_begin``, the same checksum at its
+start."""
 
 import argparse
 import json
@@ -45,6 +50,8 @@ parser.add_argument("--out", default=None)
 parser.add_argument("--sample", action="store_true", help="humanline sampling (SampleTransform, seed 0)")
 parser.add_argument("--lr", type=float, default=1e-3)
 parser.add_argument("--lora-seed", type=int, default=None, help="a LoRA policy, its adapter seeded as the pack's")
+parser.add_argument("--save-steps", type=int, default=None)
+parser.add_argument("--resume", default=None)
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -52,16 +59,26 @@ calls = []
 original = ReferenceSync._run  # every sync, called by hand or attached
 
 
-def counted(self, updates_done):
+def comm_modules():
+    """Where the collectives are looked up: torch's, and DeepSpeed's (its package and ``deepspeed.comm.comm``, which
+    ZeRO-3's gathers call)."""
     import torch.distributed as dist
 
     modules = [dist]
     try:
         import deepspeed.comm
+        import deepspeed.comm.comm
 
-        modules.append(deepspeed.comm)
+        modules += [deepspeed.comm, deepspeed.comm.comm]
     except ImportError:
         pass
+    return modules
+
+
+def counted(self, updates_done):
+    import torch.distributed as dist
+
+    modules = comm_modules()
     probe.mark("adapter_sync")  # the weights the sync copies (the callback's call, or the engine's attached one)
     with CountCollectives(modules) as counter:
         record = original(self, updates_done)
@@ -74,6 +91,26 @@ def counted(self, updates_done):
 
 
 ReferenceSync._run = counted
+restores = []
+original_load = ReferenceSync.load_state_dict
+
+
+def counted_load(self, state):
+    with CountCollectives(comm_modules()) as counter:
+        original_load(self, state)
+    restores.append({"collectives": counter.count, "ref_checksum": local_checksum(trainer.ref_model)})
+    partitioned = [p for p in trainer.ref_model.parameters() if getattr(p, "ds_status", None) is not None
+                   and p.ds_status.name == "NOT_AVAILABLE"]
+    if partitioned:  # the counter sees a ZeRO-3 gather when one runs
+        import deepspeed
+
+        with CountCollectives(comm_modules()) as gather:
+            with deepspeed.zero.GatheredParameters(partitioned[:1]):
+                pass
+        restores[-1]["gather_probe"] = gather.count
+
+
+ReferenceSync.load_state_dict = counted_load
 if args.late:  # the sync after the optimizer step, at TRL's on_step_end
     HumanlineSyncCallback.on_pre_optimizer_step = lambda self, *a, **k: None
     HumanlineSyncCallback._attach_engine = lambda self, engine: None
@@ -93,6 +130,11 @@ if args.zero is not None:
                      "stage": args.zero, "stage3_param_persistence_threshold": args.persist_below}}
 
 
+def local_checksum(model):
+    """The sum of this rank's weights of ``model`` (ZeRO-3: its partitions ``ds_tensor``; nothing gathered)."""
+    return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in model.parameters())
+
+
 class HookProbe(TrainerCallback):
     """A checksum of this rank's policy weights (ZeRO-3: its partitions) at each point where a sync could run:
     the update's start and end, ``on_pre_optimizer_step``, the adapter's sync and every call of a torch step
@@ -102,7 +144,7 @@ class HookProbe(TrainerCallback):
         self.rows = []
 
     def checksum(self):
-        return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in trainer.model.parameters())
+        return local_checksum(trainer.model)
 
     def mark(self, key):
         if self.rows:
@@ -114,7 +156,7 @@ class HookProbe(TrainerCallback):
         inner.register_step_pre_hook(lambda *_: self.mark("torch_step_pre_hook"))
 
     def on_step_begin(self, a, state, control, **kwargs):
-        self.rows.append({"begin": self.checksum()})
+        self.rows.append({"begin": self.checksum(), "ref_begin": local_checksum(trainer.ref_model)})
 
     def on_pre_optimizer_step(self, a, state, control, **kwargs):
         self.mark("on_pre_optimizer_step")
@@ -126,9 +168,9 @@ class HookProbe(TrainerCallback):
 probe = HookProbe()
 transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
 trainer = build(args.trainer, Path(args.model), args.steps, transform,
-                SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out, lr=args.lr,
-                lora_seed=args.lora_seed)
+                SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out, save_steps=args.save_steps,
+                lr=args.lr, lora_seed=args.lora_seed)
 trainer.add_callback(probe)
-trainer.train()
+trainer.train(resume_from_checkpoint=args.resume)
 Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,
-                                                              "hooks": probe.rows}))
+                                                              "hooks": probe.rows, "restores": restores}))

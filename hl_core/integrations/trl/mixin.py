@@ -13,7 +13,7 @@ from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
 
 from hl_core.humanline import ClipTransform, LogRatioTransform, SyncSchedule
 
-from .compat import check_settings, check_trl
+from .compat import HumanlineTrlSettingError, check_settings, check_trl
 from .lora import AdapterReference, ensure_reference_adapter, peft_policy
 from .sync import HumanlineSyncCallback
 
@@ -117,6 +117,15 @@ class HumanlineMixin:
             return
         sync_file = os.path.join(checkpoint, SYNC_FILE.format(rank=self.args.process_index))
         rows_file = os.path.join(checkpoint, STATE_FILE)
+        schedule = self.humanline_sync.schedule
+        if not os.path.exists(sync_file) and schedule is not None and schedule.every is not None:
+            raise HumanlineTrlSettingError(
+                f"`resume_from_checkpoint={checkpoint}` holds no `{os.path.basename(sync_file)}`: the moved "
+                "reference and the sync's counts that this rank needs (the checkpoint was written by a trainer "
+                "without humanline syncing, or by fewer processes), so the run would resume against the initial "
+                "reference and sync on other updates. Fix: resume from a checkpoint this humanline trainer wrote, "
+                "with the same number of processes, or start a fresh run."
+            )
         sync = torch.load(sync_file, map_location="cpu", weights_only=True) if os.path.exists(sync_file) else None
         rows = None
         if os.path.exists(rows_file):

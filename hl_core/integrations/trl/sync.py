@@ -26,6 +26,7 @@ from transformers import TrainerCallback
 
 from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule
 
+from .compat import HumanlineTrlSettingError
 from .lora import reference_pairs
 
 
@@ -70,10 +71,19 @@ class HumanlineSyncCallback(TrainerCallback):
         pairs = reference_pairs(trainer.model_wrapped, trainer.ref_model)
         self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
         if self._restored is not None:  # the reference syncing moved, and the counts, from the checkpoint
-            self.sync.load_state_dict(self._restored)
+            self._load(self._restored)
             self._restored = None
         if trainer.is_deepspeed_enabled:
             self._attach_engine(trainer.model_wrapped)
+
+    def _load(self, state: dict) -> None:
+        try:
+            self.sync.load_state_dict(state)
+        except ValueError as exc:  # another schedule or sharding layout: one paragraph, not a traceback
+            fix = "" if "Fix:" in str(exc) else (" Fix: resume with the number of processes, ZeRO stage and schedule "
+                                                "that wrote the checkpoint, or start a fresh run.")
+            raise HumanlineTrlSettingError(f"cannot resume the humanline reference from this checkpoint: {exc}.{fix}") \
+                from None
 
     def _attach_engine(self, engine) -> None:
         """The sync first in ``engine.step()`` at an accumulation boundary (``ReferenceSync.attach``; see the module

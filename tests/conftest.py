@@ -23,7 +23,7 @@ SAME_WORKER = {
 LONG_FIRST = ("test_repro.py", "test_repro_fair.py", "test_repro_preference.py", "test_reference_modes.py",
               "test_gpu_check.py", "test_orphans.py", "test_repro_neutral_pin.py", "test_megatron_engine.py",
               "test_resume.py", "test_speed_modes.py", "test_slurm.py", "test_two_hosts.py", "test_zero_stages.py",
-              "test_token_budget.py")
+              "test_token_budget.py", "test_trl_peft.py", "test_trl_resume_zero3.py")
 
 
 @pytest.fixture

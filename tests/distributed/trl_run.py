@@ -131,7 +131,10 @@ if args.zero is not None:
 
 
 def local_checksum(model):
-    """The sum of this rank's weights of ``model`` (ZeRO-3: its partitions ``ds_tensor``; nothing gathered)."""
+    """The sum of this rank's weights of ``model`` (ZeRO-3: its partitions ``ds_tensor``; nothing gathered); None
+    without a reference model (a LoRA policy's reference is its ``ref`` adapter)."""
+    if model is None:
+        return None
     return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in model.parameters())
 
 

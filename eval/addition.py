@@ -98,13 +98,19 @@ def write(directory: Path = DATA) -> List[Path]:
     return paths
 
 
+def holds_sum(completions: Sequence[str], references: Sequence[str]) -> int:
+    """How many completions hold the right sum as one of their numbers (alone or in ``"21 + 39 = 60"``)."""
+    return sum(str(int(r)) in re.findall(r"\d+", str(c)) for c, r in zip(completions, references))
+
+
 def greedy_accuracy(model_dir: str, rows: Sequence[dict], system_prompt: str = SYSTEM_PROMPT,
                     max_new_tokens: int = 10, batch_size: int = 16) -> Dict[str, object]:
     """Held-out accuracy of the model in ``model_dir`` (an ordinary HF directory, loaded with plain transformers):
-    greedy answers to ``rows`` with the recipe's system prompt, counted right when the number alone is the sum.
+    greedy answers to ``rows`` with the recipe's system prompt, counted right when the number alone is the sum;
+    ``right_sum`` also counts the answers that hold the right sum among other text (``"21 + 39 = 60"``).
 
     Returns:
-        ``{"accuracy": float, "right": int, "n": int, "answers": [str, ...]}``.
+        ``{"accuracy": float, "right": int, "right_sum": int, "n": int, "answers": [str, ...]}``.
     """
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -123,7 +129,9 @@ def greedy_accuracy(model_dir: str, rows: Sequence[dict], system_prompt: str = S
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False, pad_token_id=tok.pad_token_id)
         answers += tok.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
     right = sum(completion_number(a) == row["answer"] for a, row in zip(answers, rows))
-    return {"accuracy": right / max(1, len(rows)), "right": right, "n": len(rows), "answers": answers}
+    right_sum = holds_sum(answers, [row["answer"] for row in rows])
+    return {"accuracy": right / max(1, len(rows)), "right": right, "right_sum": right_sum, "n": len(rows),
+            "answers": answers}
 
 
 def plot_runs(runs: Sequence[Path], output: Path) -> Path:

@@ -44,6 +44,10 @@ def test_accuracy_counts_the_number_alone():
     assert addition.accuracy(["70", "34 + 36 = 70", " 12.", "x"], ["70", "70", "12", "5"]) == 0.5
 
 
+def test_holds_sum_counts_the_right_sum_anywhere():
+    assert addition.holds_sum(["70", "34 + 36 = 70", "34 + 36 = 71", "700", "To add 34"], ["70"] * 5) == 2
+
+
 def test_plot_of_runs(tmp_path):
     run = tmp_path / "seed0"
     run.mkdir()

@@ -4,7 +4,7 @@
 
 MODEL_DIR is the converted Hugging Face directory of the real model (``hl_core.storage.gguf_models``). The pack's
 DeepSpeed engine (ZeRO-0, fp32) holds the policy and the pack's `VLLMSampler` (float32 engine) starts from MODEL_DIR.
-Three phases, each: vLLM samples (temperature 1) with its log-probs of the sampled tokens, and the policy's own
+Four phases, each: vLLM samples (temperature 1) with its log-probs of the sampled tokens, and the policy's own
 log-probs of those tokens are computed (fp32, one forward per completion):
 
 * ``start``: no push yet: vLLM runs the checkpoint it loaded (the check of the checkpoint in transformers 5.19);
@@ -33,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 QUESTIONS = ("What is the capital of France?", "What is 17 + 25?", "Name a colour.", "Say hello in Spanish.")
 STEP_LR = 1e-4  # one AdamW step moves every parameter by about this much
-EMBEDDING_NOISE = 0.01  # the embedding's entries are about 0.05 in size
+EMBEDDING_NOISE = 0.01  # sd of the noise; the embedding's entries have sd 0.14
 
 
 def token_logps(module, prompt, completion):

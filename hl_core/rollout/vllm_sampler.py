@@ -10,6 +10,9 @@
   checkpoint layout, loads, and repacks it (the CPU build prepacks linear weights, so the model's own
   ``load_weights`` cannot be called on a running engine). Under ZeRO-3 the parameters are gathered one bucket of
   ``rollout.vllm.bucket_mb`` at a time (`DeepSpeedEngine.weight_buckets`), never a whole second copy.
+* **Tied embeddings.** A push carries no LM head for a model with tied embeddings; vLLM's CPU build computes that
+  head with a prepacked copy of the embedding, which the reload leaves stale, so every push rebuilds it
+  (`refresh_tied_lm_heads`).
 * **The prefix cache is reset at every push**: otherwise prompts longer than one KV block reuse KV computed by the
   old weights, and the run trains on completions of a stale policy.
 * **Seeds.** Every prompt's request carries its own seed (``SamplingParams.seed``: `prompt_seed` hashed,
@@ -112,6 +115,30 @@ def llm_kwargs(recipe, world_size: int, on_gpu: bool) -> dict:
     return kwargs
 
 
+def refresh_tied_lm_heads(model) -> int:
+    """Rebuild the matmul of every LM head that shares its weight with an input embedding (tied embeddings); the
+    number rebuilt.
+
+    A push loads no weight for a tied LM head (the checkpoint has none), so vLLM's reload leaves that layer as it
+    was: its ``weight`` is the embedding's tensor, which the reload updates in place, but on the CPU the layer
+    computes with a prepacked copy of it (``dispatch_cpu_unquantized_gemm``: a oneDNN or SGL handle built when the
+    weights were processed), which keeps the old values. Measured with SmolLM2-135M (tied): without this, vLLM's
+    log-probs after a push that moved the embedding differed from the policy's by up to 1.16
+    (tests/vllm_cpu/test_vllm_real_model.py). On the GPU the head reads ``weight`` directly and this processing
+    step does nothing.
+    """
+    from vllm.model_executor.layers.vocab_parallel_embedding import ParallelLMHead, VocabParallelEmbedding
+
+    embeddings = [m.weight for m in model.modules()
+                  if isinstance(m, VocabParallelEmbedding) and not isinstance(m, ParallelLMHead)]
+    refreshed = 0
+    for module in model.modules():
+        if isinstance(module, ParallelLMHead) and any(module.weight is weight for weight in embeddings):
+            module.quant_method.process_weights_after_loading(module)
+            refreshed += 1
+    return refreshed
+
+
 class VLLMSampler:
     """Samples with an in-process vLLM engine on this rank; the same interface as `HFSampler`."""
 
@@ -177,6 +204,7 @@ class VLLMSampler:
         old weights). ``reset_prefix_cache=False`` exists only for the test that shows the reset is needed."""
         self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": self._weights(),
                                                           "is_checkpoint_format": True})
+        self.llm.apply_model(refresh_tied_lm_heads)
         if reset_prefix_cache and not self.llm.reset_prefix_cache():
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight push (requests still running)")
         self.pushes += 1

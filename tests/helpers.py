@@ -33,7 +33,7 @@ def start_model_overrides(path) -> list:
 # no worker 10000-10999), below the kernel's ephemeral range (32768+ by default): two workers never pick the same
 # port, and no outgoing connection (gloo's pairs, another test's client) can take it between the pick and the bind.
 _PORT_BLOCK = 10000 + 1000 * (int(os.environ.get("PYTEST_XDIST_WORKER", "gw-1")[2:]) + 1)
-_next_ports = itertools.count()
+_next_ports = itertools.count(os.getpid() % 1000)  # two runs outside xdist (both 10000-10999) start apart
 
 
 def free_port() -> int:

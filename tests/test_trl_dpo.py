@@ -12,10 +12,6 @@ from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's 
 from trl_common import check_equal, max_diff, pack_losses, trl_run
 
 pytest.importorskip("trl")
-from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
-                                "are refused (tests/test_trl_refusals.py)")
 
 
 def test_dpo_equals_the_pack_and_only_with_the_sync_before_the_step(weights, tmp_path):  # noqa: F811

@@ -9,10 +9,6 @@ from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's 
 from trl_common import check_equal, pack_losses, trl_run
 
 pytest.importorskip("trl")
-from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
-
-pytestmark = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
-                                "are refused (tests/test_trl_refusals.py)")
 
 
 def test_kto_equals_the_pack(weights, tmp_path):  # noqa: F811

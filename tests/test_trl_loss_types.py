@@ -12,7 +12,7 @@ import torch
 
 from helpers import REPO
 from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from test_trl_trainer_paths import grpo, needs_fused, settings
+from test_trl_trainer_paths import grpo, settings
 
 trl = pytest.importorskip("trl")
 
@@ -51,7 +51,6 @@ def dpo_eval_loss(cls, weights, tmp_path, data, extra, **kw):  # noqa: F811
     return trainer.evaluate()["eval_loss"]
 
 
-@needs_fused
 @pytest.mark.parametrize("extra", [{"loss_type": [t]} for t in DPO_TYPES] + [
     {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}, {"f_divergence_type": "js_divergence"},
     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5}, {"ld_alpha": 0.5},
@@ -70,7 +69,6 @@ def test_dpo_with_no_transform_gives_trls_loss(extra, weights, tmp_path):  # noq
     assert math.isfinite(theirs) and close(theirs, ours), (theirs, ours)
 
 
-@needs_fused
 @pytest.mark.parametrize("loss_type", ["kto", "apo_zero_unpaired"])
 def test_kto_with_no_transform_gives_trls_loss(loss_type, weights, tmp_path):  # noqa: F811
     from datasets import Dataset
@@ -112,7 +110,6 @@ FORMULAS = {  # TRL's per-pair losses on the summed (clipped) log-ratios c, r an
 }
 
 
-@needs_fused
 @pytest.mark.parametrize("loss_type", sorted(FORMULAS))
 def test_dpo_with_clipping_is_trls_formula_on_the_clipped_log_ratios(loss_type, weights, tmp_path):  # noqa: F811
     from transformers import AutoTokenizer

@@ -29,20 +29,17 @@ from trl_data import dpo_rows, load  # noqa: E402
 from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import SyncSchedule  # noqa: E402
 from hl_core.integrations.trl import HumanlineSyncCallback, HumanlineTrlSettingError  # noqa: E402
-from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
 from hl_core.integrations.trl.lora import REFERENCE_ADAPTER  # noqa: E402
 from test_trl_trainer_paths import settings  # noqa: E402
 
-needs_fused = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
-                                 "are refused (tests/test_trl_refusals.py)")
 TINY = REPO / "recipes" / "tiny"
 LORA = ("model.lora.r=8", "model.lora.alpha=16", "model.lora.dropout=0.0",
         "model.lora.target_modules=[q_proj,k_proj,v_proj,o_proj,gate_proj,up_proj,down_proj]")
 LR = "0.01"  # the LoRA recipe's: the adapter moves enough for the clip to bind
 
 
-@pytest.mark.parametrize("kind, recipe", [pytest.param("dpo", "humanline_dpo_lora.yaml", marks=needs_fused),
-                                          pytest.param("kto", "humanline_kto.yaml", marks=needs_fused),
+@pytest.mark.parametrize("kind, recipe", [("dpo", "humanline_dpo_lora.yaml"),
+                                          ("kto", "humanline_kto.yaml"),
                                           ("grpo", "humanline_grpo.yaml")])
 def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_path):  # noqa: F811
     pack = pack_losses(TINY / recipe, weights, tmp_path, *LORA, f"train.lr={LR}")
@@ -65,7 +62,6 @@ def trainer_with_peft_config(weights, tmp_path, config, **extra):  # noqa: F811
                                processing_class=tok, peft_config=config, **extra)
 
 
-@needs_fused
 def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_path):  # noqa: F811
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     trainer = trainer_with_peft_config(weights, tmp_path, config, schedule=SyncSchedule(every=1))
@@ -89,15 +85,12 @@ def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_pat
 
 def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path):  # noqa: F811
     config = peft.PromptTuningConfig(task_type=peft.TaskType.CAUSAL_LM, num_virtual_tokens=4)
-    if not fused_head_available():
-        pytest.skip("DPO is refused on this trl before PEFT is looked at")
     with pytest.raises(HumanlineTrlSettingError) as info:
         trainer_with_peft_config(weights, tmp_path, config)
     message = str(info.value)
     assert isinstance(info.value, UserError) and "\n" not in message and "LoraConfig" in message
 
 
-@needs_fused
 def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_path):  # noqa: F811
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
@@ -123,7 +116,6 @@ def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_pat
     assert "\n" not in str(info.value) and "ref_model" in str(info.value)
 
 
-@needs_fused
 def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path):  # noqa: F811
     """k = 3, 8 updates, resumed from checkpoint 4: the checkpoint holds the moved ``ref`` adapter (synced at update
     3) and the sync's state; TRL restores the ``default`` adapter and the optimizer."""

@@ -19,24 +19,26 @@ from hl_core.integrations.trl import (  # noqa: E402
 )
 from hl_core.integrations.trl.compat import fused_head_available, supported_release  # noqa: E402
 
-needs_fused = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
-                                 "are refused (test_dpo_and_kto_without_the_fused_head_are_refused)")
-
 
 def test_the_installed_trl_is_supported_and_passes_the_check():
     assert supported_release(trl.__version__)
-    for trainer in ("DPOTrainer", "KTOTrainer", "GRPOTrainer") if fused_head_available() else ("GRPOTrainer",):
+    for trainer in ("DPOTrainer", "KTOTrainer", "GRPOTrainer"):
         check_trl(trainer)
 
 
-def test_dpo_and_kto_without_the_fused_head_are_refused(monkeypatch):
-    """trl 1.14 has no fused LM head (checked in the trl 1.14 environment, .ci/trl-env; here by removing it)."""
+def test_dpo_and_kto_without_the_fused_head_need_trls_log_prob_functions(monkeypatch):
+    """Without the fused LM head (trl 1.14; here also by removing it) the adapter hands DPO's and KTO's losses the
+    transformed log-probs through ``selective_log_softmax*`` in the trainer's module: a TRL lacking them is refused."""
+    import sys
+
     from trl.trainer import utils as trl_utils
 
     if fused_head_available():
         monkeypatch.delattr(trl_utils, "add_fused_lm_head")
-    for cls in (HumanlineDPOTrainer, HumanlineKTOTrainer):
-        with pytest.raises(UnsupportedTrlError, match=r"add_fused_lm_head\(model, outputs=\.\.\.\).*1\.15"):
+    for cls, trainer in ((HumanlineDPOTrainer, "DPOTrainer"), (HumanlineKTOTrainer, "KTOTrainer")):
+        module = sys.modules[getattr(trl, trainer).__module__]
+        monkeypatch.delattr(module, "selective_log_softmax_and_entropy", raising=False)
+        with pytest.raises(UnsupportedTrlError, match=r"selective_log_softmax_and_entropy\(logits, index"):
             cls("unused-model", args=None, train_dataset=None)
 
 
@@ -87,7 +89,6 @@ def test_liger_is_refused_where_trl_computes_the_loss_inside_its_kernel(monkeypa
     ({"precompute_ref_log_probs": True}, "precompute_ref_log_probs=True"),
     ({"sync_ref_model": True}, "on_step_end"),
 ])
-@needs_fused
 def test_dpo_settings_it_does_not_compute_are_refused(tmp_path, setting, match):
     from trl import DPOConfig
 

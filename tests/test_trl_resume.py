@@ -11,7 +11,7 @@ import torch
 from helpers import REPO
 from hl_core.humanline import SyncSchedule
 from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from test_trl_trainer_paths import dpo, grpo, kto, needs_fused
+from test_trl_trainer_paths import dpo, grpo, kto
 
 trl = pytest.importorskip("trl")
 K, STEPS, SAVE = 3, 8, 4
@@ -29,7 +29,7 @@ def humanline_losses(build, weights, out, resume=None):  # noqa: F811
     return trainer, initial
 
 
-@pytest.mark.parametrize("build", [pytest.param(dpo, marks=needs_fused), pytest.param(kto, marks=needs_fused),
+@pytest.mark.parametrize("build", [dpo, kto,
                                    grpo])
 def test_a_resumed_humanline_run_gives_the_uninterrupted_losses(build, weights, tmp_path):  # noqa: F811
     whole, _ = humanline_losses(build, weights, tmp_path / "whole")
@@ -100,7 +100,6 @@ def test_the_control_trl_itself_resumes_exactly(kind, weights, tmp_path):  # noq
     assert max(abs(a - b) for a, b in zip(whole[SAVE:], again)) <= 1e-5, (whole, again)
 
 
-@needs_fused
 def test_the_sync_file_holds_this_ranks_reference_shards_and_counts(weights, tmp_path):  # noqa: F811
     trainer, _ = humanline_losses(dpo, weights, tmp_path)
     state = torch.load(tmp_path / "out" / f"checkpoint-{SAVE}" / "humanline_sync_rank0.pt", weights_only=True)
@@ -108,7 +107,6 @@ def test_the_sync_file_holds_this_ranks_reference_shards_and_counts(weights, tmp
     assert sorted(state["reference_shards"]) == sorted(names) and state["num_syncs"] == 2  # updates 0 and 3
 
 
-@needs_fused
 def test_without_the_saved_reference_the_resumed_losses_differ(weights, tmp_path):  # noqa: F811
     """The comparison can fail: the same resume with the reference shards removed from the sync file (so the
     reference is the initial weights, as before they were saved) gives other losses."""
@@ -126,7 +124,6 @@ def test_without_the_saved_reference_the_resumed_losses_differ(weights, tmp_path
     assert max(abs(a - b) for a, b in zip(losses[SAVE:SAVE + 2], again[SAVE:SAVE + 2])) > 1e-4, (losses, again)
 
 
-@needs_fused
 def test_a_checkpoint_without_the_sync_file_or_of_another_layout_is_refused(weights, tmp_path):  # noqa: F811
     """Resuming where this rank's ``humanline_sync_rank<r>.pt`` is missing (a stock trainer's checkpoint, or more
     processes than saved it), or holds shards of another layout, is one paragraph, not a silent initial reference

@@ -15,13 +15,10 @@ from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's 
 from trl_common import STEPS, trl_run
 
 pytest.importorskip("trl")
-from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
 
 K, SAVE, NPROC = 3, 4, 2
 ZERO3 = ("--zero", "3", "--persist-below", "1000", "--save-steps", str(SAVE))
 MARKS = [n % K == 0 for n in range(STEPS)]
-needs_fused = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
-                                 "are refused (tests/test_trl_refusals.py)")
 
 
 def run(kind, weights, tmp_path, name, resume=None):  # noqa: F811
@@ -77,7 +74,6 @@ def check_sync_files(checkpoint, weights, resumed):  # noqa: F811
         assert report["restores"][0]["ref_checksum"] == pytest.approx(total, abs=1e-9)
 
 
-@needs_fused
 def test_dpo_resumed_under_zero3_gives_the_uninterrupted_losses_and_the_control_not(weights, tmp_path):  # noqa: F811
     whole = run("dpo", weights, tmp_path, "whole")
     checkpoint = tmp_path / "whole_out" / f"checkpoint-{SAVE}"
@@ -98,7 +94,7 @@ def test_dpo_resumed_under_zero3_gives_the_uninterrupted_losses_and_the_control_
     assert gap(whole, control, slice(SAVE, SAVE + 2)) > 1e-4, (losses(whole), losses(control))
 
 
-@pytest.mark.parametrize("kind", [pytest.param("kto", marks=needs_fused), "grpo"])
+@pytest.mark.parametrize("kind", ["kto", "grpo"])
 def test_kto_and_grpo_resumed_under_zero3_give_the_uninterrupted_losses(kind, weights, tmp_path):  # noqa: F811
     whole = run(kind, weights, tmp_path, "whole")
     check_resumed(kind, whole, run(kind, weights, tmp_path, "resumed", tmp_path / "whole_out" / f"checkpoint-{SAVE}"))

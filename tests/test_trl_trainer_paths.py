@@ -24,10 +24,6 @@ from hl_core.integrations.trl import (  # noqa: E402
     HumanlineGRPOTrainer,
     HumanlineKTOTrainer,
 )
-from hl_core.integrations.trl.compat import fused_head_available  # noqa: E402
-
-needs_fused = pytest.mark.skipif(not fused_head_available(), reason="this trl lacks the fused LM head: DPO and KTO "
-                                 "are refused (tests/test_trl_refusals.py)")
 
 
 def settings(tmp_path, **extra):
@@ -76,7 +72,7 @@ def grpo(weights, tmp_path, model=None, transform=None, **extra):  # noqa: F811
                                 schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
 
 
-@pytest.mark.parametrize("build", [pytest.param(dpo, marks=needs_fused), pytest.param(kto, marks=needs_fused),
+@pytest.mark.parametrize("build", [dpo, kto,
                                    grpo])
 def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weights, tmp_path):  # noqa: F811
     trainer = build(weights, tmp_path, args={"save_strategy": "steps", "save_steps": 1, "max_steps": 2})
@@ -86,7 +82,6 @@ def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weight
     assert len(logged) == 2 and all(isinstance(v, (int, float)) for row in logged for v in row.values())
 
 
-@needs_fused
 def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # noqa: F811
     trainer = dpo(weights, tmp_path, rows=5, args={"num_train_epochs": 1})  # batches of 4 then 1
     trainer.train()
@@ -94,7 +89,6 @@ def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # 
     assert all(math.isfinite(row["loss"]) for row in trainer.humanline_history)
 
 
-@needs_fused
 @pytest.mark.parametrize("build", [dpo, kto])
 def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path):  # noqa: F811
     seen = []

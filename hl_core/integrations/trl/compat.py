@@ -9,6 +9,7 @@ lacking an internal, is refused (``UnsupportedTrlError``) instead of training so
 from __future__ import annotations
 
 import inspect
+import sys
 from typing import List
 
 import transformers
@@ -62,8 +63,13 @@ def missing_internals(trainer: str) -> List[str]:
         if have is None or tuple(have[:len(params)]) != params:
             missing.append(f"`{trainer}.{name}({', '.join(params)})` ({purpose})")
     if trainer in ("DPOTrainer", "KTOTrainer") and not fused_head_available():
-        missing.append("`trl.trainer.utils.add_fused_lm_head(model, outputs=...)` (the per-token log-probs the "
-                       "adapter hands TRL's DPO and KTO losses; TRL added it in 1.15)")
+        module = sys.modules[cls.__module__]
+        for name in ("selective_log_softmax", "selective_log_softmax_and_entropy"):
+            function = getattr(module, name, None)
+            params = list(inspect.signature(function).parameters) if callable(function) else []
+            if params[:2] != ["logits", "index"] or "row_mask" not in params:
+                missing.append(f"`{cls.__module__}.{name}(logits, index, ..., row_mask=)` (where the adapter hands "
+                               f"{trainer}'s loss the transformed per-token log-probs, without TRL's fused LM head)")
     if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
         missing.append("`transformers.TrainerCallback.on_pre_optimizer_step` (the sync's moment)")
     return missing

@@ -12,9 +12,14 @@ the reference. Every difference TRL forms is then a sum of transformed log-ratio
 
 from __future__ import annotations
 
+import contextlib
 from collections import deque
 
 import torch
+import trl
+
+from .compat import fused_head_available
+from .logits import LogitsPair, patched_log_probs, trl_log_prob_functions
 
 
 class FusedPair:
@@ -65,16 +70,23 @@ class FusedPair:
 
 
 def compute_loss_on_pair(trainer, trl_compute_loss, model, inputs, return_outputs):
-    """Call TRL's ``_compute_loss`` (``trl_compute_loss``, bound) with the stand-ins of `FusedPair`.
+    """Call TRL's ``_compute_loss`` (``trl_compute_loss``, bound) with the stand-ins of `FusedPair` or, on a TRL
+    without the fused LM head, of ``logits.LogitsPair``.
 
     ``trainer.ref_model`` is the reference stand-in for the call's duration only. The clipped fraction counted is
-    that of the last fused forward: the completions (KTO's mismatched rows come first).
+    that of the last transformed forward: the completions (KTO's mismatched rows come first).
     """
     reference = trainer.ref_model
-    pair = FusedPair(trainer, model, trainer._humanline_reference(model))
+    if fused_head_available():
+        pair, patch = FusedPair(trainer, model, trainer._humanline_reference(model)), contextlib.nullcontext()
+    else:
+        trl_class = getattr(trl, trainer._trl_trainer)
+        pair = LogitsPair(trainer, model, trainer._humanline_reference(model), trl_log_prob_functions(trl_class))
+        patch = patched_log_probs(trl_class, pair)
     trainer.ref_model = pair.reference_forward
     try:
-        out = trl_compute_loss(pair.policy_forward, inputs, return_outputs)
+        with patch:
+            out = trl_compute_loss(pair.policy_forward, inputs, return_outputs)
     finally:
         trainer.ref_model = reference
     trainer._humanline_count(pair.metrics[-1])

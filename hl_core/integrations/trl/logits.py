@@ -1,0 +1,105 @@
+"""TRL's own DPO and KTO losses on humanline log-ratios, for releases without the fused LM head (trl 1.14).
+
+There ``DPOTrainer._compute_loss`` and ``KTOTrainer._compute_loss`` call the model for its logits and take each
+sequence's per-token log-probs with ``selective_log_softmax_and_entropy`` (the policy's completions) or
+``selective_log_softmax`` (KTO's mismatched rows, and every reference forward), names of the trainer's module. For the
+duration of one ``_compute_loss`` call, `LogitsPair` stands in for the policy and the reference, and for those two
+functions in the trainer's module:
+
+* the policy stand-in runs the reference first on the same inputs (no grad, without router logits), queues its
+  output, then runs the policy and marks the reference output as pending;
+* the next log-prob call after a policy forward is the policy's: it returns ``lp_ref + d_hl`` (``d_hl`` the
+  transformed log-ratio), with ``lp_ref`` from the pending reference logits, computed as TRL computes the reference's;
+  any other call (the reference's) is TRL's own;
+* the reference stand-in returns the queued outputs in order.
+
+So, as with the fused head (``fused.FusedPair``), every difference TRL forms is a sum of transformed log-ratios, with
+the transform's gradient. One difference: with ``use_weighting``, trl 1.14 computes the WPO weights from the per-token
+log-probs it was given, here ``lp_ref + d_hl``, where the fused path keeps the policy's own.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+from collections import deque
+
+import torch
+
+PATCHED = ("selective_log_softmax", "selective_log_softmax_and_entropy")  # names in the trainer's module
+
+
+class LogitsPair:
+    """The policy and the reference of one ``_compute_loss`` call, and the log-prob functions TRL calls on their logits.
+
+    Args:
+        trainer: the humanline trainer (its ``_humanline_log_ratios``).
+        policy: the policy as TRL would call it (the wrapped model).
+        reference: the reference (``ref_model``, or a PEFT policy running its ``ref`` adapter).
+        originals: TRL's ``selective_log_softmax`` and ``selective_log_softmax_and_entropy``.
+    """
+
+    def __init__(self, trainer, policy, reference, originals: dict):
+        self.trainer, self.policy, self.reference = trainer, policy, reference
+        self.originals = originals
+        self.queued = deque()
+        self.pending = None  # the reference output of the last policy forward, until its log-probs are taken
+        self.metrics = []
+
+    def policy_forward(self, *args, **kwargs):
+        ref_kwargs = {key: value for key, value in kwargs.items() if key != "output_router_logits"}
+        with torch.no_grad():
+            ref_out = self.reference(*args, **ref_kwargs)
+        self.queued.append(ref_out)
+        out = self.policy(*args, **kwargs)
+        self.pending = ref_out
+        return out
+
+    def reference_forward(self, *args, **kwargs):
+        return self.queued.popleft()
+
+    def selective_log_softmax(self, logits, index, *args, **kwargs):
+        logps = self.originals["selective_log_softmax"](logits, index, *args, **kwargs)
+        return self._humanline(logps, logits, index, args, kwargs)
+
+    def selective_log_softmax_and_entropy(self, logits, index, *args, **kwargs):
+        logps, entropy = self.originals["selective_log_softmax_and_entropy"](logits, index, *args, **kwargs)
+        rest = {key: value for key, value in kwargs.items() if key != "entropy_requires_grad"}
+        return self._humanline(logps, logits, index, args[1:], rest), entropy
+
+    def _humanline(self, policy_logps, logits, index, args, kwargs):
+        """``lp_ref + d_hl`` for the log-probs of a policy forward; any other call's log-probs unchanged.
+
+        ``args``/``kwargs``: what follows ``index`` in ``selective_log_softmax``'s signature (``temperature``,
+        ``row_mask``).
+        """
+        ref_out, self.pending = self.pending, None
+        if ref_out is None:
+            return policy_logps
+        ref_logits = ref_out.logits[..., : logits.shape[-2], :]  # TRL's slice of the same positions: [..., :-1, :]
+        ref_logps = self.originals["selective_log_softmax"](ref_logits, index, *args, **kwargs).detach()
+        row_mask = kwargs.get("row_mask", args[1] if len(args) > 1 else None)
+        mask = torch.ones_like(index) if row_mask is None else row_mask.long()
+        log_ratios, metrics, _ = self.trainer._humanline_log_ratios(policy_logps, ref_logps, mask)
+        self.metrics.append(metrics)
+        return ref_logps + log_ratios[:, 1:]  # the transform saw the layout of input_ids (a lead column)
+
+
+@contextlib.contextmanager
+def patched_log_probs(trainer_class, pair: LogitsPair):
+    """Put ``pair``'s log-prob functions in the module of ``trainer_class`` (TRL's trainer) for the block."""
+    module = sys.modules[trainer_class.__module__]
+    saved = {name: getattr(module, name) for name in PATCHED}
+    for name in PATCHED:
+        setattr(module, name, getattr(pair, name))
+    try:
+        yield
+    finally:
+        for name, function in saved.items():
+            setattr(module, name, function)
+
+
+def trl_log_prob_functions(trainer_class) -> dict:
+    """TRL's log-prob functions as the trainer's module holds them (the originals the stand-ins call)."""
+    module = sys.modules[trainer_class.__module__]
+    return {name: getattr(module, name) for name in PATCHED}

@@ -103,11 +103,13 @@ echo "[slurm] job $SLURM_JOB_ID (restart ${{SLURM_RESTART_COUNT:-0}}): $NUM_NODE
 rendezvous $MASTER_ADDR:$MASTER_PORT, $(date -u +%FT%TZ)"
 
 # One launcher per node; torchrun starts NPROC_PER_NODE ranks and meets the others on the first node.
-srun --nodes="$NUM_NODES" --ntasks="$NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1{srun_extra} \\
+# srun's status also goes to a file: a USR1 that arrives just as srun exits can cost `wait` the status
+RC_FILE="$(mktemp)"
+( srun --nodes="$NUM_NODES" --ntasks="$NUM_NODES" --ntasks-per-node=1 --kill-on-bad-exit=1{srun_extra} \\
   {launcher} -m torch.distributed.run \\
     --nnodes="$NUM_NODES" --nproc-per-node="$NPROC_PER_NODE" \\
     --rdzv-backend=c10d --rdzv-endpoint="$MASTER_ADDR:$MASTER_PORT" --rdzv-id="$SLURM_JOB_ID" --max-restarts=0 \\
-    "$RUN_PY" "${{RUN_ARGS[@]}}" &
+    "$RUN_PY" "${{RUN_ARGS[@]}}"; echo "$?" > "$RC_FILE" ) &
 SRUN_PID=$!
 while :; do
   SIGNALLED=0
@@ -117,6 +119,8 @@ while :; do
   if [ "$SIGNALLED" = 1 ] && [ "$RC" -gt 128 ]; then continue; fi
   break
 done
+if [ -s "$RC_FILE" ]; then RC="$(cat "$RC_FILE")"; fi
+rm -f "$RC_FILE"
 echo "[slurm] run exited with $RC"
 
 if [ "$REQUEUE" = 1 ] && [ "$RC" = 0 ] && [ ! -d "$OUTPUT_DIR/final" ]; then

@@ -61,7 +61,7 @@ def _render(roots, overrides, **kwargs):
 
 def _srun_words(script: str):
     """The srun command (continuation lines joined) as shell words."""
-    text = script[script.index("\nsrun "):].split(" &\n", 1)[0]
+    text = script[script.index("\n( srun ") + 3:].split('; echo "$?" > "$RC_FILE" ) &\n', 1)[0]
     return shlex.split(text.replace("\\\n", " "))
 
 

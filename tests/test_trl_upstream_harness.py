@@ -157,6 +157,15 @@ def test_ci_list_is_read(tmp_path):
     assert listed["a.py::A::test_c[x]"].exception is IndexError
 
 
+@pytest.mark.parametrize("release, expect", [("1.14.0", "refusal"), ("1.16.0", "pass"), ("1.15.0rc1", "pass")])
+def test_a_release_qualified_line_overrides_the_plain_one_on_its_releases(tmp_path, release, expect):
+    path = tmp_path / "list.txt"
+    path.write_text("refusal@<1.15 a.py::A::test_b\npass a.py::A::test_b\npass@<1.15 a.py::A::test_c\n")
+    listed = harness.read_ci_list(path, trl_version=release)
+    assert listed["a.py::A::test_b"].expect == expect
+    assert ("a.py::A::test_c" in listed) == (release == "1.14.0")
+
+
 def test_ci_list_rejects_a_bad_line(tmp_path):
     path = tmp_path / "list.txt"
     path.write_text("# comment\npass test_dpo_trainer.py::A::test_b\nxfail test_kto_trainer.py::A::test_c\n")

@@ -179,19 +179,38 @@ class Expectation:
         return found
 
 
-def read_ci_list(path: Path = CI_LIST) -> Dict[str, Expectation]:
-    """``ci_subset.txt``: ``EXPECT TEST [CAUSE]`` per line (``#`` comments), TEST as in ``vendored/``."""
-    found = {}
+def read_ci_list(path: Path = CI_LIST, trl_version: str = "") -> Dict[str, Expectation]:
+    """``ci_subset.txt``: ``EXPECT TEST [CAUSE]`` per line (``#`` comments), TEST as in ``vendored/``.
+
+    ``EXPECT@SPEC`` (``refusal@<1.15``) applies only where the installed trl (``trl_version``, default: installed)
+    is in the specifier set SPEC; such a line overrides the plain line of the same TEST.
+    """
+    from packaging.specifiers import SpecifierSet
+    from packaging.version import Version
+
+    release = Version(Version(trl_version or _installed_trl()).base_version)
+    found, qualified = {}, {}
     for number, raw in enumerate(path.read_text().splitlines(), 1):
         line = raw.split(" #", 1)[0].strip()
         if not line or line.startswith("#"):
             continue
         parts = line.split(None, 2)
-        if len(parts) < 2 or parts[0] not in EXPECTATIONS or (parts[0] == "xfail") != (len(parts) == 3):
-            raise SystemExit(f"{path}:{number}: {raw!r} is not `pass TEST`, `refusal TEST` or `xfail TEST CAUSE`. "
-                             "Fix: write one of those (TEST as pytest names it under vendored/).")
-        found[parts[1]] = Expectation(test=parts[1], expect=parts[0], cause=parts[2] if len(parts) == 3 else "")
-    return found
+        expect, _, spec = parts[0].partition("@")
+        if len(parts) < 2 or expect not in EXPECTATIONS or (expect == "xfail") != (len(parts) == 3):
+            raise SystemExit(f"{path}:{number}: {raw!r} is not `pass TEST`, `refusal TEST` or `xfail TEST CAUSE` "
+                             "(each optionally `@SPEC`, e.g. `refusal@<1.15`). Fix: write one of those (TEST as "
+                             "pytest names it under vendored/).")
+        if spec and release not in SpecifierSet(spec):
+            continue
+        (qualified if spec else found)[parts[1]] = Expectation(test=parts[1], expect=expect,
+                                                               cause=parts[2] if len(parts) == 3 else "")
+    return {**found, **qualified}
+
+
+def _installed_trl() -> str:
+    from importlib.metadata import version
+
+    return version("trl")
 
 
 def short_id(nodeid: str) -> str:

@@ -13,16 +13,16 @@ the reference. Every difference TRL forms is then a sum of transformed log-ratio
 from __future__ import annotations
 
 import contextlib
-from collections import deque
 
 import torch
 import trl
 
 from .compat import fused_head_available
 from .logits import LogitsPair, patched_log_probs, trl_log_prob_functions
+from .stand_ins import ReferenceFirst
 
 
-class FusedPair:
+class FusedPair(ReferenceFirst):
     """The policy and the reference of one ``_compute_loss`` call, for TRL's fused-head forwards.
 
     The policy stand-in runs the reference first on the same inputs (no grad, without router logits), then the
@@ -37,36 +37,22 @@ class FusedPair:
         reference: the reference model (with a PEFT policy, the policy running its ``ref`` adapter).
     """
 
-    def __init__(self, trainer, policy, reference):
-        self.trainer, self.policy, self.reference = trainer, policy, reference
-        self.queued = deque()
-        self.metrics = []
-
     def policy_forward(self, *args, fused_lm_head: bool = False, labels=None, **kwargs):
         """The policy's forward; with ``fused_lm_head``, its log-probs replaced by ``lp_ref + d_hl``."""
         if not fused_lm_head:
             return self.policy(*args, **kwargs) if labels is None else self.policy(*args, labels=labels, **kwargs)
-        ref_kwargs = {key: value for key, value in kwargs.items() if key != "output_router_logits"}
-        with torch.no_grad():
-            ref_out = self.reference(*args, labels=labels, fused_lm_head=True, **ref_kwargs)
-        self.queued.append(ref_out)
+        ref_out = self.run_reference(*args, labels=labels, fused_lm_head=True, **kwargs)
         out = self.policy(*args, labels=labels, fused_lm_head=True, **kwargs)
         mask = (labels[:, 1:] != -100).long()
         width = mask.shape[1]
         policy_logps, ref_logps = out.log_probs[:, -width:], ref_out.log_probs[:, -width:].detach()
-        log_ratios, metrics, _ = self.trainer._humanline_log_ratios(policy_logps, ref_logps, mask)
-        self.metrics.append(metrics)
-        humanline_logps = ref_logps + log_ratios[:, 1:]  # the transform saw the layout of input_ids (a lead column)
+        humanline_logps = self.humanline_logps(policy_logps, ref_logps, mask)
         if out.log_sum_sq_probs is not None:  # DPO's use_weighting: TRL's weights stay the policy's own
             shift = (humanline_logps - policy_logps).detach()
             out.log_sum_sq_probs = torch.cat([out.log_sum_sq_probs[:, :-width],
                                               out.log_sum_sq_probs[:, -width:] + shift], dim=1)
         out.log_probs = torch.cat([out.log_probs[:, :-width], humanline_logps], dim=1)
         return out
-
-    def reference_forward(self, *args, **kwargs):
-        """The reference's output for the policy's forward of the same inputs (queued by ``policy_forward``)."""
-        return self.queued.popleft()
 
 
 def compute_loss_on_pair(trainer, trl_compute_loss, model, inputs, return_outputs):

@@ -22,14 +22,15 @@ from __future__ import annotations
 
 import contextlib
 import sys
-from collections import deque
 
 import torch
+
+from .stand_ins import ReferenceFirst
 
 PATCHED = ("selective_log_softmax", "selective_log_softmax_and_entropy")  # names in the trainer's module
 
 
-class LogitsPair:
+class LogitsPair(ReferenceFirst):
     """The policy and the reference of one ``_compute_loss`` call, and the log-prob functions TRL calls on their logits.
 
     Args:
@@ -40,23 +41,15 @@ class LogitsPair:
     """
 
     def __init__(self, trainer, policy, reference, originals: dict):
-        self.trainer, self.policy, self.reference = trainer, policy, reference
+        super().__init__(trainer, policy, reference)
         self.originals = originals
-        self.queued = deque()
         self.pending = None  # the reference output of the last policy forward, until its log-probs are taken
-        self.metrics = []
 
     def policy_forward(self, *args, **kwargs):
-        ref_kwargs = {key: value for key, value in kwargs.items() if key != "output_router_logits"}
-        with torch.no_grad():
-            ref_out = self.reference(*args, **ref_kwargs)
-        self.queued.append(ref_out)
+        ref_out = self.run_reference(*args, **kwargs)
         out = self.policy(*args, **kwargs)
         self.pending = ref_out
         return out
-
-    def reference_forward(self, *args, **kwargs):
-        return self.queued.popleft()
 
     def selective_log_softmax(self, logits, index, *args, **kwargs):
         logps = self.originals["selective_log_softmax"](logits, index, *args, **kwargs)
@@ -80,9 +73,7 @@ class LogitsPair:
         ref_logps = self.originals["selective_log_softmax"](ref_logits, index, *args, **kwargs).detach()
         row_mask = kwargs.get("row_mask", args[1] if len(args) > 1 else None)
         mask = torch.ones_like(index) if row_mask is None else row_mask.long()
-        log_ratios, metrics, _ = self.trainer._humanline_log_ratios(policy_logps, ref_logps, mask)
-        self.metrics.append(metrics)
-        return ref_logps + log_ratios[:, 1:]  # the transform saw the layout of input_ids (a lead column)
+        return self.humanline_logps(policy_logps, ref_logps, mask)
 
 
 @contextlib.contextmanager

@@ -15,7 +15,7 @@ from typing import Optional
 import torch
 
 from hl_core.humanline import ParameterPairs, pair_lora_adapters, pair_parameters
-from hl_core.humanline.sync import active_lora_adapter
+from hl_core.humanline.sync import _unwrap, active_lora_adapter
 
 from .compat import HumanlineTrlSettingError
 
@@ -24,8 +24,7 @@ REFERENCE_ADAPTER = "ref"  # TRL's own name for a PEFT policy's reference adapte
 
 def peft_policy(model: torch.nn.Module):
     """The ``PeftModel`` inside ``model`` (a wrapper such as a DeepSpeed engine, or the model itself), or ``None``."""
-    while isinstance(getattr(model, "module", None), torch.nn.Module):
-        model = model.module
+    model = _unwrap(model)
     return model if callable(getattr(model, "add_adapter", None)) and hasattr(model, "peft_config") else None
 
 
@@ -34,7 +33,7 @@ def policy_adapter(peft_model) -> str:
     return peft_model.active_adapters[0]
 
 
-def ensure_reference_adapter(trainer: str, peft_model) -> ParameterPairs:
+def ensure_reference_adapter(trainer: str, peft_model) -> None:
     """Add the frozen ``ref`` adapter, a copy of the policy's, unless TRL added it already; freeze it.
 
     Raises:
@@ -53,13 +52,11 @@ def ensure_reference_adapter(trainer: str, peft_model) -> ParameterPairs:
     added = REFERENCE_ADAPTER not in peft_model.peft_config
     if added:
         peft_model.add_adapter(REFERENCE_ADAPTER, config)
-    pairs = pair_lora_adapters(peft_model, name, REFERENCE_ADAPTER)
     with torch.no_grad():
-        for _, policy, reference in pairs:
+        for _, policy, reference in pair_lora_adapters(peft_model, name, REFERENCE_ADAPTER):
             reference.requires_grad_(False)
             if added:  # TRL's own `ref` adapter is already the copy it was given
                 reference.copy_(policy)
-    return pairs
 
 
 class AdapterReference:

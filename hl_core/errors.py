@@ -37,6 +37,38 @@ class LaunchError(UserError):
     cannot agree on which of them is rank 0."""
 
 
+class HumanlineUsageError(UserError, ValueError, TypeError):
+    """A bad argument to the public Python API (``hl_core.humanline``, ``hl_core.humanline.functional``,
+    ``hl_core.mcore``), refused at the boundary before any tensor is touched: the message names the argument, what
+    it accepts and the fix, in one paragraph. A ``ValueError`` and a ``TypeError`` (code that caught the API's
+    earlier errors still does) and a ``UserError`` (a command line prints the paragraph and exits 2)."""
+
+
+class HumanlineStateError(HumanlineUsageError):
+    """A saved state or file refused by a load (``ReferenceSync.load_state_dict``, a transform's
+    ``load_state_dict``, ``hl_core.humanline.load_checkpoint_file``, a weights-only DeepSpeed engine): missing or
+    extra keys, wrong types, shapes or dtypes, non-finite values, a checksum that does not match, a damaged file, or
+    objects that could run code. Nothing was changed and nothing from the file ran."""
+
+
+class SyncUsageError(HumanlineUsageError, RuntimeError):
+    """A reference sync used in a way that would sync other than once per update, or sync stale tensors:
+    ``ReferenceSync`` driven two ways at once (attached and called by hand) or attached twice, a second
+    ``ReferenceSync`` on a reference another one drives, or a sync whose paired parameters were replaced since
+    pairing (e.g. ``load_state_dict(..., assign=True)``)."""
+
+
+class NonFiniteLogRatioError(FloatingPointError):
+    """A non-finite log-prob (NaN or inf) at a position the mask counts: the update is refused (exit code 3 on a
+    command line, as the trainer's NaN guard stops a run). The message is one paragraph naming the argument, the
+    first such position and the fix."""
+
+    exit_code = 3
+
+    def __init__(self, message: str):
+        super().__init__(" ".join(message.split()))
+
+
 class DiskFull(Exception):
     """The disk filled while ``path`` was written (exit code 5); the launcher prints one paragraph
     (``hl_core.storage.disk_full.disk_full_message``) naming it, the last complete checkpoint and the fix."""

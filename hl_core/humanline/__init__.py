@@ -20,18 +20,21 @@ builds a loop from these names, and ``docs/reference/humanline-api.md`` says whi
   ``hl_core.humanline.functional``.
 """
 
-from ..logprobs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
+from ..errors import HumanlineStateError, HumanlineUsageError, NonFiniteLogRatioError, SyncUsageError
 from . import functional
-from .attach import SyncUsageError
 from .hooks import ReferenceSync, SyncRecord
+from .inputs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
 from .schedule import SyncSchedule
 from .sync import ParameterPairs, pair_lora_adapters, pair_parameters
 from .transforms import ClipTransform, LogRatioTransform, NoTransform, SampleTransform
 
 __all__ = [
     "ClipTransform",
+    "HumanlineStateError",
+    "HumanlineUsageError",
     "LogRatioTransform",
     "NoTransform",
+    "NonFiniteLogRatioError",
     "ParameterPairs",
     "ReferenceSync",
     "SampleTransform",

@@ -36,33 +36,12 @@ from ..models.speed import RegionalCompile, check_speed_options
 from ..objectives import reference_model_needed
 from ..storage.checkpoints import safe_load, wrote_lookahead
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
+from .deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine  # noqa: F401 (tests read the first)
 from .lora import wrap_lora
 from .rendezvous import said_if_waiting
 
 # Imports inside functions: deepspeed (seconds to import, and it compiles ops) loads when an engine is built, not when
 # this module is named (tests and --plan read its helpers).
-
-
-def deepspeed_safe_globals() -> list:
-    """The classes DeepSpeed 0.19 pickles into its checkpoint files (optimizer states: the loss scaler, the
-    ZeRO stage enum, fragment addresses of the bf16/ZeRO-1/2 partitions), found by saving ZeRO 0-3 x
-    fp32/bf16 x clipping on/off and listing each file's globals. Nothing with code to run."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, ZeroStageEnum, fragment_address]
-
-
-def safe_checkpoint_engine(config):
-    """A DeepSpeed checkpoint engine whose ``load`` is ``safe_load`` with DeepSpeed's allowlist."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-
-    class SafeTorchCheckpointEngine(TorchCheckpointEngine):
-        def load(self, path: str, map_location=None):
-            return safe_load(path, map_location=map_location, allowed=deepspeed_safe_globals())
-
-    return SafeTorchCheckpointEngine(config)
 
 
 SHM_SKIPPED = ("gloo", "fake")  # CPU process groups under which DeepSpeed's shm all-reduce op is not built

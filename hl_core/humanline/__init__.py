@@ -22,6 +22,7 @@ builds a loop from these names, and ``docs/reference/humanline-api.md`` says whi
 
 from ..errors import HumanlineStateError, HumanlineUsageError, NonFiniteLogRatioError, SyncUsageError
 from . import functional
+from .files import load_checkpoint_file, weights_only_checkpoints
 from .hooks import ReferenceSync, SyncRecord
 from .inputs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
 from .schedule import SyncSchedule
@@ -43,8 +44,10 @@ __all__ = [
     "SyncUsageError",
     "functional",
     "fused_sequence_token_logps",
+    "load_checkpoint_file",
     "mask_from_labels",
     "pair_lora_adapters",
     "pair_parameters",
     "prefix_token_logps",
+    "weights_only_checkpoints",
 ]

@@ -24,7 +24,7 @@ import pickle
 import re
 import shutil
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
@@ -47,6 +47,12 @@ def reference_logps_file(rank: int) -> str:
 def rng_file(rank: int) -> str:
     """A rank's random generator states in a checkpoint (``Engine.rng_state``)."""
     return f"rng_rank{rank:05d}.pt"
+
+
+def transform_file(rank: int) -> str:
+    """A rank's humanline transform state in a checkpoint (``SampleTransform``'s generators; each data-parallel rank
+    draws from its own)."""
+    return f"transform_rank{rank:05d}.pt"
 
 
 def wrote_lookahead(checkpoint: Path) -> bool:
@@ -189,34 +195,56 @@ def recover_final(output_dir: Path) -> str:
 
 
 # -------------------------------------------------------------------------------------------- loading
-def safe_load(path, map_location="cpu", allowed=()):
+CODE, DAMAGED = "code", "damaged"  # why a file is refused: it holds more than data, or it does not read
+
+
+def safe_load(path, map_location="cpu", allowed=(), refusal: Optional[Callable[[str, str, str], Exception]] = None):
     """``torch.load(weights_only=True)`` with ``allowed`` classes. A file holding anything else is refused with one
-    paragraph (``RecipeError``, exit code 2) and nothing in it is run; so is a damaged or truncated file."""
+    paragraph and nothing in it is run; so is a damaged or truncated file.
+
+    Args:
+        path: the file.
+        map_location: as ``torch.load``'s.
+        allowed: classes beyond tensors, numbers, strings and containers that the file may hold.
+        refusal: ``refusal(path, why, detail) -> exception`` (``why``: ``CODE`` or ``DAMAGED``), the error raised;
+            default: the launcher's ``RecipeError`` (exit code 2), whose fix names ``checkpoint.resume``.
+    """
+    refusal = refusal or recipe_refusal
     try:
         with torch.serialization.safe_globals(list(allowed)):
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" not in str(exc).lower():
-            raise _damaged(path, exc) from None
+            raise refusal(str(path), DAMAGED, _first_line(exc)) from None
         unsafe = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line][:1]
-        raise RecipeError(
-            f"Refused to load checkpoint file `{path}`: it holds objects outside what this pack's checkpoints contain "
-            "(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
-            f"Nothing from it was run. {' '.join(unsafe)} Fix: resume only from checkpoints this pack wrote, point "
-            "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`."
-        ) from None
+        raise refusal(str(path), CODE, " ".join(unsafe)) from None
     except (EOFError, OSError, RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
         # torch.load only reads this file here: a truncated archive, a storage shorter than its tensors claim
         # ("record size ... does not match"), a tensor beyond its storage ("out of bounds"), a malformed pickle
-        raise _damaged(path, exc) from None
+        raise refusal(str(path), DAMAGED, _first_line(exc)) from None
 
 
-def _damaged(path, exc: Exception) -> RecipeError:
+def _first_line(exc: Exception) -> str:
     why = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "empty or cut short"
+    return f"{type(exc).__name__}: {why}"
+
+
+def refused_code(path: str, detail: str) -> str:
+    """The sentence every refusal of a file with more than data in it starts with."""
+    return (f"Refused to load checkpoint file `{path}`: it holds objects outside what this pack's checkpoints contain "
+            "(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
+            f"Nothing from it was run. {detail}")
+
+
+def recipe_refusal(path: str, why: str, detail: str) -> RecipeError:
+    """The launcher's refusal of a checkpoint file (``safe_load``'s default)."""
+    if why == CODE:
+        return RecipeError(f"{refused_code(path, detail)} Fix: resume only from checkpoints this pack wrote, point "
+                           "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`.")
     return RecipeError(
-        f"Checkpoint file `{path}` cannot be read ({type(exc).__name__}: {why}): "
-        "it is damaged or truncated although its checkpoint was marked complete. Fix: point `checkpoint.resume` at "
-        "an older `step_N`, or remove this one so that `auto` takes the previous complete checkpoint."
+        f"Checkpoint file `{path}` cannot be read ({detail}): it is damaged or truncated although its checkpoint was "
+        "marked complete. Fix: point `checkpoint.resume` at an older `step_N`, or remove this one so that `auto` "
+        "takes the previous complete checkpoint."
     )
 
 

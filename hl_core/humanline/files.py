@@ -1,0 +1,78 @@
+"""Your own loop's checkpoint files, read without running anyone's code: ``load_checkpoint_file`` for a file you
+saved with ``torch.save`` (a sync's ``state_dict()``, a transform's, your model's and optimizer's), and
+``weights_only_checkpoints`` for a DeepSpeed engine's own ``load_checkpoint``, whose default checkpoint engine
+unpickles (``weights_only=False``): a crafted file would run its code there.
+
+Both read with ``torch.load(weights_only=True)`` (DeepSpeed's files with an allowlist of exactly the classes
+DeepSpeed stores: ``hl_core/engines/deepspeed_checkpoints.py``, the one our trainer installs). A file holding
+anything else, or a damaged one, is refused with one paragraph (``HumanlineStateError``) and nothing in it runs.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..errors import HumanlineStateError
+from ..storage.checkpoints import CODE, refused_code, safe_load
+from . import contract
+
+
+def _refusal(path: str, why: str, detail: str) -> HumanlineStateError:
+    if why == CODE:
+        return HumanlineStateError(
+            f"{refused_code(path, detail)} Fix: load only checkpoints your own run wrote, and never pass "
+            "weights_only=False to torch.load (or DeepSpeed's default checkpoint engine) for a file you did not write.")
+    return HumanlineStateError(
+        f"Checkpoint file `{path}` cannot be read ({detail}): it is damaged or truncated. Fix: resume from an intact "
+        "copy of the checkpoint (or an older one), or start afresh.")
+
+
+def load_checkpoint_file(path, map_location="cpu"):
+    """``torch.load(path, map_location, weights_only=True)``, refused in one paragraph instead of a raw
+    ``UnpicklingError`` (whose text suggests ``weights_only=False``).
+
+    Args:
+        path: a file written by ``torch.save`` (a ``str`` or ``os.PathLike``).
+        map_location: as ``torch.load``'s (default: the CPU).
+
+    Returns:
+        What the file holds: tensors, numbers, strings and containers of them.
+
+    Raises:
+        HumanlineStateError: the file is missing, damaged or truncated, or holds anything else (code would run when
+            unpickled: nothing of it ran).
+    """
+    if not isinstance(path, (str, os.PathLike)):
+        raise contract.refuse("load_checkpoint_file", "path", "a file path (str or os.PathLike)", path,
+                              "pass the path torch.save wrote")
+    return safe_load(path, map_location=map_location, refusal=_refusal)
+
+
+def weights_only_checkpoints(engine):
+    """Make a DeepSpeed engine's ``load_checkpoint`` read its files weights-only: one call, after
+    ``deepspeed.initialize`` and before ``engine.load_checkpoint``.
+
+    DeepSpeed's default checkpoint engine unpickles every file of a checkpoint (``weights_only=False``), so a
+    crafted ``mp_rank_00_model_states.pt`` or ``*_optim_states.pt`` runs its code on load. This swaps in the
+    checkpoint engine our trainer uses: ``torch.load(weights_only=True)`` with exactly the classes DeepSpeed stores
+    (its loss scaler, ZeRO stage enum and fragment addresses); a file holding anything else is refused with a
+    ``HumanlineStateError`` and nothing in it runs. Saving is unchanged.
+
+    Args:
+        engine: a ``deepspeed.DeepSpeedEngine`` (what ``deepspeed.initialize`` returned first).
+
+    Returns:
+        ``engine``, for chaining.
+
+    Raises:
+        HumanlineUsageError: ``engine`` is not a DeepSpeed engine.
+    """
+    deepspeed = sys.modules.get("deepspeed")
+    if deepspeed is None or not isinstance(engine, deepspeed.DeepSpeedEngine):
+        raise contract.refuse("weights_only_checkpoints", "engine", "a DeepSpeed engine (deepspeed.initialize's "
+                              "first result)", engine, "pass the engine whose load_checkpoint you call")
+    from ..engines.deepspeed_checkpoints import safe_checkpoint_engine  # DeepSpeed's classes: imported on use
+
+    engine.checkpoint_engine = safe_checkpoint_engine(engine._config, refusal=_refusal)
+    return engine

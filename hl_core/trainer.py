@@ -42,7 +42,7 @@ from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps, reference_
 from .reference import build_reference_logps, cache_location
 from .rollout import RolloutSource
 from .rollout.heldout import HeldOutReward
-from .storage import checkpoints as ckpt
+from .storage import checkpoints as ckpt, gguf_models
 
 STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): checkpoint and exit cleanly
 
@@ -59,6 +59,7 @@ class Trainer:
     # ---------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
         recipe = self.recipe
+        recipe.model = gguf_models.resolve_model(recipe.model)  # a gguf: model converted (once) as it is built
         self.signals = StopSignals().install()  # SIGTERM/SIGINT: checkpoint at the next update boundary
         check_recipe(recipe)
         check_launch_environment()  # RANK, WORLD_SIZE, ...: refused before anything waits on them

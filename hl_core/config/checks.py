@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 
 from ..errors import RecipeError
 from ..objectives import OBJECTIVES, lookahead_blocker, reference_needed
+from ..storage import gguf_models
 from ..storage.text import non_regular_file
 from .resume import check_resume
 from .schema import Recipe
@@ -380,6 +381,8 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def _looks_local(name: str) -> bool:
+    if gguf_models.is_gguf_reference(name):  # checked when the recipe was read
+        return False
     return name.startswith((".", "/", "~")) or name.count("/") != 1 or Path(name).exists()
 
 

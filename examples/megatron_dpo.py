@@ -32,6 +32,7 @@ from hl_core.humanline import (
     ReferenceSync,
     SampleTransform,
     SyncSchedule,
+    check_checkpoint_files,
     load_checkpoint_file,
     pair_parameters,
 )
@@ -92,6 +93,7 @@ def main(args):
 
     start, saved = 0, Path(args.checkpoint or "none") / f"rank{rank}.pt"
     if saved.exists():  # resume: this rank's chunks, optimizer, LR schedule, sync and draws
+        check_checkpoint_files(saved.parent)  # every rank, every file: a bad one refused alike
         state = load_checkpoint_file(saved)  # weights only: a crafted file is refused
         for chunk, weights in zip(policy, state["policy"]):
             chunk.load_state_dict(weights)

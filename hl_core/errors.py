@@ -16,9 +16,13 @@ EXIT_DISK_FULL = 5  # the same as ``hl_core.loop.guard.EXIT_DISK_FULL``: the dis
 
 
 class UserError(Exception):
-    """A mistake in the user's recipe, command line or data: message names the place and the fix."""
+    """A mistake in the user's recipe, command line or data: message names the place and the fix.
+
+    ``rank_local``: raised by one rank about its own input (a checkpoint file of its own), so every rank that raises
+    it prints it (the others print only rank 0's: they all raise the same)."""
 
     exit_code = EXIT_USER_ERROR
+    rank_local = False
 
     def __init__(self, message: str):
         super().__init__(" ".join(message.split()))
@@ -26,6 +30,13 @@ class UserError(Exception):
 
 class RecipeError(UserError):
     """A bad recipe key, value or combination of values."""
+
+
+class CheckpointFileError(RecipeError):
+    """A checkpoint file refused by a load (code that would run, damage): a rank's own file, so it is printed by the
+    rank that read it."""
+
+    rank_local = True
 
 
 class DataError(UserError):

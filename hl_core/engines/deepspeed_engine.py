@@ -34,9 +34,9 @@ from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
 from ..models.speed import RegionalCompile, check_speed_options
 from ..objectives import reference_model_needed
-from ..storage.checkpoints import safe_load, wrote_lookahead
+from ..storage.checkpoints import check_files, safe_load, wrote_lookahead
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
-from .deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine  # noqa: F401 (tests read the first)
+from .deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
 from .lora import wrap_lora
 from .rendezvous import said_if_waiting
 
@@ -355,6 +355,8 @@ class DeepSpeedEngine(Engine):
         self.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
+        if tag is not None:  # every rank refuses a bad file alike before any loads (``check_files``)
+            check_files(Path(directory) / tag, allowed=deepspeed_safe_globals())
         load_path, client_state = self.policy.load_checkpoint(directory, tag=tag, load_module_strict=self.lora is None)
         if load_path is None:
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check "

@@ -22,7 +22,7 @@ builds a loop from these names, and ``docs/reference/humanline-api.md`` says whi
 
 from ..errors import HumanlineStateError, HumanlineUsageError, NonFiniteLogRatioError, SyncUsageError
 from . import functional
-from .files import load_checkpoint_file, weights_only_checkpoints
+from .files import check_checkpoint_files, load_checkpoint_file, weights_only_checkpoints
 from .hooks import ReferenceSync, SyncRecord
 from .inputs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
 from .schedule import SyncSchedule
@@ -42,6 +42,7 @@ __all__ = [
     "SyncRecord",
     "SyncSchedule",
     "SyncUsageError",
+    "check_checkpoint_files",
     "functional",
     "fused_sequence_token_logps",
     "load_checkpoint_file",

@@ -1,5 +1,6 @@
 """Your own loop's checkpoint files, read without running anyone's code: ``load_checkpoint_file`` for a file you
-saved with ``torch.save`` (a sync's ``state_dict()``, a transform's, your model's and optimizer's), and
+saved with ``torch.save`` (a sync's ``state_dict()``, a transform's, your model's and optimizer's),
+``check_checkpoint_files`` for a whole checkpoint directory before any rank loads from it, and
 ``weights_only_checkpoints`` for a DeepSpeed engine's own ``load_checkpoint``, whose default checkpoint engine
 unpickles (``weights_only=False``): a crafted file would run its code there.
 
@@ -12,9 +13,10 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from ..errors import HumanlineStateError
-from ..storage.checkpoints import CODE, refused_code, safe_load
+from ..storage.checkpoints import CODE, check_files, refused_code, safe_load
 from . import contract
 
 
@@ -49,6 +51,34 @@ def load_checkpoint_file(path, map_location="cpu"):
     return safe_load(path, map_location=map_location, refusal=_refusal)
 
 
+def check_checkpoint_files(directory) -> None:
+    """Read every ``.pt`` file under ``directory`` weights-only (tensors mapped, not read) and refuse the first bad
+    one, before anything is loaded: called by every rank on the whole checkpoint, every rank refuses the same file
+    alike, so no rank is left waiting in a collective for one that stopped on its own file.
+
+    Args:
+        directory: the checkpoint directory (a ``str`` or ``os.PathLike``).
+
+    Raises:
+        HumanlineStateError: a file is damaged, truncated, or holds anything but tensors, numbers, strings,
+            containers and DeepSpeed's own state classes (nothing of it ran).
+        HumanlineUsageError: ``directory`` is not a directory.
+    """
+    if not isinstance(directory, (str, os.PathLike)) or not Path(directory).is_dir():
+        raise contract.refuse("check_checkpoint_files", "directory", "a checkpoint directory", directory,
+                              "pass the directory your loop saved its checkpoint into")
+    check_files(directory, allowed=_deepspeed_classes(), refusal=_refusal)
+
+
+def _deepspeed_classes() -> list:
+    """DeepSpeed's own state classes, where DeepSpeed is imported (its checkpoints hold them); else none."""
+    if "deepspeed" not in sys.modules:
+        return []
+    from ..engines.deepspeed_checkpoints import deepspeed_safe_globals  # DeepSpeed's classes: imported on use
+
+    return deepspeed_safe_globals()
+
+
 def weights_only_checkpoints(engine):
     """Make a DeepSpeed engine's ``load_checkpoint`` read its files weights-only: one call, after
     ``deepspeed.initialize`` and before ``engine.load_checkpoint``.
@@ -57,7 +87,9 @@ def weights_only_checkpoints(engine):
     crafted ``mp_rank_00_model_states.pt`` or ``*_optim_states.pt`` runs its code on load. This swaps in the
     checkpoint engine our trainer uses: ``torch.load(weights_only=True)`` with exactly the classes DeepSpeed stores
     (its loss scaler, ZeRO stage enum and fragment addresses); a file holding anything else is refused with a
-    ``HumanlineStateError`` and nothing in it runs. Saving is unchanged.
+    ``HumanlineStateError`` and nothing in it runs. ``load_checkpoint`` first checks every file of the tag's
+    directory (``check_checkpoint_files``), so every rank refuses a bad file alike before any loads. Saving is
+    unchanged.
 
     Args:
         engine: a ``deepspeed.DeepSpeedEngine`` (what ``deepspeed.initialize`` returned first).
@@ -75,4 +107,19 @@ def weights_only_checkpoints(engine):
     from ..engines.deepspeed_checkpoints import safe_checkpoint_engine  # DeepSpeed's classes: imported on use
 
     engine.checkpoint_engine = safe_checkpoint_engine(engine._config, refusal=_refusal)
+    load = engine.load_checkpoint
+
+    def load_checkpoint(load_dir, tag=None, *args, **kwargs):
+        named = tag if tag is not None else _latest_tag(load_dir)
+        if named is not None and (Path(load_dir) / str(named)).is_dir():
+            check_checkpoint_files(Path(load_dir) / str(named))
+        return load(load_dir, tag, *args, **kwargs)
+
+    engine.load_checkpoint = load_checkpoint
     return engine
+
+
+def _latest_tag(load_dir):
+    """The tag DeepSpeed's ``load_checkpoint`` reads from ``load_dir/latest`` when none is given (None without one)."""
+    latest = Path(load_dir) / "latest"
+    return latest.read_text(errors="replace").strip() if latest.is_file() else None

@@ -23,12 +23,13 @@ import os
 import pickle
 import re
 import shutil
+import zipfile
 from pathlib import Path
 from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ..errors import RecipeError
+from ..errors import CheckpointFileError, RecipeError
 
 COMPLETE_MARKER = "complete.json"
 CHECKPOINT_PREFIX = "step_"
@@ -128,6 +129,19 @@ def read_marker(path: Path) -> dict:
     return marker
 
 
+def read_megatron_layout(path: Path) -> dict:
+    """A Megatron checkpoint's layout file (``{"tp", "pp", "world_size"}``, whole numbers); a damaged one is refused
+    (``CheckpointFileError``): it cannot say how the checkpoint is sharded."""
+    try:
+        layout = json.loads(Path(path).read_text(errors="replace"))
+        return {key: int(layout[key]) for key in ("tp", "pp", "world_size")}
+    except (ValueError, TypeError, KeyError):
+        raise CheckpointFileError(
+            f"Checkpoint file `{path}` is damaged: it should be the JSON object this pack writes (`tp`, `pp`, "
+            "`world_size`). Fix: point `checkpoint.resume` at an older `step_N`, or remove this one so that `auto` "
+            "takes the previous complete checkpoint.") from None
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as fh:
@@ -198,7 +212,8 @@ def recover_final(output_dir: Path) -> str:
 CODE, DAMAGED = "code", "damaged"  # why a file is refused: it holds more than data, or it does not read
 
 
-def safe_load(path, map_location="cpu", allowed=(), refusal: Optional[Callable[[str, str, str], Exception]] = None):
+def safe_load(path, map_location="cpu", allowed=(), refusal: Optional[Callable[[str, str, str], Exception]] = None,
+              mmap: bool = False):
     """``torch.load(weights_only=True)`` with ``allowed`` classes. A file holding anything else is refused with one
     paragraph and nothing in it is run; so is a damaged or truncated file.
 
@@ -208,10 +223,13 @@ def safe_load(path, map_location="cpu", allowed=(), refusal: Optional[Callable[[
         allowed: classes beyond tensors, numbers, strings and containers that the file may hold.
         refusal: ``refusal(path, why, detail) -> exception`` (``why``: ``CODE`` or ``DAMAGED``), the error raised;
             default: the launcher's ``RecipeError`` (exit code 2), whose fix names ``checkpoint.resume``.
+        mmap: map the tensors' storage instead of reading it (a zip-format file; an older one is read whole).
     """
     refusal = refusal or recipe_refusal
     try:
         with torch.serialization.safe_globals(list(allowed)):
+            if mmap and zipfile.is_zipfile(path):
+                return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" not in str(exc).lower():
@@ -222,6 +240,15 @@ def safe_load(path, map_location="cpu", allowed=(), refusal: Optional[Callable[[
         # torch.load only reads this file here: a truncated archive, a storage shorter than its tensors claim
         # ("record size ... does not match"), a tensor beyond its storage ("out of bounds"), a malformed pickle
         raise refusal(str(path), DAMAGED, _first_line(exc)) from None
+
+
+def check_files(directory, allowed=(), refusal: Optional[Callable[[str, str, str], Exception]] = None) -> None:
+    """Every ``.pt`` file under ``directory`` read as ``safe_load`` would (its tensors mapped, not read), in sorted
+    order, before anything is loaded from it: every rank meets the same file first and refuses it alike, so no rank
+    loads while another has left (a collective would wait for it). Arguments as ``safe_load``'s."""
+    for path in sorted(Path(directory).rglob("*.pt")):
+        if path.is_file():
+            safe_load(path, allowed=allowed, refusal=refusal, mmap=True)
 
 
 def _first_line(exc: Exception) -> str:
@@ -239,9 +266,10 @@ def refused_code(path: str, detail: str) -> str:
 def recipe_refusal(path: str, why: str, detail: str) -> RecipeError:
     """The launcher's refusal of a checkpoint file (``safe_load``'s default)."""
     if why == CODE:
-        return RecipeError(f"{refused_code(path, detail)} Fix: resume only from checkpoints this pack wrote, point "
-                           "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`.")
-    return RecipeError(
+        return CheckpointFileError(
+            f"{refused_code(path, detail)} Fix: resume only from checkpoints this pack wrote, point "
+            "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`.")
+    return CheckpointFileError(
         f"Checkpoint file `{path}` cannot be read ({detail}): it is damaged or truncated although its checkpoint was "
         "marked complete. Fix: point `checkpoint.resume` at an older `step_N`, or remove this one so that `auto` "
         "takes the previous complete checkpoint."

@@ -38,10 +38,10 @@ def no_shm_compile() -> None:
 
 
 def load_model(path, seed):
-    """The model's weights, fp32; a directory with only a config (the tiny model) gets a seeded random init."""
+    """The model's weights, fp32 (a directory with only a config: a seeded random init)."""
     if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(seed)  # the tiny model ships as a config: a random init, the same on every rank
+    torch.manual_seed(seed)  # the tiny model ships as a config: the same random init on every rank
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
 
 

@@ -56,7 +56,7 @@ def main(args):
     schedule = lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, warmup)  # noqa: E731
     policy, _, _, _ = deepspeed.initialize(model=policy, optimizer=optimizer, config=config,
                                            lr_scheduler=schedule)
-    weights_only_checkpoints(policy)  # its load_checkpoint reads weights only: a crafted file runs nothing
+    weights_only_checkpoints(policy)  # load_checkpoint: weights only, a crafted file runs nothing
     # the reference: an engine without an optimizer, partitioned like the policy at ZeRO-3
     ref_config = config if args.zero == 3 else {**config, "zero_optimization": {"stage": 0}}
     reference, _, _, _ = deepspeed.initialize(model=reference.requires_grad_(False), config=ref_config)
@@ -90,7 +90,7 @@ def main(args):
         margin = args.beta * (log_ratios[:half].sum(-1) - log_ratios[half:].sum(-1))
         loss = -F.logsigmoid(margin).mean()
         policy.backward(loss)
-        synced = sync.before_optimizer_step(update).synced  # after backward, before the step: theta_n
+        synced = sync.before_optimizer_step(update).synced  # after backward, before step: theta_n
         policy.step()
         shown = torch.stack([loss.detach(), 1 - metrics["unclamped_frac"].float()])
         torch.distributed.all_reduce(shown)

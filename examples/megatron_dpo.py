@@ -57,8 +57,9 @@ def forward_step(chunks, batch):
 
 
 def clip_grad_norm_(params, max_norm):
-    """The global gradient norm over the TP group (duplicated parameters counted once), then clipping."""
-    squares = sum(p.grad.pow(2).sum() for p in params if tensor_parallel.param_is_not_tensor_parallel_duplicate(p))
+    """The global gradient norm over the TP group (duplicates counted once), then clipping."""
+    counted = [p for p in params if tensor_parallel.param_is_not_tensor_parallel_duplicate(p)]
+    squares = sum(p.grad.pow(2).sum() for p in counted)
     torch.distributed.all_reduce(squares, group=ps.get_model_parallel_group())
     coef = max_norm / (squares.sqrt() + 1e-6)
     if coef < 1.0:
@@ -117,7 +118,7 @@ def main(args):
         loss = -F.logsigmoid(margin).mean()
         loss.backward()
         clip_grad_norm_(params, 1.0)
-        synced = sync.before_optimizer_step(update).synced  # after backward and clipping, before the step
+        synced = sync.before_optimizer_step(update).synced  # after backward, clipping; before step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()

@@ -51,7 +51,7 @@ def main(args):
     sync.attach(optimizer)
 
     start, saved = 0, Path(args.checkpoint or "none") / "state.pt"
-    if saved.exists():  # resume: policy, optimizer, schedule, the sync (count, reference), the draws
+    if saved.exists():  # resume: policy, optimizer, schedule, sync (count, reference), the draws
         state = load_checkpoint_file(saved)  # weights only: a crafted file is refused, nothing runs
         policy.load_state_dict(state["policy"])
         optimizer.load_state_dict(state["optimizer"])

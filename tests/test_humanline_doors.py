@@ -192,6 +192,35 @@ def test_anything_at_a_masked_position_gives_the_loss_of_a_zero_there_bit_for_bi
     assert torch.equal(loss0, loss1) and torch.equal(grad0, grad1) and metrics0 == metrics1
 
 
+@pytest.mark.parametrize("objective", ["dpo", "kto", "grpo"])
+def test_the_trainers_objectives_give_the_loss_and_metrics_of_a_zero_at_a_masked_nan(objective):
+    """Through the transform our trainer builds (``check_finite=False``) and the objective's loss and metrics."""
+    from types import SimpleNamespace
+
+    from hl_core.config.sections import DPOObjective, GRPOObjective, KTOObjective
+    from hl_core.humanline.recipe import build_transform
+    from hl_core.objectives import OBJECTIVES, ObjectiveInputs
+
+    cfg = {"dpo": DPOObjective, "kto": KTOObjective, "grpo": GRPOObjective}[objective](name=objective)
+    transform = build_transform(SimpleNamespace(transform="clip", log_eps_P=-0.1, log_eps_R=0.1))
+    policy, reference, mask = _logps()
+    batch = {"scores": torch.tensor([1.0, 0.0, 0.5, 0.2]), "group_ids": torch.tensor([0, 0, 1, 1]),
+             "desirable": torch.tensor([1, 0, 1, 0]), "kl_input_ids": torch.zeros(4, 6, dtype=torch.long),
+             "kl_attention_mask": torch.ones(4, 6, dtype=torch.long), "kl_completion_mask": mask.long()}
+    results = []
+    for value in (0.0, NAN):
+        pol = policy.clone()
+        pol[mask == 0] = value
+        log_ratios, _ = transform(pol, reference, mask)
+        inputs = ObjectiveInputs(batch=batch, policy_logps=pol, ref_logps=reference, mask=mask, log_ratios=log_ratios,
+                                 transform=transform, token_logps=lambda b, model, t=1.0: reference,
+                                 humanline_active=True)
+        loss, metrics = OBJECTIVES[objective].batch_loss(cfg, inputs)
+        results.append((loss, {k: float(v) for k, v in metrics.items()}))
+    assert torch.equal(results[0][0], results[1][0]) and math.isfinite(float(results[1][0]))
+    assert results[0][1] == results[1][1], (results[0][1], results[1][1])
+
+
 @pytest.mark.parametrize("make", TRANSFORMS, ids=["none", "clip", "sample"])
 @pytest.mark.parametrize("poison", [NAN, INF, -INF])
 def test_a_non_finite_counted_log_prob_refuses_the_update_and_is_never_counted_clipped(make, poison):

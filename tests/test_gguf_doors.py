@@ -34,6 +34,7 @@ from gguf_fixtures import write_tiny_gguf
 from helpers import REPO, TINY_HUMANLINE, _env, read_jsonl, run_recipe
 from hl_core.errors import RecipeError
 from hl_core.storage import gguf_models
+from test_resume import _wait_for
 
 pytest.importorskip("gguf")
 
@@ -221,21 +222,13 @@ CHILD = textwrap.dedent("""
 """)
 
 
-def _wait_for(condition, proc, what: str, timeout: float = 600.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert proc.poll() is None, f"the child exited ({proc.returncode}) before {what}: {proc.stderr.read()[-2000:]}"
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
-
-
 def _kill_mid_conversion(tmp_path, cache, reference, sig) -> int:
     started = tmp_path / f"started_{sig}"
     proc = subprocess.Popen([sys.executable, "-c", CHILD, reference, str(started)], cwd=REPO,
                             env={**_env(), "HL_MODEL_CACHE": str(cache)}, stdin=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     try:
-        _wait_for(started.exists, proc, "the conversion's load")
+        _wait_for(started.exists, proc, "the conversion's load", timeout=600)
         assert [p for p in cache.iterdir() if ".partial-" in p.name]  # the partial directory exists now
         proc.send_signal(sig)
         return proc.wait(timeout=120)

@@ -137,7 +137,7 @@ BAD_CALLS = [
     ("unclamped_fraction(shapes)", lambda: functional.unclamped_fraction(torch.zeros(2, 3), torch.ones(2, 1), -1, 1),
      ["`mask`"]),
     ("weights_only_checkpoints(a module)", lambda: weights_only_checkpoints(torch.nn.Linear(2, 2)),
-     ["`engine`", "DeepSpeed engine"]),
+     ["`model_engine`", "DeepSpeed engine"]),
     ("load_checkpoint_file(3)", lambda: load_checkpoint_file(3), ["`path`"]),
 ]
 

@@ -18,6 +18,13 @@ builds a loop from these names, and ``docs/reference/humanline-api.md`` says whi
   state (``state_dict``).
 * **The arithmetic** under the classes (the clamp, the rejection draws, the elementwise mix) is in
   ``hl_core.humanline.functional``.
+* **Checkpoint files** read weights-only: ``load_checkpoint_file`` (one file), ``check_checkpoint_files`` (a whole
+  directory, on every rank before any loads), ``weights_only_checkpoints`` (a DeepSpeed engine's ``load_checkpoint``).
+* **Refusals**, each one paragraph naming the argument and the fix: ``HumanlineUsageError`` (a bad argument; every
+  entry point checks its own before any tensor is touched: ``hl_core/humanline/contract.py``),
+  ``HumanlineStateError`` (a refused load, nothing changed), ``SyncUsageError`` (a sync that would not sync once per
+  update: driven two ways, a second sync on one reference, parameters replaced since pairing) and
+  ``NonFiniteLogRatioError`` (a non-finite log-prob where the mask counts: the update is refused).
 """
 
 from ..errors import HumanlineStateError, HumanlineUsageError, NonFiniteLogRatioError, SyncUsageError

@@ -16,18 +16,14 @@ import sys
 from pathlib import Path
 
 from ..errors import HumanlineStateError
-from ..storage.checkpoints import CODE, check_files, refused_code, safe_load
+from ..storage.checkpoints import check_files, refusal, safe_load
 from . import contract
 
-
-def _refusal(path: str, why: str, detail: str) -> HumanlineStateError:
-    if why == CODE:
-        return HumanlineStateError(
-            f"{refused_code(path, detail)} Fix: load only checkpoints your own run wrote, and never pass "
-            "weights_only=False to torch.load (or DeepSpeed's default checkpoint engine) for a file you did not write.")
-    return HumanlineStateError(
-        f"Checkpoint file `{path}` cannot be read ({detail}): it is damaged or truncated. Fix: resume from an intact "
-        "copy of the checkpoint (or an older one), or start afresh.")
+_refusal = refusal(
+    HumanlineStateError,
+    "load only checkpoints your own run wrote, and never pass weights_only=False to torch.load (or DeepSpeed's "
+    "default checkpoint engine) for a file you did not write.",
+    "it is damaged or truncated. Fix: resume from an intact copy of the checkpoint (or an older one), or start afresh.")
 
 
 def load_checkpoint_file(path, map_location="cpu"):
@@ -79,7 +75,7 @@ def _deepspeed_classes() -> list:
     return deepspeed_safe_globals()
 
 
-def weights_only_checkpoints(engine):
+def weights_only_checkpoints(model_engine):
     """Make a DeepSpeed engine's ``load_checkpoint`` read its files weights-only: one call, after
     ``deepspeed.initialize`` and before ``engine.load_checkpoint``.
 
@@ -92,22 +88,22 @@ def weights_only_checkpoints(engine):
     unchanged.
 
     Args:
-        engine: a ``deepspeed.DeepSpeedEngine`` (what ``deepspeed.initialize`` returned first).
+        model_engine: a ``deepspeed.DeepSpeedEngine`` (what ``deepspeed.initialize`` returned first).
 
     Returns:
-        ``engine``, for chaining.
+        ``model_engine``, for chaining.
 
     Raises:
-        HumanlineUsageError: ``engine`` is not a DeepSpeed engine.
+        HumanlineUsageError: ``model_engine`` is not a DeepSpeed engine.
     """
     deepspeed = sys.modules.get("deepspeed")
-    if deepspeed is None or not isinstance(engine, deepspeed.DeepSpeedEngine):
-        raise contract.refuse("weights_only_checkpoints", "engine", "a DeepSpeed engine (deepspeed.initialize's "
-                              "first result)", engine, "pass the engine whose load_checkpoint you call")
+    if deepspeed is None or not isinstance(model_engine, deepspeed.DeepSpeedEngine):
+        raise contract.refuse("weights_only_checkpoints", "model_engine", "a DeepSpeed engine (deepspeed.initialize's"
+                              " first result)", model_engine, "pass the engine whose load_checkpoint you call")
     from ..engines.deepspeed_checkpoints import safe_checkpoint_engine  # DeepSpeed's classes: imported on use
 
-    engine.checkpoint_engine = safe_checkpoint_engine(engine._config, refusal=_refusal)
-    load = engine.load_checkpoint
+    model_engine.checkpoint_engine = safe_checkpoint_engine(model_engine._config, refusal=_refusal)
+    load = model_engine.load_checkpoint
 
     def load_checkpoint(load_dir, tag=None, *args, **kwargs):
         named = tag if tag is not None else _latest_tag(load_dir)
@@ -115,8 +111,8 @@ def weights_only_checkpoints(engine):
             check_checkpoint_files(Path(load_dir) / str(named))
         return load(load_dir, tag, *args, **kwargs)
 
-    engine.load_checkpoint = load_checkpoint
-    return engine
+    model_engine.load_checkpoint = load_checkpoint
+    return model_engine
 
 
 def _latest_tag(load_dir):

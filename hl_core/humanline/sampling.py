@@ -69,16 +69,9 @@ def _masked_max(values: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
     return torch.cat([torch.where(counted, values, neg_inf).reshape(-1), neg_inf]).max()
 
 
-def draw_rejections(
-    policy_logps: torch.Tensor,
-    ref_logps: torch.Tensor,
-    counted: torch.Tensor,
-    gamma_P: float = DEFAULT_GAMMA_P,
-    gamma_R: float = DEFAULT_GAMMA_R,
-    beta_P: float = DEFAULT_BETA_P,
-    beta_R: float = DEFAULT_BETA_R,
-    generator: Optional[torch.Generator] = None,
-) -> torch.Tensor:
+def draw_rejections(policy_logps: torch.Tensor, ref_logps: torch.Tensor, counted: torch.Tensor, gamma_P: float,
+                    gamma_R: float, beta_P: float, beta_R: float,
+                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
     """``hl_core.humanline.functional.rejection_mask`` on checked arguments (``counted``: a bool mask). Positions
     whose log-ratio is not finite count for neither ``M`` nor a rejection; the draws are one per position whatever
     the mask, so the generator advances alike for any values."""

@@ -263,17 +263,24 @@ def refused_code(path: str, detail: str) -> str:
             f"Nothing from it was run. {detail}")
 
 
-def recipe_refusal(path: str, why: str, detail: str) -> RecipeError:
-    """The launcher's refusal of a checkpoint file (``safe_load``'s default)."""
-    if why == CODE:
-        return CheckpointFileError(
-            f"{refused_code(path, detail)} Fix: resume only from checkpoints this pack wrote, point "
-            "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`.")
-    return CheckpointFileError(
-        f"Checkpoint file `{path}` cannot be read ({detail}): it is damaged or truncated although its checkpoint was "
-        "marked complete. Fix: point `checkpoint.resume` at an older `step_N`, or remove this one so that `auto` "
-        "takes the previous complete checkpoint."
-    )
+def refusal(error: Callable[[str], Exception], code_fix: str, damaged_fix: str) -> Callable[[str, str, str], Exception]:
+    """A ``safe_load`` refusal: ``error(paragraph)`` for a file with more than data in it (``code_fix``) or a damaged
+    one (``damaged_fix``)."""
+    def refuse(path: str, why: str, detail: str) -> Exception:
+        if why == CODE:
+            return error(f"{refused_code(path, detail)} Fix: {code_fix}")
+        return error(f"Checkpoint file `{path}` cannot be read ({detail}): {damaged_fix}")
+
+    return refuse
+
+
+# the launcher's (``safe_load``'s default)
+recipe_refusal = refusal(
+    CheckpointFileError,
+    "resume only from checkpoints this pack wrote, point `checkpoint.resume` at another checkpoint, or use "
+    "`checkpoint.resume=never`.",
+    "it is damaged or truncated although its checkpoint was marked complete. Fix: point `checkpoint.resume` at an "
+    "older `step_N`, or remove this one so that `auto` takes the previous complete checkpoint.")
 
 
 def resume_target(resume: str, output_dir) -> Tuple[Optional[Path], str]:

@@ -16,7 +16,7 @@ import mmap
 import struct
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Dict, List, Tuple
+from typing import Dict, List, NamedTuple, Tuple
 
 MAGIC = b"GGUF"
 VERSIONS = (2, 3)
@@ -35,12 +35,8 @@ class GgufProblem(ValueError):
         self.kind = kind
 
 
-@dataclass(frozen=True)
-class Tensor:
-    name: str
-    shape: Tuple[int, ...]
-    ggml_type: int
-    offset: int
+# one tensor's entry in the header: its data starts `offset` bytes into the data section
+Tensor = NamedTuple("Tensor", [("name", str), ("shape", Tuple[int, ...]), ("ggml_type", int), ("offset", int)])
 
 
 @dataclass(frozen=True)

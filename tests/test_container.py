@@ -233,8 +233,8 @@ def _ignored(path: str, patterns) -> bool:
 
 
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
-    patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and
-                not l.startswith("#")]
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and
+                not line.startswith("#")]
     for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config/__init__.py",
                    "launchers/run.py", "launchers/slurm.py", "launchers/containers.py",
                    "recipes/tiny/humanline_dpo.yaml",

@@ -147,6 +147,31 @@ def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: P
     return mine[0]["values"], hint
 
 
+def rehearse(tmp_path, recipe, rank, *overrides, script=REPO / "launchers" / "run.py"):
+    """``--rehearse-rank RANK`` of ``recipe`` in a fresh process: ``(the rank's result, its stdout)``; it must exit 0
+    and write nothing into the recipe's ``output_dir``."""
+    out_dir = tmp_path / "run"
+    report = tmp_path / "rehearsal.json"
+    command = [script, recipe, f"output_dir={out_dir}", *overrides, "--rehearse-rank", rank,
+               "--rehearse-json", report]
+    proc = run_fresh(command)  # a process of its own: the fake process group is process-wide
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert not out_dir.exists(), "a rehearsal wrote into the recipe's output_dir"
+    assert "nothing written" in proc.stdout
+    (result,) = json.loads(report.read_text())
+    return result, proc.stdout
+
+
+def plan_recipe(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
+    """The tiny humanline DPO recipe on ``model``'s shape (bf16, one sequence per micro-batch), as --plan's tests
+    plan it."""
+    from hl_core.config import load_recipe
+
+    return load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
+                                        "model.attn_implementation=sdpa", "engine.precision=bf16",
+                                        "train.micro_batch_size=1", "humanline.reference=copy", *overrides])
+
+
 def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0,
                torchrun: bool = False) -> subprocess.CompletedProcess:
     """Run a recipe to its end; its exit code must be ``expect``. Several processes: their ranks forked from the

@@ -20,11 +20,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-import docs_browser  # noqa: E402
-
-sys.path.pop(0)
+from tools import docs_browser  # noqa: E402
 
 PAGES = ["", "quickstart/", "reference/api/", "reference/humanline-api/", "howto/own-loop/", "examples/"]
 API_PAGES = ["reference/api/", "reference/humanline-api/"]
@@ -95,10 +91,7 @@ def test_the_browser_check_fails_on_a_planted_raw_role(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the Markdown hooks
 
-sys.path.insert(0, str(REPO / "tools"))
-import docs_hooks  # noqa: E402
-
-sys.path.pop(0)
+from tools import docs_hooks  # noqa: E402
 
 
 def test_github_style_list_items_keep_their_blocks():

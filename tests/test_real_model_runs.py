@@ -37,8 +37,7 @@ def test_two_updates_and_final_answers_paris(recipe, tmp_path):
     assert not list(loadable.glob("*.gguf"))
     probe = ("import sys\n"
              "sys.modules.update(gguf=None, peft=None)  # neither importable: find_spec None, import fails\n"
-             "sys.path.insert(0, 'tests')\n"
-             "from real_model import answer\n"
+             "from real_model import answer  # tests/ is on PYTHONPATH (helpers._env)\n"
              "assert 'gguf' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
              f"print(repr(answer({str(loadable)!r}, 'What is the capital of France?')))\n")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=_env(), capture_output=True, text=True,

@@ -19,14 +19,9 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, free_port, read_jsonl
-from slurm_cluster import LocalSlurm, ensure_slurm_installed, wait_for
-
-sys.path.insert(0, str(REPO / "launchers"))
-import slurm  # noqa: E402
-
-sys.path.pop(0)
-
 from hl_core.errors import UserError  # noqa: E402
+from launchers import slurm  # noqa: E402
+from slurm_cluster import LocalSlurm, ensure_slurm_installed, wait_for
 
 SLURM_PY = REPO / "launchers" / "slurm.py"
 

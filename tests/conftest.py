@@ -56,6 +56,15 @@ def tok():
 
 
 @pytest.fixture
+def real_model():
+    """The test needs the real model's package (tests/real_model.py): without it, a skip locally, a failure under
+    ``CI=true``."""
+    from real_model import require_real_model
+
+    require_real_model()
+
+
+@pytest.fixture
 def repo_cwd(monkeypatch):
     """The working directory at the repository: the recipes name their files relative to it."""
     monkeypatch.chdir(Path(__file__).resolve().parents[1])

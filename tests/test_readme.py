@@ -86,7 +86,7 @@ def test_readme_is_a_front_door():
     assert "```bash\nbash .ci/run\n```" in README
     assert 'pip install -e ".[docs]" && mkdocs serve' in README
     demo_output = _code_blocks(_section(README, "## Install and run the demo"), "text")
-    assert len(demo_output) == 1 and len(demo_output[0].strip().splitlines()) == 8
+    assert len(demo_output) == 1 and len(demo_output[0].strip().splitlines()) == 9
 
 
 _NUMBER = re.compile(r"-?\d+\.\d+")
@@ -96,6 +96,7 @@ def _summary(text: str) -> list:
     """The demo's closing summary, from its `== name: N updates` line on, decimals and the output directory masked
     (times and the last digits of accuracies move with the machine; the words, lines and counts must not)."""
     lines = text[text.index("== humanline_dpo:"):].strip().splitlines()
+    lines = [re.sub(r"^plot: python -m eval.report (\S+) -o \1/report$", "plot: OUT", line) for line in lines]
     return [_NUMBER.sub("#", re.sub(r"^outputs: \S+/metrics\.jsonl", "outputs: OUT/metrics.jsonl", line))
             for line in lines]
 
@@ -107,6 +108,8 @@ def test_the_readme_demo_summary_is_what_the_demo_prints(tmp_path):
     printed = _summary(proc.stdout)
     assert _summary(shown) == printed[:len(_summary(shown))] and len(printed) == len(_summary(shown)), printed
     assert "runs/tiny_humanline_dpo/metrics.jsonl" in shown  # the recipe's own output_dir, as a user sees it
+    (also_shown,) = [b for b in _code_blocks(_page("getting-started.md"), "text") if "== humanline_dpo:" in b]
+    assert also_shown == shown  # the getting-started page shows the same summary
 
 
 def test_the_summary_comparison_can_fail():

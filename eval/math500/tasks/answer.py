@@ -22,7 +22,10 @@ Normal form (`normalize`), applied to the gold answer and to the extracted answe
   not bracketed (``(1,234)`` stays a pair). Anywhere else a separator is left alone.
 * A trailing period is dropped (``5.`` is 5).
 * A repeating decimal ``0.1\\overline{6}`` becomes its exact fraction (``\\frac{1}{6}``).
-* Scientific notation ``3.2e4`` / ``3.2E-4`` becomes the exact decimal (``32000`` / ``0.00032``).
+* A mixed number ``2\\frac{1}{4}`` (a whole number, then a proper numeric fraction) is the number 9/4, not 2 * 1/4.
+* Scientific notation (``3.2e4``, ``3.2E-4``, ``3.2\\times 10^{4}``, ``3.2 \\cdot 10^4``) becomes the exact decimal
+  (``32000``, ``0.00032``): the parser would read ``3.2e4`` as 3.2 * e * 4, and ``6.02\\times10^{23}`` as an inexact
+  float.
 * Percentages: a percent sign (``\\%``, ``%``, ``\\text{%}``, "percent") marks the unit and is dropped, so ``X\\%``
   and ``X`` are the same answer and ``X\\%`` is never read as ``X/100`` (MATH's golds give "what percent" answers
   as the number, with or without the sign).
@@ -122,8 +125,12 @@ def final_answer(completion: str) -> Tuple[str, bool]:
 
 _SEPARATORS = (r"\{,\}", r"\\,", r"\\thinspace\s*", r"\\ ", " ", "\u2009", "\u202f", "\u00a0", ",")
 _OVERLINE = re.compile(r"(-?)(\d*)\.(\d*)\\overline\s*(?:\{(\d+)\}|(\d))")
-_SCIENTIFIC = re.compile(r"(?<![\w\\.])(-?)(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?![\w.])")
+_SCIENTIFIC = re.compile(
+    r"(?<![\w\\.^])(-?)(\d+(?:\.\d*)?|\.\d+)"
+    r"(?:[eE]([+-]?\d+)(?![\w.])|\s*\\(?:times|cdot)\s*10\s*\^\s*(?:\{\s*([+-]?\d+)\s*\}|(\d)))"
+)
 _PERCENT = re.compile(r"(?<=[\d}.])\s*(?:\\%|%|\\text\{\s*\\?%\s*\}|\\(?:text|mbox)\{\s*percent\s*\}|\s*percent\b)")
+_MIXED = re.compile(r"(?<![\w.}^_\\])(-?)(\d+)\s*\\[dt]?frac\s*\{(\d+)\}\s*\{(\d+)\}")
 _BRACKETED = re.compile(r"^\s*(?:\\left\s*)?(?:\(|\[|\\\{)")
 
 
@@ -157,9 +164,16 @@ def _repeating(m: re.Match) -> str:
         f"{sign}{value.numerator}"
 
 
+def _mixed(m: re.Match) -> str:
+    sign, whole, num, den = m.group(1), int(m.group(2)), int(m.group(3)), int(m.group(4))
+    if not 0 < num < den:  # a mixed number's fraction is proper; anything else is left as written
+        return m.group(0)
+    return rf"{sign}\frac{{{whole * den + num}}}{{{den}}}"
+
+
 def _scientific(m: re.Match) -> str:
     try:
-        value = Decimal(f"{m.group(2)}e{m.group(3)}")
+        value = Decimal(f"{m.group(2)}e{m.group(3) or m.group(4) or m.group(5)}")
     except InvalidOperation:
         return m.group(0)
     text = format(value, "f")
@@ -206,6 +220,7 @@ def normalize(text: str, *, whole_answer: bool = True) -> str:
         text = drop_trailing_period(strip_delimiters(text))
     text = strip_thousands(text, plain=whole_answer)
     text = _OVERLINE.sub(_repeating, text)
+    text = _MIXED.sub(_mixed, text)
     text = _SCIENTIFIC.sub(_scientific, text)
     return _PERCENT.sub("", text)
 

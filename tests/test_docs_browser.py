@@ -23,7 +23,8 @@ from capabilities import require
 from helpers import REPO
 from tools import docs_browser  # noqa: E402
 
-PAGES = ["", "quickstart/", "reference/api/", "reference/humanline-api/", "howto/own-loop/", "examples/"]
+PAGES = ["", "quickstart/", "reference/api/", "reference/humanline-api/", "howto/own-loop/", "examples/", "howto/trl/",
+         "recipe-keys/", "concepts/callbacks/"]
 API_PAGES = ["reference/api/", "reference/humanline-api/"]
 BINARY = docs_browser.chromium_binary()
 # a skip without chromium on the PATH; under CI=true a failure naming it (tests/capabilities.py)
@@ -52,6 +53,7 @@ def _problems(reports: dict, site: Path) -> dict:
         listed = {path.strip("/") for path in report["nav"]}
         found = {"raw markup": report["raw"], "list items run inline": report["inline_lists"],
                  "console errors": report["console"], "code wider than its column": report["wide_code"],
+                 "code broken inside a token": report["broken_code"],
                  "pages missing from the navigation": sorted(p for p in pages if p.strip("/") not in listed)}
         if page in API_PAGES and report["argument_tables"] < 3:
             found["argument tables"] = [f"only {report['argument_tables']}"]
@@ -122,3 +124,11 @@ def test_indented_snippets_are_dedented_and_nothing_else_moves():
     page = "text\n\n```python\n    a = 1\n        b = 2\n```\n\n  ```bash\n    run x\n  ```\n\n```\n```\n"
     out = docs_hooks.dedent_fences(page)
     assert out == "text\n\n```python\na = 1\n    b = 2\n```\n\n  ```bash\n  run x\n  ```\n\n```\n```\n"
+
+
+def test_inline_code_breaks_only_at_its_spaces():
+    html = '<p><code>pip install -e ".[trl]"</code></p><pre><code>a b</code></pre><td><code>x</code></td>'
+    assert docs_hooks.unbreakable_tokens(html) == (
+        '<p><code><span class="nobreak">pip</span> <span class="nobreak">install</span> <span class="nobreak">-e'
+        '</span> <span class="nobreak">".[trl]"</span></code></p><pre><code>a b</code></pre>'
+        '<td><code><span class="nobreak">x</span></code></td>')

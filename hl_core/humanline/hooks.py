@@ -167,8 +167,8 @@ class ReferenceSync:
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
         """Restore ``state_dict()``: the counts and, when it holds them, this rank's reference shards. Everything is
-        checked before anything changes (keys, types, the schedule, the checksum, the shards' names, shapes, dtypes
-        and finiteness), so a refusal leaves the sync and the reference as they were.
+        checked before anything changes (keys, types, the schedule, the shards' names, shapes and dtypes, the
+        checksum, the shards' finiteness), so a refusal leaves the sync and the reference as they were.
 
         Args:
             state: what ``state_dict()`` returned on this rank of a run with the same schedule and layout.
@@ -188,6 +188,8 @@ class ReferenceSync:
                 f"`{where}`: the saved ReferenceSync ran with SyncSchedule({_keywords(saved)}) but this one has "
                 f"SyncSchedule({_keywords(mine)}): resuming would move the syncs to other updates. Nothing was "
                 f"loaded. Fix: build the ReferenceSync with SyncSchedule({_keywords(saved)}), or start a fresh run.")
+        if "reference_shards" in state:  # names, shapes, dtypes: another layout is named as such
+            self.pairs.check_reference_shards(state["reference_shards"], where, finite=False)
         if state["checksum"] != state_checksum(state):
             raise HumanlineStateError(
                 f"`{where}`: the state's checksum does not match its contents: the file was damaged (or edited) after "

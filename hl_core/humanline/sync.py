@@ -187,9 +187,11 @@ class ParameterPairs:
         """``name -> a CPU copy of this rank's reference shard`` (checkpointing a reference that syncing moved)."""
         return {name: _shard(ref).detach().cpu().clone() for name, _, ref in self.pairs}
 
-    def check_reference_shards(self, shards, where: str = "ParameterPairs.load_reference_shards") -> None:
+    def check_reference_shards(self, shards, where: str = "ParameterPairs.load_reference_shards",
+                               finite: bool = True) -> None:
         """Refuse (``HumanlineStateError``) shards that ``load_reference_shards`` would not load exactly: not a dict of
-        tensors, a name missing or extra, another shape or dtype (no silent cast), a NaN or infinite value."""
+        tensors, a name missing or extra, another shape or dtype (no silent cast), and with ``finite`` a NaN or
+        infinite value."""
         fix = ("restore on the layout that saved them (the same models, dtype, ZeRO stage, number of processes and "
                "TP/PP sizes), each rank its own file, from a run whose reference stayed finite")
         if not isinstance(shards, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in
@@ -208,7 +210,7 @@ class ParameterPairs:
                 raise HumanlineStateError(
                     f"`{where}`: the saved reference shards hold a {saved.dtype} {list(saved.shape)} for `{name}` "
                     f"where this rank's shard is {local.dtype} {list(local.shape)}. Nothing was loaded. Fix: {fix}.")
-            if saved.dtype.is_floating_point and not bool(torch.isfinite(saved).all()):
+            if finite and saved.dtype.is_floating_point and not bool(torch.isfinite(saved).all()):
                 raise HumanlineStateError(
                     f"`{where}`: the saved reference shard `{name}` holds NaN or infinite values. Nothing was "
                     f"loaded. Fix: {fix}.")

@@ -43,7 +43,7 @@ from hl_core.humanline import (
     prefix_token_logps,
     weights_only_checkpoints,
 )
-from hl_core.humanline.hooks import state_checksum
+from hl_core.humanline.hooks import shard_checksum, state_checksum
 
 NAN, INF = float("nan"), float("inf")
 
@@ -298,6 +298,7 @@ def _poisoned(case, change):
     change(state)
     if case in RESTAMPED:
         state["checksum"] = state_checksum(state)
+        state["shard_checksums"] = {name: shard_checksum(t) for name, t in state["reference_shards"].items()}
     return state
 
 
@@ -317,7 +318,8 @@ STATES = [
     ("an extra shard", lambda s: s["reference_shards"].update({"2.weight": torch.zeros(1)}),
      ["not paired here ['2.weight']"]),
     ("a missing shard", lambda s: s["reference_shards"].pop("1.weight"), ["missing ['1.weight']"]),
-    ("flipped bytes", _flip_bytes, ["checksum does not match"]),
+    ("flipped bytes", _flip_bytes, ["checksum does not match", "`1.bias`"]),
+    ("a damaged count", lambda s: s.update(updates_seen=3), ["checksum does not match", "the counts and schedule"]),
     ("a missing key", lambda s: s.pop("num_syncs"), ["lacks ['num_syncs']"]),
     ("no checksum", lambda s: s.pop("checksum"), ["lacks ['checksum']", "before checksums"]),
     ("an unknown key", lambda s: s.update(extra=1), ["unknown keys ['extra']"]),

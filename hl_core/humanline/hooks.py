@@ -37,7 +37,8 @@ from .attach import Attachment, hook_into, optimizer_kind
 from .schedule import SyncSchedule
 from .sync import ParameterPairs
 
-STATE_KEYS = ("updates_seen", "num_syncs", "schedule", "checksum")  # ``reference_shards`` too, unless left out
+STATE_KEYS = ("updates_seen", "num_syncs", "schedule", "checksum")
+SHARD_KEYS = ("reference_shards", "shard_checksums")  # unless left out (``with_reference=False``)
 SCHEDULE_KEYS = ("every", "offset", "mix")
 # id(reference tensor) -> (the tensor, the ReferenceSync that drives it), both weakly: one sync per reference
 _DRIVEN: Dict[int, Tuple[weakref.ref, weakref.ref]] = {}
@@ -64,17 +65,25 @@ def _synchronize(pairs: ParameterPairs) -> None:
         return
 
 
-def state_checksum(state: Dict[str, Any]) -> str:
-    """``sha256:<hex>`` of a sync state's counts, schedule and reference shards (names, dtypes, shapes, bytes): what
-    ``state_dict`` writes and ``load_state_dict`` compares, so a flipped byte is refused."""
+def _digest(*parts: bytes) -> str:
     digest = hashlib.sha256()
-    head = {key: state[key] for key in ("updates_seen", "num_syncs", "schedule")}
-    digest.update(json.dumps(head, sort_keys=True).encode())
-    for name, shard in sorted(state.get("reference_shards", {}).items()):
-        digest.update(json.dumps([name, str(shard.dtype), list(shard.shape)]).encode())
-        data = shard.detach().cpu().reshape(-1).contiguous()
-        digest.update(data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
+    for part in parts:
+        digest.update(part)
     return f"sha256:{digest.hexdigest()}"
+
+
+def state_checksum(state: Dict[str, Any]) -> str:
+    """``sha256:<hex>`` of a sync state's counts and schedule: what ``state_dict`` writes as ``checksum``."""
+    head = {key: state[key] for key in ("updates_seen", "num_syncs", "schedule")}
+    return _digest(json.dumps(head, sort_keys=True).encode())
+
+
+def shard_checksum(shard: torch.Tensor) -> str:
+    """``sha256:<hex>`` of one reference shard's dtype, shape and bytes: what ``state_dict`` writes per shard in
+    ``shard_checksums``, so a flipped byte is refused."""
+    data = shard.detach().cpu().reshape(-1).contiguous()
+    return _digest(json.dumps([str(shard.dtype), list(shard.shape)]).encode(),
+                   data.view(torch.uint8).numpy().tobytes() if data.numel() else b"")
 
 
 class ReferenceSync:
@@ -149,9 +158,10 @@ class ReferenceSync:
             with_reference: include this rank's reference shards (CPU copies).
 
         Returns:
-            A dict: ``updates_seen`` and ``num_syncs`` (ints), ``schedule`` (``every``, ``offset``, ``mix``),
-            ``reference_shards`` (name -> CPU tensor; with ``with_reference``) and ``checksum`` (``sha256:<hex>``).
-            ``torch.load(..., weights_only=True)`` reads it back.
+            A dict: ``updates_seen`` and ``num_syncs`` (ints), ``schedule`` (``every``, ``offset``, ``mix``) and
+            their ``checksum`` (``sha256:<hex>``); with ``with_reference``, ``reference_shards`` (name -> CPU tensor)
+            and ``shard_checksums`` (name -> ``sha256:<hex>``). ``torch.load(..., weights_only=True)`` reads it back.
+            A state without ``reference_shards`` loads the counts only (the reference stays as it is).
         """
         self._check_open("state_dict")
         self.pairs.check_current("ReferenceSync.state_dict")
@@ -160,9 +170,10 @@ class ReferenceSync:
             "updates_seen": self.updates_seen, "num_syncs": self.num_syncs,
             "schedule": {"every": schedule.every, "offset": schedule.offset, "mix": schedule.mix},
         }
+        state["checksum"] = state_checksum(state)
         if with_reference:
             state["reference_shards"] = self.pairs.reference_shards()
-        state["checksum"] = state_checksum(state)
+            state["shard_checksums"] = {name: shard_checksum(t) for name, t in state["reference_shards"].items()}
         return state
 
     def load_state_dict(self, state: Dict[str, Any]) -> None:
@@ -190,11 +201,16 @@ class ReferenceSync:
                 f"loaded. Fix: build the ReferenceSync with SyncSchedule({_keywords(saved)}), or start a fresh run.")
         if "reference_shards" in state:  # names, shapes, dtypes: another layout is named as such
             self.pairs.check_reference_shards(state["reference_shards"], where, finite=False)
-        if state["checksum"] != state_checksum(state):
+        damaged = [] if state["checksum"] == state_checksum(state) else ["the counts and schedule"]
+        if "reference_shards" in state:
+            checksums = state.get("shard_checksums")
+            damaged += [f"`{name}`" for name, shard in sorted(state["reference_shards"].items())
+                        if not isinstance(checksums, dict) or checksums.get(name) != shard_checksum(shard)]
+        if damaged:
             raise HumanlineStateError(
-                f"`{where}`: the state's checksum does not match its contents: the file was damaged (or edited) after "
-                "state_dict() wrote it. Nothing was loaded. Fix: resume from an intact copy of the checkpoint, or "
-                "start a fresh run.")
+                f"`{where}`: the state's checksum does not match its contents ({', '.join(damaged[:3])}): the file "
+                "was damaged (or edited) after state_dict() wrote it. Nothing was loaded. Fix: resume from an intact "
+                "copy of the checkpoint, or start a fresh run.")
         if "reference_shards" in state:
             self.pairs.check_reference_shards(state["reference_shards"], where)
         self.pairs.check_current(where)
@@ -288,7 +304,7 @@ def _check_state_shape(where: str, state, fix: str) -> None:
         raise HumanlineStateError(f"`{where}`: `state` must be the dict state_dict() returns, got "
                                   f"{contract.describe(state)}. Nothing was loaded. Fix: {fix}.")
     missing = [key for key in STATE_KEYS if key not in state]
-    unknown = sorted(map(str, set(state) - set(STATE_KEYS) - {"reference_shards"}))
+    unknown = sorted(map(str, set(state) - set(STATE_KEYS) - set(SHARD_KEYS)))
     if missing or unknown:
         older = (" (a state written before checksums were added has no `checksum`: start a fresh run)"
                  if missing == ["checksum"] else "")

@@ -4,8 +4,9 @@ Face model.
 A recipe names such a model with ``model.name_or_path: gguf:PACKAGE/FILE.gguf`` (or ``gguf:/path/to/FILE.gguf``).
 Reading the recipe only checks the reference (``check_reference``: the package is a package, the file is there and
 is a whole GGUF file; a fraction of a second): ``--print-config``, ``--validate`` and ``--plan`` convert nothing, and
-``--plan`` sizes the model from the file's header (``hf_config``). When the model is built (``resolve_model``, at the
-start of training) the file is read once with transformers' GGUF loader (weights dequantized to float32), the GGUF
+``--plan`` sizes the model from the file's header (``hf_config``). When the model or its tokenizer is built
+(``resolve_model``: the trainer's setup, ``hl_core.models.loading``'s ``load_tokenizer`` and ``build_causal_lm``) the
+file is read once with transformers' GGUF loader (weights dequantized to float32), the GGUF
 quantizer is removed, and the model, its tokenizer and its chat template are saved as an ordinary Hugging Face
 directory in a cache (``HL_MODEL_CACHE``, default ``~/.cache/hl_core/models``); every path of the pack (engines,
 Megatron conversion, vLLM push, evaluations, ``final/``) then sees an ordinary checkpoint that loads without

@@ -16,7 +16,7 @@ import torch
 from .engines import megatron_cpu, megatron_specs
 from .engines.megatron_convert import hf_state_dict, hf_to_mcore
 from .engines.megatron_specs import build_gpt_model, transformer_config, uses_transformer_engine
-from .humanline import contract
+from .humanline.contract import dtype_arg, refuse, whole_number
 
 __all__ = ["causal_mask", "gpt_chunk_from_hf", "use_cpu"]
 
@@ -40,7 +40,7 @@ def causal_mask(seq_len: int, device=None) -> torch.Tensor:
     Raises:
         HumanlineUsageError: ``seq_len`` is not a whole number ``>= 1``.
     """
-    seq_len = contract.whole("causal_mask", "seq_len", seq_len, "pass the sequence length T >= 1", low=1)
+    seq_len = whole_number("causal_mask", "seq_len", seq_len, "pass the sequence length T >= 1", low=1)
     return megatron_specs.causal_mask(seq_len, device)
 
 
@@ -50,14 +50,14 @@ def _check_layout(hf_model, tp, tp_rank, pp, pp_rank) -> None:
     from megatron.core import parallel_state as ps  # the `megatron` extra, loaded already by the imports above
 
     if not ps.model_parallel_is_initialized():
-        raise contract.refuse(where, "tp", "the size of an initialized tensor-parallel group", tp,
+        raise refuse(where, "tp", "the size of an initialized tensor-parallel group", tp,
                               "call parallel_state.initialize_model_parallel(tp, pp) first (after the process group)")
     state = {"tp": ps.get_tensor_model_parallel_world_size(), "tp_rank": ps.get_tensor_model_parallel_rank(),
              "pp": ps.get_pipeline_model_parallel_world_size(), "pp_rank": ps.get_pipeline_model_parallel_rank()}
     given = {"tp": tp, "tp_rank": tp_rank, "pp": pp, "pp_rank": pp_rank}
     for name, value in given.items():
         if value != state[name]:
-            raise contract.refuse(where, name, f"{state[name]}, what megatron-core's parallel state says for this "
+            raise refuse(where, name, f"{state[name]}, what megatron-core's parallel state says for this "
                                   "rank (a chunk of another rank's slice would train the wrong weights)", value,
                                   "tp=ps.get_tensor_model_parallel_world_size(), tp_rank=ps.get_tensor_model_parallel"
                                   "_rank(), pp=ps.get_pipeline_model_parallel_world_size(), pp_rank=ps.get_pipeline_"
@@ -67,10 +67,10 @@ def _check_layout(hf_model, tp, tp_rank, pp, pp_rank) -> None:
     kv_heads = int(getattr(config, "num_key_value_heads", None) or heads)
     layers = int(getattr(config, "num_hidden_layers", 0) or 0)
     if heads % tp or kv_heads % tp:
-        raise contract.refuse(where, "tp", f"a divisor of the model's {heads} attention and {kv_heads} key-value "
+        raise refuse(where, "tp", f"a divisor of the model's {heads} attention and {kv_heads} key-value "
                               "heads", tp, fix)
     if layers % pp:
-        raise contract.refuse(where, "pp", f"a divisor of the model's {layers} layers", pp, fix)
+        raise refuse(where, "pp", f"a divisor of the model's {layers} layers", pp, fix)
 
 
 def gpt_chunk_from_hf(hf_model, *, tp: int, tp_rank: int, pp: int = 1, pp_rank: int = 0,
@@ -98,11 +98,11 @@ def gpt_chunk_from_hf(hf_model, *, tp: int, tp_rank: int, pp: int = 1, pp_rank: 
     where = "gpt_chunk_from_hf"
     fix = "pass AutoModelForCausalLM.from_pretrained(...) and parallel_state's sizes and ranks"
     if not isinstance(hf_model, torch.nn.Module) or not hasattr(hf_model, "config"):
-        raise contract.refuse(where, "hf_model", "a Hugging Face causal LM (an nn.Module with a config)", hf_model, fix)
-    tp, pp = (contract.whole(where, name, value, fix, low=1) for name, value in (("tp", tp), ("pp", pp)))
-    tp_rank = contract.whole(where, "tp_rank", tp_rank, fix, low=0, high=tp - 1)
-    pp_rank = contract.whole(where, "pp_rank", pp_rank, fix, low=0, high=pp - 1)
-    contract.dtype_argument(where, "dtype", dtype, ("float",), "pass torch.float32, torch.bfloat16 or torch.float16")
+        raise refuse(where, "hf_model", "a Hugging Face causal LM (an nn.Module with a config)", hf_model, fix)
+    tp, pp = (whole_number(where, name, value, fix, low=1) for name, value in (("tp", tp), ("pp", pp)))
+    tp_rank = whole_number(where, "tp_rank", tp_rank, fix, low=0, high=tp - 1)
+    pp_rank = whole_number(where, "pp_rank", pp_rank, fix, low=0, high=pp - 1)
+    dtype_arg(where, "dtype", dtype, ("float",), "pass torch.float32, torch.bfloat16 or torch.float16")
     _check_layout(hf_model, tp, tp_rank, pp, pp_rank)
     hf_config = hf_model.config
     config = transformer_config(hf_config, tp=tp, pp=pp, dtype=dtype, cpu=not torch.cuda.is_available())

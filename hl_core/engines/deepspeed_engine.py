@@ -35,8 +35,8 @@ from ..models.loading import build_policy_and_reference
 from ..models.speed import RegionalCompile, check_speed_options
 from ..objectives import reference_model_needed
 from ..storage.checkpoints import check_files, safe_load, wrote_lookahead
+from ..storage.deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
-from .deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
 from .lora import wrap_lora
 from .rendezvous import said_if_waiting
 

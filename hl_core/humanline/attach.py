@@ -22,7 +22,7 @@ from typing import Callable
 import torch
 
 from ..errors import SyncUsageError  # noqa: F401 (its home before 0.1.x; hl_core.humanline exports it)
-from . import contract
+from .contract import refuse
 
 
 def optimizer_kind(target) -> str:
@@ -37,7 +37,7 @@ def optimizer_kind(target) -> str:
     megatron_optimizer = sys.modules.get("megatron.core.optimizer")
     if megatron_optimizer is not None and isinstance(target, megatron_optimizer.MegatronOptimizer):
         return "megatron"
-    raise contract.refuse(
+    raise refuse(
         "ReferenceSync.attach", "target", "a torch optimizer, a DeepSpeed engine or a Megatron-core optimizer", target,
         "pass the object whose step() ends the update, or call sync.before_optimizer_step(updates_done) yourself "
         "between the update's last backward and its step")

@@ -35,7 +35,7 @@ def describe(value) -> str:
     return f"{text[:60]}{'...' if len(text) > 60 else ''} ({type(value).__name__})"
 
 
-def real(where: str, argument: str, value, fix: str, low: Optional[float] = None, high: Optional[float] = None,
+def real_number(where: str, argument: str, value, fix: str, low: Optional[float] = None, high: Optional[float] = None,
          low_open: bool = False, high_open: bool = False) -> float:
     """``value`` as a float: a finite real number (an ``int`` or ``float``, not a ``bool`` or a string) within
     ``[low, high]`` (an end excluded when ``*_open``)."""
@@ -63,7 +63,8 @@ def _range(low, high, low_open: bool = False, high_open: bool = False) -> str:
     return ""
 
 
-def whole(where: str, argument: str, value, fix: str, low: Optional[int] = None, high: Optional[int] = None) -> int:
+def whole_number(where: str, argument: str, value, fix: str, low: Optional[int] = None,
+                 high: Optional[int] = None) -> int:
     """``value`` as an int: a whole number (an ``int``, not a ``bool``, a ``float`` or a string) in
     ``[low, high]``."""
     accepts = f"a whole number (int){_range(low, high)}"
@@ -75,7 +76,7 @@ def whole(where: str, argument: str, value, fix: str, low: Optional[int] = None,
     return number
 
 
-def tensor(where: str, argument: str, value, dims: Optional[int], kinds: Sequence[str], fix: str) -> torch.Tensor:
+def tensor_arg(where: str, argument: str, value, dims: Optional[int], kinds: Sequence[str], fix: str) -> torch.Tensor:
     """``value``: a ``torch.Tensor`` of ``dims`` dimensions (any when None) whose dtype is of one of ``kinds``
     (``"float"``, ``"int"``, ``"bool"``)."""
     names = {"float": "floating-point", "int": "integer", "bool": "bool"}
@@ -90,7 +91,7 @@ def tensor(where: str, argument: str, value, dims: Optional[int], kinds: Sequenc
     return value
 
 
-def like(where: str, argument: str, value: torch.Tensor, reference_name: str, reference: torch.Tensor,
+def same_shape(where: str, argument: str, value: torch.Tensor, reference_name: str, reference: torch.Tensor,
          fix: str) -> None:
     """``value`` has ``reference``'s shape, exactly (no broadcasting), and its device."""
     if tuple(value.shape) != tuple(reference.shape) or value.device != reference.device:
@@ -98,14 +99,14 @@ def like(where: str, argument: str, value: torch.Tensor, reference_name: str, re
                      f"and on its device ({reference.device})", value, fix)
 
 
-def instance(where: str, argument: str, value, cls, accepts: str, fix: str):
+def instance_of(where: str, argument: str, value, cls, accepts: str, fix: str):
     """``value`` is an instance of ``cls`` (a class passed where an instance is wanted is refused too)."""
     if not isinstance(value, cls):
         raise refuse(where, argument, accepts, value, fix)
     return value
 
 
-def dtype_argument(where: str, argument: str, value, kinds: Sequence[str], fix: str) -> torch.dtype:
+def dtype_arg(where: str, argument: str, value, kinds: Sequence[str], fix: str) -> torch.dtype:
     """``value`` is a ``torch.dtype`` of one of ``kinds``."""
     names = {"float": "floating-point", "int": "integer", "bool": "bool"}
     accepts = f"a torch.dtype ({' or '.join(names[k] for k in kinds)})"
@@ -122,16 +123,16 @@ def log_probs_and_mask(where: str, policy_logps, ref_logps, mask) -> None:
     floating-point), all of one shape (no broadcasting) on one device."""
     fix = ("pass per-token log-probs [B, T] of both models (`prefix_token_logps`) and the token mask [B, T] over "
            "the same positions (`mask_from_labels`)")
-    tensor(where, "policy_logps", policy_logps, 2, ("float",), fix)
-    tensor(where, "ref_logps", ref_logps, 2, ("float",), fix)
-    tensor(where, "mask", mask, 2, ("bool", "int", "float"), fix)
-    like(where, "ref_logps", ref_logps, "policy_logps", policy_logps, fix)
-    like(where, "mask", mask, "policy_logps", policy_logps, fix)
+    tensor_arg(where, "policy_logps", policy_logps, 2, ("float",), fix)
+    tensor_arg(where, "ref_logps", ref_logps, 2, ("float",), fix)
+    tensor_arg(where, "mask", mask, 2, ("bool", "int", "float"), fix)
+    same_shape(where, "ref_logps", ref_logps, "policy_logps", policy_logps, fix)
+    same_shape(where, "mask", mask, "policy_logps", policy_logps, fix)
 
 
-def bounds(where: str, log_eps_P, log_eps_R) -> tuple:
+def clip_bounds(where: str, log_eps_P, log_eps_R) -> tuple:
     """Clip bounds: finite reals with ``log_eps_P <= 0 <= log_eps_R``."""
     fix = "pass log_eps_P <= 0 <= log_eps_R, both finite (the paper's default is -1.5, 1.5)"
-    low = real(where, "log_eps_P", log_eps_P, fix, high=0.0)
-    high = real(where, "log_eps_R", log_eps_R, fix, low=0.0)
+    low = real_number(where, "log_eps_P", log_eps_P, fix, high=0.0)
+    high = real_number(where, "log_eps_R", log_eps_R, fix, low=0.0)
     return low, high

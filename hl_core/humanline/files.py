@@ -5,7 +5,7 @@ saved with ``torch.save`` (a sync's ``state_dict()``, a transform's, your model'
 unpickles (``weights_only=False``): a crafted file would run its code there.
 
 Both read with ``torch.load(weights_only=True)`` (DeepSpeed's files with an allowlist of exactly the classes
-DeepSpeed stores: ``hl_core/engines/deepspeed_checkpoints.py``, the one our trainer installs). A file holding
+DeepSpeed stores: ``hl_core/storage/deepspeed_checkpoints.py``, the one our trainer installs). A file holding
 anything else, or a damaged one, is refused with one paragraph (``HumanlineStateError``) and nothing in it runs.
 """
 
@@ -17,7 +17,8 @@ from pathlib import Path
 
 from ..errors import HumanlineStateError
 from ..storage.checkpoints import check_files, refusal, safe_load
-from . import contract
+from ..storage.deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
+from .contract import refuse
 
 _refusal = refusal(
     HumanlineStateError,
@@ -42,7 +43,7 @@ def load_checkpoint_file(path, map_location="cpu"):
             unpickled: nothing of it ran).
     """
     if not isinstance(path, (str, os.PathLike)):
-        raise contract.refuse("load_checkpoint_file", "path", "a file path (str or os.PathLike)", path,
+        raise refuse("load_checkpoint_file", "path", "a file path (str or os.PathLike)", path,
                               "pass the path torch.save wrote")
     return safe_load(path, map_location=map_location, refusal=_refusal)
 
@@ -61,18 +62,14 @@ def check_checkpoint_files(directory) -> None:
         HumanlineUsageError: ``directory`` is not a directory.
     """
     if not isinstance(directory, (str, os.PathLike)) or not Path(directory).is_dir():
-        raise contract.refuse("check_checkpoint_files", "directory", "a checkpoint directory", directory,
+        raise refuse("check_checkpoint_files", "directory", "a checkpoint directory", directory,
                               "pass the directory your loop saved its checkpoint into")
     check_files(directory, allowed=_deepspeed_classes(), refusal=_refusal)
 
 
 def _deepspeed_classes() -> list:
     """DeepSpeed's own state classes, where DeepSpeed is imported (its checkpoints hold them); else none."""
-    if "deepspeed" not in sys.modules:
-        return []
-    from ..engines.deepspeed_checkpoints import deepspeed_safe_globals  # DeepSpeed's classes: imported on use
-
-    return deepspeed_safe_globals()
+    return deepspeed_safe_globals() if "deepspeed" in sys.modules else []
 
 
 def weights_only_checkpoints(model_engine):
@@ -98,10 +95,8 @@ def weights_only_checkpoints(model_engine):
     """
     deepspeed = sys.modules.get("deepspeed")
     if deepspeed is None or not isinstance(model_engine, deepspeed.DeepSpeedEngine):
-        raise contract.refuse("weights_only_checkpoints", "model_engine", "a DeepSpeed engine (deepspeed.initialize's"
+        raise refuse("weights_only_checkpoints", "model_engine", "a DeepSpeed engine (deepspeed.initialize's"
                               " first result)", model_engine, "pass the engine whose load_checkpoint you call")
-    from ..engines.deepspeed_checkpoints import safe_checkpoint_engine  # DeepSpeed's classes: imported on use
-
     model_engine.checkpoint_engine = safe_checkpoint_engine(model_engine._config, refusal=_refusal)
     load = model_engine.load_checkpoint
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 import torch
 
-from . import contract
+from .contract import clip_bounds, log_probs_and_mask, real_number, refuse, same_shape, tensor_arg, whole_number
 from .sampling import (
     DEFAULT_BETA_P,
     DEFAULT_BETA_R,
@@ -53,8 +53,8 @@ def clip_log_ratio(
     Shape:
         any; the output has the input's shape.
     """
-    low, high = contract.bounds("clip_log_ratio", log_eps_P, log_eps_R)
-    contract.tensor("clip_log_ratio", "log_ratio", log_ratio, None, ("float",), "pass a floating-point tensor")
+    low, high = clip_bounds("clip_log_ratio", log_eps_P, log_eps_R)
+    tensor_arg("clip_log_ratio", "log_ratio", log_ratio, None, ("float",), "pass a floating-point tensor")
     return clamp(log_ratio, low, high)
 
 
@@ -98,10 +98,10 @@ def unclamped_fraction(
     Shape:
         ``log_ratio`` and ``mask``: one shape (no broadcasting), e.g. ``[B, T]``.
     """
-    low, high = contract.bounds("unclamped_fraction", log_eps_P, log_eps_R)
-    contract.tensor("unclamped_fraction", "log_ratio", log_ratio, None, ("float",), _FIX_TENSOR)
-    contract.tensor("unclamped_fraction", "mask", mask, None, ("bool", "int", "float"), _FIX_TENSOR)
-    contract.like("unclamped_fraction", "mask", mask, "log_ratio", log_ratio, _FIX_TENSOR)
+    low, high = clip_bounds("unclamped_fraction", log_eps_P, log_eps_R)
+    tensor_arg("unclamped_fraction", "log_ratio", log_ratio, None, ("float",), _FIX_TENSOR)
+    tensor_arg("unclamped_fraction", "mask", mask, None, ("bool", "int", "float"), _FIX_TENSOR)
+    same_shape("unclamped_fraction", "mask", mask, "log_ratio", log_ratio, _FIX_TENSOR)
     return inside_fraction(log_ratio, mask != 0, low, high)
 
 
@@ -128,14 +128,14 @@ def mix_into(reference: torch.Tensor, policy: torch.Tensor, mix: float) -> None:
         ``reference`` and ``policy`` alike.
     """
     where, fix = "mix_into", "pass two distinct floating-point tensors of one shape, and mix in (0, 1]"
-    mix = contract.real(where, "mix", mix, fix, low=0.0, high=1.0, low_open=True)
-    contract.tensor(where, "reference", reference, None, ("float",), fix)
-    contract.tensor(where, "policy", policy, None, ("float",), fix)
+    mix = real_number(where, "mix", mix, fix, low=0.0, high=1.0, low_open=True)
+    tensor_arg(where, "reference", reference, None, ("float",), fix)
+    tensor_arg(where, "policy", policy, None, ("float",), fix)
     if tuple(policy.shape) != tuple(reference.shape) or (mix != 1.0 and policy.dtype != reference.dtype):
-        raise contract.refuse(where, "policy", f"of `reference`'s shape {list(reference.shape)}"
+        raise refuse(where, "policy", f"of `reference`'s shape {list(reference.shape)}"
                               + (f" and dtype {reference.dtype}" if mix != 1.0 else ""), policy, fix)
     if policy is reference:
-        raise contract.refuse(where, "policy", "another tensor than `reference`", policy, fix)
+        raise refuse(where, "policy", "another tensor than `reference`", policy, fix)
     mix_unchecked(reference, policy, mix)
 
 
@@ -169,8 +169,8 @@ def log_beta_sample(shape, a: float, b: float, generator: Optional[torch.Generat
     where = "log_beta_sample"
     fix = "pass a shape of whole numbers >= 0, finite a > 0 and b > 0, and a torch.Generator on the draws' device"
     shape = _shape(where, shape, fix)
-    a = contract.real(where, "a", a, fix, low=0.0, low_open=True)
-    b = contract.real(where, "b", b, fix, low=0.0, low_open=True)
+    a = real_number(where, "a", a, fix, low=0.0, low_open=True)
+    b = real_number(where, "b", b, fix, low=0.0, low_open=True)
     device = _generator_device(where, generator, device, fix)
     return draw_log_beta(shape, a, b, generator, device)
 
@@ -211,7 +211,7 @@ def rejection_mask(
         all ``[B, T]``; ``B = 0`` gives an empty result.
     """
     where = "rejection_mask"
-    contract.log_probs_and_mask(where, policy_logps, ref_logps, mask)
+    log_probs_and_mask(where, policy_logps, ref_logps, mask)
     params = beta_parameters(where, gamma_P, gamma_R, beta_P, beta_R)
     _generator_device(where, generator, policy_logps.device, "pass a torch.Generator on the log-probs' device")
     return draw_rejections(policy_logps, ref_logps, mask != 0, *params, generator=generator)
@@ -220,25 +220,25 @@ def rejection_mask(
 def beta_parameters(where: str, gamma_P, gamma_R, beta_P, beta_R) -> tuple:
     """The four Beta parameters, each finite and ``> 0`` (an infinite one would never finish its draws)."""
     fix = "pass finite Beta parameters > 0 (the method's defaults: gamma_P 0.5, gamma_R 0.01, beta_P 1, beta_R 1)"
-    return tuple(contract.real(where, name, value, fix, low=0.0, low_open=True) for name, value in
+    return tuple(real_number(where, name, value, fix, low=0.0, low_open=True) for name, value in
                  (("gamma_P", gamma_P), ("gamma_R", gamma_R), ("beta_P", beta_P), ("beta_R", beta_R)))
 
 
 def _shape(where: str, shape, fix: str) -> tuple:
     if isinstance(shape, (str, bytes)) or not hasattr(shape, "__iter__"):
-        raise contract.refuse(where, "shape", "a sequence of whole numbers >= 0", shape, fix)
-    return tuple(contract.whole(where, "shape", size, fix, low=0) for size in shape)
+        raise refuse(where, "shape", "a sequence of whole numbers >= 0", shape, fix)
+    return tuple(whole_number(where, "shape", size, fix, low=0) for size in shape)
 
 
 def _generator_device(where: str, generator, device, fix: str) -> torch.device:
     """The device the draws live on; a generator elsewhere is refused."""
     if generator is not None and not isinstance(generator, torch.Generator):
-        raise contract.refuse(where, "generator", "a torch.Generator or None", generator, fix)
+        raise refuse(where, "generator", "a torch.Generator or None", generator, fix)
     try:
         device = torch.device(device) if device is not None else (
             generator.device if generator is not None else torch.device("cpu"))
     except (RuntimeError, TypeError):
-        raise contract.refuse(where, "device", "a torch.device, a device string or None", device, fix) from None
+        raise refuse(where, "device", "a torch.device, a device string or None", device, fix) from None
     if generator is not None and generator.device.type != device.type:
-        raise contract.refuse(where, "generator", f"a torch.Generator on {device}", generator.device, fix)
+        raise refuse(where, "generator", f"a torch.Generator on {device}", generator.device, fix)
     return device

@@ -32,8 +32,8 @@ from typing import Any, Dict, Optional, Tuple
 import torch
 
 from ..errors import HumanlineStateError, SyncUsageError
-from . import contract
 from .attach import Attachment, hook_into, optimizer_kind
+from .contract import describe, instance_of, whole_number
 from .schedule import SyncSchedule
 from .sync import ParameterPairs
 
@@ -104,12 +104,12 @@ class ReferenceSync:
 
     def __init__(self, pairs: ParameterPairs, schedule: Optional[SyncSchedule] = None, updates_done: int = 0):
         where = "ReferenceSync()"
-        self.pairs = contract.instance(where, "pairs", pairs, ParameterPairs, "a ParameterPairs",
+        self.pairs = instance_of(where, "pairs", pairs, ParameterPairs, "a ParameterPairs",
                                        "pass pair_parameters(policy, reference) (or pair_lora_adapters(model))")
         self.schedule = schedule if schedule is not None else SyncSchedule()
-        contract.instance(where, "schedule", self.schedule, SyncSchedule, "a SyncSchedule instance or None",
+        instance_of(where, "schedule", self.schedule, SyncSchedule, "a SyncSchedule instance or None",
                           "pass e.g. SyncSchedule(every=2)")
-        self.updates_seen = contract.whole(where, "updates_done", updates_done,
+        self.updates_seen = whole_number(where, "updates_done", updates_done,
                                            "pass the optimizer updates already done (0 for a fresh run)", low=0)
         self.num_syncs = 0
         self.last_record: Optional[SyncRecord] = None
@@ -236,7 +236,7 @@ class ReferenceSync:
             HumanlineUsageError: ``updates_done`` is not a whole number ``>= 0``.
         """
         self._check_open("before_optimizer_step")
-        updates_done = contract.whole("ReferenceSync.before_optimizer_step", "updates_done", updates_done,
+        updates_done = whole_number("ReferenceSync.before_optimizer_step", "updates_done", updates_done,
                                       "pass the loop's count of optimizer updates already done (0, 1, 2, ...)", low=0)
         if self._attached is not None:
             raise SyncUsageError(
@@ -302,7 +302,7 @@ def _check_state_shape(where: str, state, fix: str) -> None:
     """A sync state's keys and the types of its values (``HumanlineStateError`` naming the first problem)."""
     if not isinstance(state, dict):
         raise HumanlineStateError(f"`{where}`: `state` must be the dict state_dict() returns, got "
-                                  f"{contract.describe(state)}. Nothing was loaded. Fix: {fix}.")
+                                  f"{describe(state)}. Nothing was loaded. Fix: {fix}.")
     missing = [key for key in STATE_KEYS if key not in state]
     unknown = sorted(map(str, set(state) - set(STATE_KEYS) - set(SHARD_KEYS)))
     if missing or unknown:
@@ -319,11 +319,11 @@ def _check_state_shape(where: str, state, fix: str) -> None:
             value is None or (isinstance(value, (int, float)) and not isinstance(value, bool))
             for value in schedule.values()):
         raise HumanlineStateError(f"`{where}`: `schedule` must be a dict of {list(SCHEDULE_KEYS)} (numbers), got "
-                                  f"{contract.describe(schedule)}. Nothing was loaded. Fix: {fix}.")
+                                  f"{describe(schedule)}. Nothing was loaded. Fix: {fix}.")
     if not isinstance(state["checksum"], str):
         raise HumanlineStateError(f"`{where}`: `checksum` must be the string state_dict() writes, got "
-                                  f"{contract.describe(state['checksum'])}. Nothing was loaded. Fix: {fix}.")
+                                  f"{describe(state['checksum'])}. Nothing was loaded. Fix: {fix}.")
     shards = state.get("reference_shards", {})
     if not isinstance(shards, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in shards.items()):
         raise HumanlineStateError(f"`{where}`: `reference_shards` must be a dict of name -> tensor, got "
-                                  f"{contract.describe(shards)}. Nothing was loaded. Fix: {fix}.")
+                                  f"{describe(shards)}. Nothing was loaded. Fix: {fix}.")

@@ -15,7 +15,7 @@ import torch
 
 from .. import logprobs
 from ..logprobs.hidden import causal_lm
-from . import contract
+from .contract import dtype_arg, instance_of, real_number, refuse, same_shape, tensor_arg, whole_number
 
 _FIX_IDS = ("pass the full vocabulary's logits [B, T, V] (under tensor parallelism, gather them or compute the "
             "log-probs vocab-parallel, as examples/megatron_dpo.py does) and real token ids (pad with the tokenizer's "
@@ -37,7 +37,7 @@ def _ids_in_vocab(where: str, input_ids: torch.Tensor, vocab: int) -> None:
     outside = (input_ids < 0) | (input_ids >= vocab)
     if input_ids.numel() and bool(outside.any()):
         position = outside.nonzero()[0].tolist()
-        raise contract.refuse(where, "input_ids", f"token ids in [0, {vocab}) (the logits' vocabulary)", input_ids,
+        raise refuse(where, "input_ids", f"token ids in [0, {vocab}) (the logits' vocabulary)", input_ids,
                               _FIX_IDS, shown=f"the id {int(input_ids[tuple(position)])} at {position}")
 
 
@@ -68,15 +68,15 @@ def prefix_token_logps(logits: torch.Tensor, input_ids: torch.Tensor, chunk_size
     """
     where = "prefix_token_logps"
     fix = "pass model(input_ids).logits [B, T, V] and the input_ids [B, T] the model read"
-    contract.tensor(where, "logits", logits, 3, ("float",), fix)
-    contract.tensor(where, "input_ids", input_ids, 2, ("int",), fix)
+    tensor_arg(where, "logits", logits, 3, ("float",), fix)
+    tensor_arg(where, "input_ids", input_ids, 2, ("int",), fix)
     if tuple(input_ids.shape) != tuple(logits.shape[:2]) or input_ids.device != logits.device:
-        raise contract.refuse(where, "input_ids", f"of the logits' [B, T] = {list(logits.shape[:2])}, on their "
+        raise refuse(where, "input_ids", f"of the logits' [B, T] = {list(logits.shape[:2])}, on their "
                               f"device ({logits.device})", input_ids, fix)
     if logits.shape[-1] < 1:
-        raise contract.refuse(where, "logits", "a tensor with a vocabulary (V >= 1)", logits, fix)
-    chunk_size = contract.whole(where, "chunk_size", chunk_size, "pass a whole number >= 1 (default 128)", low=1)
-    temperature = contract.real(where, "temperature", temperature, "pass a finite temperature > 0 (1.0: none)",
+        raise refuse(where, "logits", "a tensor with a vocabulary (V >= 1)", logits, fix)
+    chunk_size = whole_number(where, "chunk_size", chunk_size, "pass a whole number >= 1 (default 128)", low=1)
+    temperature = real_number(where, "temperature", temperature, "pass a finite temperature > 0 (1.0: none)",
                                 low=0.0, low_open=True)
     _ids_in_vocab(where, input_ids, logits.shape[-1])
     if input_ids.shape[1] == 0:  # no positions: nothing to shift
@@ -114,25 +114,25 @@ def fused_sequence_token_logps(model: torch.nn.Module, input_ids: torch.Tensor, 
     """
     where = "fused_sequence_token_logps"
     fix = "pass the causal LM, its input_ids [B, T] and their attention_mask [B, T]"
-    contract.instance(where, "model", model, torch.nn.Module, "an nn.Module (a causal LM, a PEFT wrapper or an "
+    instance_of(where, "model", model, torch.nn.Module, "an nn.Module (a causal LM, a PEFT wrapper or an "
                       "engine holding one)", fix)
     if module is not None:
-        contract.instance(where, "module", module, torch.nn.Module, "the causal LM inside `model`, or None", fix)
-    contract.tensor(where, "input_ids", input_ids, 2, ("int",), fix)
-    contract.tensor(where, "attention_mask", attention_mask, 2, ("bool", "int", "float"), fix)
-    contract.like(where, "attention_mask", attention_mask, "input_ids", input_ids, fix)
-    block_tokens = contract.whole(where, "block_tokens", block_tokens, "pass a whole number >= 1 (default 256)", low=1)
-    temperature = contract.real(where, "temperature", temperature, "pass a finite temperature > 0 (1.0: none)",
+        instance_of(where, "module", module, torch.nn.Module, "the causal LM inside `model`, or None", fix)
+    tensor_arg(where, "input_ids", input_ids, 2, ("int",), fix)
+    tensor_arg(where, "attention_mask", attention_mask, 2, ("bool", "int", "float"), fix)
+    same_shape(where, "attention_mask", attention_mask, "input_ids", input_ids, fix)
+    block_tokens = whole_number(where, "block_tokens", block_tokens, "pass a whole number >= 1 (default 256)", low=1)
+    temperature = real_number(where, "temperature", temperature, "pass a finite temperature > 0 (1.0: none)",
                                 low=0.0, low_open=True)
     head = getattr(causal_lm(module if module is not None else model), "get_output_embeddings", lambda: None)()
     if type(head) is not torch.nn.Linear:
-        raise contract.refuse(where, "module" if module is not None else "model", "a causal LM whose output layer "
+        raise refuse(where, "module" if module is not None else "model", "a causal LM whose output layer "
                               "(get_output_embeddings()) is a plain nn.Linear", head,
                               "pass module= the causal LM inside an engine, keep adapters off the output layer, or "
                               "use prefix_token_logps on the logits")
     if attention_mask.dtype != torch.bool and input_ids.numel() and bool(
             ((attention_mask != 0) & (attention_mask != 1)).any()):
-        raise contract.refuse(where, "attention_mask", "0 or 1 at every position", attention_mask, fix)
+        raise refuse(where, "attention_mask", "0 or 1 at every position", attention_mask, fix)
     _ids_in_vocab(where, input_ids, head.out_features)
     return logprobs.fused_sequence_token_logps(model, input_ids, attention_mask, block_tokens, temperature, module,
                                                device)
@@ -162,9 +162,9 @@ def mask_from_labels(labels: torch.Tensor, ignore_index: int = -100,
     """
     where = "mask_from_labels"
     fix = "pass labels [B, T] (labels[None] for a single sequence), -100 where a token does not count"
-    contract.tensor(where, "labels", labels, 2, ("int",), fix)
-    ignore_index = contract.whole(where, "ignore_index", ignore_index, "pass a whole number (default -100)")
-    dtype = contract.dtype_argument(where, "dtype", dtype, ("float", "bool"), "pass e.g. torch.float32 or torch.bool")
+    tensor_arg(where, "labels", labels, 2, ("int",), fix)
+    ignore_index = whole_number(where, "ignore_index", ignore_index, "pass a whole number (default -100)")
+    dtype = dtype_arg(where, "dtype", dtype, ("float", "bool"), "pass e.g. torch.float32 or torch.bool")
     if labels.shape[1] == 0:  # no positions
         return torch.zeros(tuple(labels.shape), dtype=dtype, device=labels.device)
     return logprobs.mask_from_labels(labels, ignore_index, dtype)

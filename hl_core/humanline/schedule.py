@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Optional
 
-from . import contract
+from .contract import real_number, whole_number
 
 
 @dataclass(frozen=True)
@@ -30,10 +30,10 @@ class SyncSchedule:
     def __post_init__(self):
         where = "SyncSchedule()"
         fix = "e.g. SyncSchedule(every=4, offset=0, mix=1.0): k a whole number >= 1 (or None), 0 <= offset < k"
-        every = None if self.every is None else contract.whole(where, "every", self.every, fix, low=1)
-        offset = contract.whole(where, "offset", self.offset, fix, low=0,
+        every = None if self.every is None else whole_number(where, "every", self.every, fix, low=1)
+        offset = whole_number(where, "offset", self.offset, fix, low=0,
                                 high=None if every is None else every - 1)
-        mix = contract.real(where, "mix", self.mix, fix, low=0.0, high=1.0, low_open=True)
+        mix = real_number(where, "mix", self.mix, fix, low=0.0, high=1.0, low_open=True)
         object.__setattr__(self, "every", every)  # plain Python numbers (a numpy int becomes an int)
         object.__setattr__(self, "offset", offset)
         object.__setattr__(self, "mix", mix)
@@ -42,6 +42,6 @@ class SyncSchedule:
         """Whether the reference syncs before update ``n = updates_done``: ``n % k == offset`` (``n`` counts optimizer
         updates already done, from 0, so update 0 syncs at offset 0: a no-op when both models start from one
         checkpoint); never when ``every`` is None. ``updates_done``: a whole number ``>= 0``."""
-        n = contract.whole("SyncSchedule.due", "updates_done", updates_done,
+        n = whole_number("SyncSchedule.due", "updates_done", updates_done,
                            "pass the number of optimizer updates already done", low=0)
         return self.every is not None and n % self.every == self.offset

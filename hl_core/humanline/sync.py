@@ -19,7 +19,7 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Un
 import torch
 
 from ..errors import HumanlineStateError, SyncUsageError
-from . import contract
+from .contract import describe, real_number, refuse
 from .functional import mix_unchecked
 
 Pair = Tuple[str, torch.Tensor, torch.Tensor]
@@ -170,11 +170,11 @@ class ParameterPairs:
         Returns:
             The bytes written on this rank.
         """
-        mix = contract.real("ParameterPairs.sync", "mix", mix, "pass mix in (0, 1]", low=0.0, high=1.0, low_open=True)
+        mix = real_number("ParameterPairs.sync", "mix", mix, "pass mix in (0, 1]", low=0.0, high=1.0, low_open=True)
         if mix != 1.0:
             for name, policy, reference in self.pairs:
                 if _shard(policy).dtype != _shard(reference).dtype:
-                    raise contract.refuse("ParameterPairs.sync", "mix", f"1.0 when a pair's dtypes differ (`{name}`: "
+                    raise refuse("ParameterPairs.sync", "mix", f"1.0 when a pair's dtypes differ (`{name}`: "
                                           f"{_shard(policy).dtype} into {_shard(reference).dtype})", mix,
                                           "build both models in one dtype for a soft update, or copy with mix=1.0")
         return sum(sync_pair(policy, reference, mix) for _, policy, reference in self.pairs)
@@ -197,7 +197,7 @@ class ParameterPairs:
         if not isinstance(shards, dict) or not all(isinstance(k, str) and torch.is_tensor(v) for k, v in
                                                    shards.items()):
             raise HumanlineStateError(f"`{where}`: the reference shards must be a dict of name -> tensor, got "
-                                      f"{contract.describe(shards)}. Nothing was loaded. Fix: {fix}.")
+                                      f"{describe(shards)}. Nothing was loaded. Fix: {fix}.")
         names = [name for name, _, _ in self.pairs]
         missing, extra = [n for n in names if n not in shards], sorted(set(shards) - set(names))
         if missing or extra:
@@ -236,25 +236,25 @@ def _checked_pairs(pairs) -> List[Pair]:
     if isinstance(pairs, ParameterPairs):
         return list(pairs.pairs)
     if isinstance(pairs, (str, bytes, torch.Tensor, torch.nn.Module)) or not hasattr(pairs, "__iter__"):
-        raise contract.refuse(where, "pairs", "a list of (name, policy tensor, reference tensor)", pairs, _PAIRS_FIX)
+        raise refuse(where, "pairs", "a list of (name, policy tensor, reference tensor)", pairs, _PAIRS_FIX)
     out: List[Pair] = []
     names, references = set(), {}
     for item in pairs:
         if not (isinstance(item, tuple) and len(item) == 3 and isinstance(item[0], str)
                 and all(isinstance(t, torch.Tensor) and t.dtype.is_floating_point for t in item[1:])):
-            raise contract.refuse(where, "pairs", "(name, policy tensor, reference tensor) triples of floating-point "
+            raise refuse(where, "pairs", "(name, policy tensor, reference tensor) triples of floating-point "
                                   "tensors", item, _PAIRS_FIX)
         name, policy, reference = item
         if name in names:
-            raise contract.refuse(where, "pairs", "triples with unique names", name, _PAIRS_FIX)
+            raise refuse(where, "pairs", "triples with unique names", name, _PAIRS_FIX)
         if _same_storage(policy, reference):
-            raise contract.refuse(where, "pairs", f"a policy tensor and a distinct reference tensor (`{name}` pairs a "
+            raise refuse(where, "pairs", f"a policy tensor and a distinct reference tensor (`{name}` pairs a "
                                   "tensor with itself, so every log-ratio would be 0)", policy, _PAIRS_FIX)
         if id(reference) in references:
-            raise contract.refuse(where, "pairs", f"each reference tensor in one pair (`{name}` and "
+            raise refuse(where, "pairs", f"each reference tensor in one pair (`{name}` and "
                                   f"`{references[id(reference)]}` write the same one)", reference, _PAIRS_FIX)
         if tuple(_shard(policy).shape) != tuple(_shard(reference).shape):
-            raise contract.refuse(where, "pairs", f"tensors whose local shards have one shape (`{name}`: "
+            raise refuse(where, "pairs", f"tensors whose local shards have one shape (`{name}`: "
                                   f"{list(_shard(policy).shape)} and {list(_shard(reference).shape)})", item,
                                   "build both models with one sharding layout")
         names.add(name)
@@ -282,21 +282,21 @@ def pair_parameters(policy: Models, reference: Models) -> ParameterPairs:
     where = "pair_parameters"
     for argument, models in (("policy", policy), ("reference", reference)):
         if not _is_models(models):
-            raise contract.refuse(where, argument, "an nn.Module (a DDP/FSDP2 module, a DeepSpeed engine) or a list of "
+            raise refuse(where, argument, "an nn.Module (a DDP/FSDP2 module, a DeepSpeed engine) or a list of "
                                   "Megatron-core model chunks", models, _PAIRS_FIX)
     pol, ref = _named_parameters(policy), _named_parameters(reference)
     if [n for n, _ in pol] != [n for n, _ in ref]:
         only = sorted(set(n for n, _ in pol) ^ set(n for n, _ in ref))[:3]
-        raise contract.refuse(where, "reference", f"a model with the policy's parameter names, in order (they differ "
+        raise refuse(where, "reference", f"a model with the policy's parameter names, in order (they differ "
                               f"in names or order, e.g. {only})", reference, "pair two models built alike")
     for (name, p), (_, r) in zip(pol, ref):
         p_shape, r_shape = _shard(p).shape, _shard(r).shape
         if p_shape != r_shape:
-            raise contract.refuse(where, "reference", f"a model whose local shards have the policy's shapes (`{name}`: "
+            raise refuse(where, "reference", f"a model whose local shards have the policy's shapes (`{name}`: "
                                   f"the policy's local shard is {tuple(p_shape)} but the reference's is "
                                   f"{tuple(r_shape)})", reference, "build both models with one sharding layout")
         if _same_storage(p, r):
-            raise contract.refuse(where, "reference", f"a separate model (`{name}` is one tensor in both, so every "
+            raise refuse(where, "reference", f"a separate model (`{name}` is one tensor in both, so every "
                                   "log-ratio would be 0 and a sync would copy a tensor onto itself)", reference,
                                   "load or deepcopy a second model for the reference")
     models = list(policy) + list(reference) if not isinstance(policy, torch.nn.Module) else [policy, reference]
@@ -345,13 +345,13 @@ def pair_lora_adapters(model: torch.nn.Module, policy_adapter: str = "default",
     """
     where = "pair_lora_adapters"
     if not isinstance(model, torch.nn.Module):
-        raise contract.refuse(where, "model", "a PEFT model (an nn.Module)", model, "pass the PEFT model")
+        raise refuse(where, "model", "a PEFT model (an nn.Module)", model, "pass the PEFT model")
     for argument, value in (("policy_adapter", policy_adapter), ("reference_adapter", reference_adapter)):
         if not isinstance(value, str) or not value:
-            raise contract.refuse(where, argument, "an adapter name (a non-empty str)", value,
+            raise refuse(where, argument, "an adapter name (a non-empty str)", value,
                                   "pass the adapters' names, e.g. \"default\" and \"reference\"")
     if policy_adapter == reference_adapter:
-        raise contract.refuse(where, "reference_adapter", "another adapter than `policy_adapter`", reference_adapter,
+        raise refuse(where, "reference_adapter", "another adapter than `policy_adapter`", reference_adapter,
                               "add a frozen twin with model.add_adapter(\"reference\", config) and name it here")
     names = {id(p): n for n, p in _unwrap(model).named_parameters()}
     pairs, layouts_differ = [], False
@@ -360,11 +360,11 @@ def pair_lora_adapters(model: torch.nn.Module, policy_adapter: str = "default",
         layouts_differ |= [n for n, _ in pol] != [n for n, _ in ref]
         pairs += [(names[id(r)], p, r) for (_, p), (_, r) in zip(pol, ref)]
     if not pairs:
-        raise contract.refuse(where, "model", f"a PEFT model where a layer holds both a `{policy_adapter}` and a "
+        raise refuse(where, "model", f"a PEFT model where a layer holds both a `{policy_adapter}` and a "
                               f"`{reference_adapter}` LoRA adapter (no layer holds both)", model,
                               f"add the reference with model.add_adapter(\"{reference_adapter}\", config)")
     if layouts_differ:
-        raise contract.refuse(where, "model", f"a PEFT model whose `{policy_adapter}` and `{reference_adapter}` "
+        raise refuse(where, "model", f"a PEFT model whose `{policy_adapter}` and `{reference_adapter}` "
                               "adapters share one layout (they differ)", model,
                               "add the reference adapter with the policy adapter's LoraConfig")
     return ParameterPairs(pairs, models=[model])

@@ -18,7 +18,7 @@ from typing import Any, Dict, Tuple
 import torch
 
 from ..errors import HumanlineStateError, NonFiniteLogRatioError
-from . import contract
+from .contract import clip_bounds, describe, log_probs_and_mask, refuse, whole_number
 from .functional import (
     DEFAULT_LOG_EPS_P,
     DEFAULT_LOG_EPS_R,
@@ -37,7 +37,7 @@ MAX_SEED = 2**64 - 1  # what torch.Generator.manual_seed takes
 
 def _flag(where: str, argument: str, value) -> bool:
     if not isinstance(value, bool):
-        raise contract.refuse(where, argument, "True or False", value,
+        raise refuse(where, argument, "True or False", value,
                               "pass check_finite=True (raise on a non-finite counted log-prob) or False (NaN metrics "
                               "for your guard)")
     return value
@@ -67,7 +67,7 @@ class LogRatioTransform:
     def __call__(self, policy_logps: torch.Tensor, ref_logps: torch.Tensor,
                  mask: torch.Tensor) -> Tuple[torch.Tensor, Metrics]:
         where = f"{type(self).__name__}.__call__"
-        contract.log_probs_and_mask(where, policy_logps, ref_logps, mask)
+        log_probs_and_mask(where, policy_logps, ref_logps, mask)
         counted = mask != 0
         if self.check_finite:
             _refuse_bad_values(where, policy_logps, ref_logps, mask, counted)
@@ -88,7 +88,7 @@ class LogRatioTransform:
         if not isinstance(state, dict) or state:
             raise HumanlineStateError(
                 f"`{type(self).__name__}.load_state_dict`: `state` must be {{}} (this transform keeps no state), got "
-                f"{contract.describe(state)}. Fix: pass the state_dict() of the same kind of transform (a "
+                f"{describe(state)}. Fix: pass the state_dict() of the same kind of transform (a "
                 "SampleTransform's state goes to a SampleTransform).")
 
 
@@ -99,7 +99,7 @@ def _refuse_bad_values(where: str, policy_logps, ref_logps, mask, counted) -> No
         flags.append(((mask != 0) & (mask != 1)).any())
     bad = torch.stack(flags).tolist()
     if len(bad) > 2 and bad[2]:
-        raise contract.refuse(where, "mask", "0 or 1 at every position", mask,
+        raise refuse(where, "mask", "0 or 1 at every position", mask,
                               "pass a 0/1 (or bool) token mask; weight tokens in your objective, not in the mask")
     for argument, values, flagged in (("policy_logps", policy_logps, bad[0]), ("ref_logps", ref_logps, bad[1])):
         if flagged:
@@ -129,7 +129,7 @@ class NoTransform(LogRatioTransform):
 
     def __init__(self, log_eps_P: float = DEFAULT_LOG_EPS_P, log_eps_R: float = DEFAULT_LOG_EPS_R,
                  check_finite: bool = True):
-        self.log_eps_P, self.log_eps_R = contract.bounds("NoTransform()", log_eps_P, log_eps_R)
+        self.log_eps_P, self.log_eps_R = clip_bounds("NoTransform()", log_eps_P, log_eps_R)
         super().__init__(check_finite)
 
     def apply(self, policy_logps, ref_logps, counted):
@@ -157,7 +157,7 @@ class ClipTransform(LogRatioTransform):
 
     def __init__(self, log_eps_P: float = DEFAULT_LOG_EPS_P, log_eps_R: float = DEFAULT_LOG_EPS_R,
                  check_finite: bool = True):
-        self.log_eps_P, self.log_eps_R = contract.bounds("ClipTransform()", log_eps_P, log_eps_R)
+        self.log_eps_P, self.log_eps_R = clip_bounds("ClipTransform()", log_eps_P, log_eps_R)
         super().__init__(check_finite)
 
     def apply(self, policy_logps, ref_logps, counted):
@@ -199,7 +199,7 @@ class SampleTransform(LogRatioTransform):
                  check_finite: bool = True):
         params = beta_parameters("SampleTransform()", gamma_P, gamma_R, beta_P, beta_R)
         self.gamma_P, self.gamma_R, self.beta_P, self.beta_R = params
-        self.seed = contract.whole("SampleTransform()", "seed", seed, "pass a whole number in [0, 2**64)", 0, MAX_SEED)
+        self.seed = whole_number("SampleTransform()", "seed", seed, "pass a whole number in [0, 2**64)", 0, MAX_SEED)
         self._generators: Dict[str, torch.Generator] = {}
         super().__init__(check_finite)
 
@@ -222,7 +222,7 @@ class SampleTransform(LogRatioTransform):
         fix = "pass what state_dict() returned, on a machine with the same devices"
         if not isinstance(state, dict):
             raise HumanlineStateError(f"`{where}`: `state` must be a dict {{device: generator state}}, got "
-                                      f"{contract.describe(state)}. Fix: {fix}.")
+                                      f"{describe(state)}. Fix: {fix}.")
         checked = {}
         for key, value in state.items():
             try:
@@ -233,7 +233,7 @@ class SampleTransform(LogRatioTransform):
                 why = str(exc).strip().splitlines()[0][:100] if str(exc).strip() else type(exc).__name__
                 raise HumanlineStateError(
                     f"`{where}`: the entry {key!r} is not a generator state of a device here "
-                    f"({contract.describe(value)}: {why}). Nothing was loaded. Fix: {fix}.") from None
+                    f"({describe(value)}: {why}). Nothing was loaded. Fix: {fix}.") from None
             checked[str(device)] = value
         for key, value in checked.items():
             self.generator(torch.device(key)).set_state(value)

@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from ..errors import RecipeError
-from ..objectives import OBJECTIVES, lookahead_blocker, reference_needed
+from ..objectives import OBJECTIVES
 from ..storage import gguf_models
 from ..storage.text import non_regular_file
+from .decisions import lookahead_blocker, reference_needed
 from .resume import check_resume
 from .schema import Recipe
 from .sections_run import POST_TRAINING_EVALS

@@ -6,8 +6,8 @@
   exactly like the policy's. Syncing copies each rank's own partition (``param.ds_tensor``) and, for
   parameters kept whole under the persistence threshold (``param.ds_persist``), also ``param.data``.
   Nothing is gathered.
-* No reference engine at all when the run never reads it (``objectives.reference_needed``: SFT, standard
-  rollout GRPO without a KL term) or reads it without a copy (``objectives.reference_mode``: a cached frozen
+* No reference engine at all when the run never reads it (``config.reference_needed``: SFT, standard
+  rollout GRPO without a KL term) or reads it without a copy (``config.reference_mode``: a cached frozen
   reference, look-ahead syncing).
 * LoRA (``model.lora``, ZeRO 0-2): no reference engine either; the reference is the policy module with its
   adapter off, or with a frozen ``reference`` adapter that syncing overwrites (``engines/lora.py``).
@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..config import batch_layout
+from ..config import batch_layout, reference_model_needed
 from ..errors import RecipeError
 from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions, sequence_token_logps
@@ -33,7 +33,6 @@ from ..logprobs.hidden import fused_sequence_token_logps
 from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
 from ..models.speed import RegionalCompile, check_speed_options
-from ..objectives import reference_model_needed
 from ..storage.checkpoints import check_files, safe_load, wrote_lookahead
 from ..storage.deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda

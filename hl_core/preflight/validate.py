@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..callbacks import build_callbacks
-from ..config import batch_layout, check_recipe
-from ..data.build import build_datasets, data_plan, describe_data, load_split_records
+from ..config import batch_layout, check_recipe, data_plan
+from ..data.build import build_datasets, describe_data, load_split_records
 from ..engines.base import check_launch_environment
 from ..loop.lifecycle import check_other_run
 from ..loop.run_record import check_resume_record, run_record
@@ -43,8 +43,9 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     check_model_config(model)
     check_weights_load(model)  # a local model's config.json and safetensors headers (no weights read)
     target, _ = resume_target(recipe.checkpoint.resume, recipe.output_dir)
-    check_other_run(recipe, target)  # another run's outputs in output_dir
-    resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None
+    check_other_run(Path(recipe.output_dir), recipe.checkpoint, target)  # another run's outputs in output_dir
+    resume = (check_resume_record(target, recipe.checkpoint.resume, run_record(recipe, world)) if target is not None
+              else None)
     check_speed_options(recipe)  # model.kernels and train.fused_logprobs against the model family and this machine
     build_callbacks(recipe.train.callbacks)  # train.callbacks: importable, built, LoopCallbacks
     tokenizer = None

@@ -13,8 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from eval.repro import real, real_report
-from eval.repro import __main__ as driver
+from eval.repro import __main__ as driver, real, real_report
 from helpers import REPO, read_jsonl, run_recipe
 
 DOCS = REPO / "docs" / "results" / "real-study"

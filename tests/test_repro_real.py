@@ -190,3 +190,13 @@ def test_the_committed_report_is_its_json():
         assert {"arm", "seed", "held_out_start", "held_out_end", "greedy_right_sum", "wall_s", "cpu_s",
                 "rollout_wall_s", "update_wall_s"} <= set(run)
         assert run["held_out_start"] == run["held_out"][0] and run["held_out_end"] == run["held_out"][-1]
+
+
+def test_the_results_page_quotes_the_report():
+    """Every results and cost row on the page is a row of the generated report (so the JSON's numbers)."""
+    page = (REPO / "docs" / "results" / "real-study.md").read_text()
+    report = (DOCS / "results.md").read_text().splitlines()
+    rows = [line for line in page.splitlines() if line.startswith("| ") and any(
+        label in line for label in real.LABELS.values())]
+    assert len(rows) >= 2 * len({r["arm"] for r in json.loads((DOCS / "results.json").read_text())["runs"]})
+    assert [row for row in rows if row not in report] == []

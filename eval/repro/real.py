@@ -12,9 +12,9 @@ GRPO on SmolLM2-135M-Instruct, on the demo's two-digit additions (``recipes/real
   offline arms through ``rollout.replay``; its generation time is recorded once.
 * Every cell (arm, seed) is ``launchers/run.py``'s ``main()`` in a study worker (1 thread, deterministic algorithms,
   the AVX2 kernels: ``eval.repro.runs``), then its greedy held-out answers (``eval.addition.greedy_accuracy``).
-  A finished cell is recorded in ``--out``'s ``results.json`` under a key of its recipes, data, reward and
-  overrides; a re-run skips it, so the study completes over several sittings. The report is rewritten after
-  every cell (``eval.repro.real_report``).
+  A finished cell is recorded in ``--out``'s ``results.json`` under a key of its recipes (as parsed), the task's
+  data and code and its overrides; a re-run skips it, so the study completes over several sittings. The report is
+  rewritten after every cell (``eval.repro.real_report``).
 
     python -m eval.repro --study real --plan                  # cells, offline sets, ETA; runs nothing
     python -m eval.repro --study real --jobs 1 --out docs/results/real-study   # the committed study (resumes it)
@@ -24,6 +24,7 @@ GRPO on SmolLM2-135M-Instruct, on the demo's two-digit additions (``recipes/real
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import shutil
 import statistics
@@ -42,7 +43,6 @@ from .studies import Arm, Study
 STUDY = REPO / "recipes" / "real" / "study"
 DEMO = REPO / "recipes" / "real" / "smollm2_addition_grpo.yaml"
 DOCS = REPO / "docs" / "results" / "real-study"
-REWARD_CODE = REPO / "eval" / "addition.py"
 SET_RECIPE = STUDY / "offline_humanline.yaml"  # writes the sets: its rollout computes no behaviour log-probs
 # every cell: one thread, deterministic algorithms, `final/` (its merged model answers the greedy evaluation)
 COMMON = ("train.deterministic=true", "train.num_threads=1", "checkpoint.save_final=true",
@@ -108,11 +108,26 @@ def recipe_chain(path: Path) -> List[Path]:
     return chain
 
 
+def task_code() -> str:
+    """The task's code that decides a cell's numbers: the reward, the answer parsing, the greedy evaluation and the
+    held-out problems (their sources: a comment or an import elsewhere in the module does not count)."""
+    from eval import addition
+
+    parts = [inspect.getsource(f) for f in (addition.sum_credit, addition.completion_number, addition.holds_sum,
+                                             addition.greedy_accuracy, addition.problems)]
+    return "\n".join(parts + [addition._NUMBER.pattern, addition.SYSTEM_PROMPT])
+
+
 def content_key(recipe: Path, overrides: Sequence[str]) -> str:
-    """What decides a cell's numbers: its recipes' texts, the task's data and reward code, the overrides."""
+    """What decides a cell's numbers: its recipes as parsed (comments do not count), the task's data files and code
+    (``task_code``), the overrides."""
     digest = hashlib.sha256()
-    for path in recipe_chain(recipe) + sorted((REPO / "recipes" / "real" / "data").glob("*.jsonl")) + [REWARD_CODE]:
+    for path in recipe_chain(recipe):
+        parsed = yaml.safe_load(path.read_text()) or {}
+        digest.update(f"{path.relative_to(REPO)}\0{json.dumps(parsed, sort_keys=True)}\0".encode())
+    for path in sorted((REPO / "recipes" / "real" / "data").glob("*.jsonl")):
         digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
+    digest.update(task_code().encode())
     digest.update(json.dumps(list(overrides)).encode())
     return digest.hexdigest()[:16]
 

@@ -58,6 +58,25 @@ def test_offline_arms_replay_the_seeds_set_and_online_arms_log_their_samples():
     assert real.set_key(grid, 0) != real.set_key(grid, 1)
 
 
+def test_a_cells_key_reads_values_not_comments(tmp_path, monkeypatch):
+    monkeypatch.setattr(real, "REPO", tmp_path)
+    (tmp_path / "recipes" / "real" / "data").mkdir(parents=True)
+    data = tmp_path / "recipes" / "real" / "data" / "a.jsonl"
+    data.write_text('{"prompt": "What is 1 + 1?", "answer": "2"}\n')
+    base, arm = tmp_path / "base.yaml", tmp_path / "arm.yaml"
+    base.write_text("train:\n  lr: 1.0\n")
+    arm.write_text("defaults: [base.yaml]\nrollout:\n  every: 2\n")
+    key = real.content_key(arm, ["train.seed=1"])
+    base.write_text("# a comment\ntrain:\n  lr: 1.0  # the same value\n")
+    assert real.content_key(arm, ["train.seed=1"]) == key
+    base.write_text("train:\n  lr: 2.0\n")
+    assert real.content_key(arm, ["train.seed=1"]) != key
+    base.write_text("train:\n  lr: 1.0\n")
+    data.write_text("{}\n")
+    assert real.content_key(arm, ["train.seed=1"]) != key
+    assert real.content_key(arm, ["train.seed=2"]) != real.content_key(arm, ["train.seed=1"])
+
+
 def _record(arm, seed, end, key=None):
     steps = [0, 4, 8, 12]
     values = [0.0, end / 3, end / 2, end]

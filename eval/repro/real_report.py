@@ -140,6 +140,18 @@ def measures_table(summary: dict, labels: Dict[str, str]) -> List[str]:
     return lines
 
 
+def seed_lines(summary: dict, labels: Dict[str, str]) -> List[str]:
+    """Per arm and seed: the held-out reward at update 0 and at the last update, and the greedy right sums."""
+    seeds = sorted({s for entry in summary["arms"].values() for s in entry["seeds"]})
+    lines = ["| arm | " + " | ".join(f"seed {s}" for s in seeds) + " |", "|---|" + "---|" * len(seeds)]
+    for arm, entry in summary["arms"].items():
+        per = entry["per_seed"]
+        cells = {s: f"{per['held_out_start'][i]:.3f} -> {per['held_out_end'][i]:.3f} ({per['greedy_right_sum'][i]:.0f})"
+                 for i, s in enumerate(entry["seeds"])}
+        lines.append(f"| {labels.get(arm, arm)} | " + " | ".join(cells.get(s, "—") for s in seeds) + " |")
+    return lines
+
+
 def gap_lines(summary: dict, labels: Dict[str, str]) -> List[str]:
     lines = ["| arm | seeds | online - offline | arm - offline | share of the gap closed [interval] |",
              "|---|---|---|---|---|"]
@@ -175,6 +187,8 @@ def render(results: dict, labels: Dict[str, str]) -> str:
     sets = results.get("offline_sets", [])
     lines = [f"# {results['title']}", "", f"{len(results['runs'])} finished cells. Mean over seeds [95% interval]; "
              f"{summary['interval']}.", "", *measures_table(summary, labels), "",
+             "Per seed: held-out reward at update 0 -> at the last update (greedy answers holding the right sum):", "",
+             *seed_lines(summary, labels), "",
              f"Share of the online-minus-offline gap closed, on the {MEASURES[summary['measure']][0]}:", "",
              *gap_lines(summary, labels), "", "Cost per cell, mean minutes (wall-clock / CPU). The rollout phase is "
              "the pack's own timer: sampling and scoring, and for plain GRPO the behaviour policy's log-probs; an "

@@ -29,7 +29,8 @@ def test_plan_lists_the_arms_the_seeds_and_an_eta(tmp_path):
     proc = _cli("--plan", "--arms", "offline", "online", "--seeds", "2", "--out", str(tmp_path / "out"),
                 "--cache", str(tmp_path / "cache"))
     assert proc.returncode == 0, proc.stderr
-    assert "plan: 4 cells (0 finished, skipped; 4 to run) and 2 offline set(s) to sample; 12 updates" in proc.stdout
+    assert ("plan: 4 cells (0 finished, skipped; 4 to run) and 2 offline set(s) to sample (not cached); 12 updates"
+            in proc.stdout)
     assert "offline              seeds [0, 1]: 2 to run [0, 1]" in proc.stdout and "ETA " in proc.stdout
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()  # a plan runs and writes nothing
 

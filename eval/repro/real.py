@@ -194,7 +194,8 @@ def plan_text(cells: Sequence[Tuple[RealArm, int]], todo: Sequence[Tuple[RealArm
            + table["set"] * len(sets)) / jobs
     source = "recorded in results.json" if results.get("runs") else "of an idle 2-core machine"
     lines = [f"plan: {len(cells)} cells ({len(cells) - len(todo)} finished, skipped; {len(todo)} to run) and "
-             f"{len(sets)} offline set(s) to sample; {grid.steps} updates per cell; {jobs} run(s) at a time; ETA "
+             f"{len(sets)} offline set(s) to sample (not cached); {grid.steps} updates per cell; {jobs} run(s) at a "
+             f"time; ETA "
              f"{eta / 60:.0f} min (per-cell times {source}; a loaded machine takes 2-4x)"]
     for arm in dict.fromkeys(a for a, _ in cells):
         seeds = [s for a, s in cells if a is arm]
@@ -253,10 +254,15 @@ def write_offline_set(recipe: str, overrides: List[str], out: str) -> dict:
     return meta
 
 
+def set_folder(cache: Path, grid: RealGrid, seed: int) -> Path:
+    """Where the seed's offline set is cached (``rollouts/`` and ``set.json``)."""
+    return cache / "sets" / f"seed{seed}-{set_key(grid, seed)}"
+
+
 def offline_set(grid: RealGrid, seed: int, cache: Path, pool: WorkerPool) -> Tuple[Path, dict]:
     """The seed's offline set (sampled in a worker unless cached): its ``rollouts/`` folder and its record."""
     key = set_key(grid, seed)
-    folder = cache / "sets" / f"seed{seed}-{key}"
+    folder = set_folder(cache, grid, seed)
     log = cache / "logs" / f"offline-set-seed{seed}.log"
     start = time.perf_counter()
     answer = pool.ask({"call": "eval.repro.real:write_offline_set", "log": str(log),
@@ -383,12 +389,13 @@ def run_real(args, grid, out: Path, cache: Path, pool: WorkerPool) -> int:
     done = {(r["arm"], r["seed"]): r for r in results["runs"]}
     todo = pending(cells, done, real)
     known_sets = {s["seed"]: s for s in results["offline_sets"] if s.get("key") == set_key(real, s["seed"])}
-    need_sets = sorted({s for a, s in todo if a.offline})
-    text, eta = plan_text(cells, todo, [s for s in need_sets if s not in known_sets], real, results, pool.jobs)
+    real_cache = cache / ("real-quick" if real.shortened else "real")
+    to_sample = sorted({s for a, s in todo
+                        if a.offline and not (set_folder(real_cache, real, s) / "set.json").exists()})
+    text, eta = plan_text(cells, todo, to_sample, real, results, pool.jobs)
     print(text, flush=True)
     if args.plan:
         return 0
-    real_cache = cache / ("real-quick" if real.shortened else "real")
     meta = {"title": TITLE, "design": design(real, arms, seeds), "plan_eta_s": eta}
     env = environment(pool) if todo else results.get("environment", {})
     start = time.perf_counter()

@@ -186,8 +186,9 @@ class Trainer:
                        else f"{STOP_FILE} found in {self.output_dir}")
                 self.report.print(f"{why}: checkpointing at update {self.updates_done} and stopping.")
                 break
+            cpu = time.process_time()
             row = self.train_step()
-            times.add(row)
+            times.add(row, time.process_time() - cpu)
             self.report.update(row)
             self.callbacks.after_update(self.context(), row)
             self.safety.after_update(row, self.nonfinite, self.progress())
@@ -204,6 +205,7 @@ class Trainer:
         if self.is_main and (self.output_dir / STOP_FILE).exists():
             (self.output_dir / STOP_FILE).unlink()
         self.report.stop_progress()
+        times.rollout_cpu = self.source.cpu_s
         finished = self.updates_done >= recipe.train.max_steps
         if not finished:
             self.report.print(f"Stopped after update {self.updates_done}; resume with checkpoint.resume=auto.")

@@ -5,6 +5,8 @@
     python -m eval.repro --study preference_fair   # DPO / KTO with the paper's allowance: tuned lr and max
                                                    # grad norm, sync period, data source, clamp (< 60 min)
     python -m eval.repro --study preference_fair --plan  # its planned run count and ETA; runs nothing
+    python -m eval.repro --study real --plan       # the real model (SmolLM2-135M): cells, offline sets, ETA
+    python -m eval.repro --study real --arms offline_humanline --seeds 1   # one cell; finished cells are skipped
     python -m eval.repro [--study S] --quick       # a shortened grid with the sanity checks (< 3 min)
     python -m eval.repro [--study S] --sweep       # the regime sweep (chosen by the online arm(s) alone)
     python -m eval.repro --sweep --regimes lr1e-4 lr1e-4_T0.7   # some of its regimes
@@ -31,6 +33,7 @@ from hl_core.storage.digests import sha256_file
 
 from . import stats
 from .fair import PREFERENCE_FAIR
+from .real import REAL
 from .report import clamp_binding, per_run, regime, write_report
 from .runs import REPO, Run, RunFailed, WorkerPool, accepted_warmups, environment, run_all
 from .sources import SOURCES, source_data
@@ -44,7 +47,7 @@ from .studies import (
     grid_runs,
 )
 
-STUDIES = {**BASE_STUDIES, PREFERENCE_FAIR.name: PREFERENCE_FAIR}
+STUDIES = {**BASE_STUDIES, PREFERENCE_FAIR.name: PREFERENCE_FAIR, REAL.name: REAL}
 
 
 def offline_data(study: Study, cache: Path, grid: Grid, pool: WorkerPool) -> Dict[str, Path]:
@@ -119,7 +122,7 @@ def main(argv: Optional[Sequence[str]] = None, pool: Optional[WorkerPool] = None
     parser.add_argument("--arms", nargs="*", default=None, help="a subset of arms (default: all)")
     parser.add_argument("--regimes", nargs="*", default=None, help="--sweep: a subset of regimes (default: all)")
     parser.add_argument("--plan", action="store_true", help="print the planned run count and ETA, run nothing "
-                        "(studies with stages of their own: preference_fair)")
+                        "(studies with stages of their own: preference_fair, real)")
     parser.add_argument("--out", default=None, help="output folder (default runs/repro/<study>[-quick|-sweep])")
     parser.add_argument("--cache", default=None, help="where warm-ups and offline data are cached (default "
                         "runs/repro/cache; quick: the output folder)")
@@ -137,13 +140,14 @@ def main(argv: Optional[Sequence[str]] = None, pool: Optional[WorkerPool] = None
               f"the {study.name} study's run count is its arms x warm-ups x seeds", file=sys.stderr)
         return 2
     grid = QUICK if args.quick else FULL
-    jobs = args.jobs or max(1, os.cpu_count() or 1)
+    jobs = args.jobs or study.jobs or max(1, os.cpu_count() or 1)
     mode = "quick" if args.quick else "sweep" if args.sweep else "study"
     out = Path(args.out or REPO / "runs" / "repro" / (study.name + ("" if mode == "study" else f"-{mode}")))
-    cache = Path(args.cache) if args.cache else out.parent / "cache" if not args.quick else out
+    cache = (Path(args.cache) if args.cache else study.cache if study.cache else out.parent / "cache"
+             if not args.quick else out)
     if pool is not None:
         return run_in(pool, args, study, grid, out, cache, mode)
-    with WorkerPool(jobs, out / "workers") as own:
+    with WorkerPool(jobs, (cache if study.cache else out) / "workers") as own:
         return run_in(own, args, study, grid, out, cache, mode)
 
 

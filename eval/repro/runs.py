@@ -8,6 +8,7 @@ import json
 import os
 import platform
 import queue
+import resource
 import subprocess
 import sys
 import threading
@@ -39,6 +40,7 @@ class Run:
     output_dir: Path
     warmup: int = 0  # the warm-up model's seed
     wall_s: float = 0.0
+    cpu_s: Optional[float] = None  # CPU seconds of the run's process (None: not measured, runs sharing a process)
     curve: Tuple[List[int], List[float]] = field(default_factory=lambda: ([], []))  # held-out reward per eval
     win_rate: List[float] = field(default_factory=list)  # against the start policy, per eval (when reported)
     metrics: List[dict] = field(default_factory=list)
@@ -158,6 +160,12 @@ class WorkerPool:
         self.close()
 
 
+def children_cpu_s() -> float:
+    """User + system CPU seconds of the child processes this process has waited for."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
 def run_one(run: Run, pool: WorkerPool) -> Run:
     """Train one (arm, warm-up, seed) through ``launchers/run.py``'s ``main()`` in a pool worker (the command
     line's code path); reads its curve and metrics back."""
@@ -169,12 +177,15 @@ def run_one(run: Run, pool: WorkerPool) -> Run:
     log = run.output_dir / "driver.log"
     start = time.perf_counter()
     if pool.subprocess:
+        cpu = children_cpu_s()
         proc = children.run(cmd, cwd=REPO, env=child_env(pool.cpu_kernels), capture_output=True, text=True)
         log.write_text(proc.stdout + proc.stderr)
-        answer = {"code": proc.returncode}
+        # the children's CPU is this run's alone only when no other run ends meanwhile
+        answer = {"code": proc.returncode, "cpu_s": children_cpu_s() - cpu if pool.jobs == 1 else None}
     else:
         answer = pool.ask({"argv": argv, "log": str(log)})
     run.wall_s = time.perf_counter() - start
+    run.cpu_s = answer.get("cpu_s")
     if answer["code"] != 0:
         text = log.read_text() if log.exists() else ""
         tail = "\n".join((text.strip().splitlines() + [answer.get("died", "")])[-25:])

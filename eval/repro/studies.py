@@ -97,6 +97,10 @@ class Study:
     checks: Optional[Callable] = None  # (runs, repeat) -> dict of sanity checks
     # a study with stages of its own: (args, grid, out, cache, pool) -> exit code (instead of the arms x seeds grid)
     runner: Optional[Callable] = None
+    jobs: Optional[int] = None  # runs at a time unless --jobs says (None: the CPU count)
+    # where its runs, caches and worker logs go unless --cache says, whatever --out is (None: beside --out), so
+    # that --out may be a docs folder that receives only the results
+    cache: Optional[Path] = None
 
     def arm(self, name: str) -> Arm:
         return next(a for a in self.arms + self.quick_extra if a.name == name)

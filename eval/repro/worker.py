@@ -5,7 +5,8 @@ transformers are imported once per worker instead of once per run (a run's start
 
 A task is ``{"argv": [...], "log": path}`` (``launchers/run.py``'s ``main(argv)``, the command line's code path) or
 ``{"call": "module:function", "kwargs": {...}, "log": path}`` (a function returning JSON-able data, such as writing
-an offline data set). Everything the task prints, Python or C, goes to ``log`` (file descriptors 1 and 2 point at
+an offline data set). The answer carries the task's CPU seconds (``cpu_s``: this process and the children it waited
+for). Everything the task prints, Python or C, goes to ``log`` (file descriptors 1 and 2 point at
 it while the task runs). The answer is ``{"code": exit code, "result": ...}``; an exception is code 1 with its
 traceback in the log. Between tasks the worker restores what a run may change (environment, working directory,
 torch's thread count, deterministic switch and default generator, the process group), so a run gives the same
@@ -20,6 +21,7 @@ import gc
 import importlib
 import json
 import os
+import resource
 import sys
 from pathlib import Path
 
@@ -41,9 +43,16 @@ def _call(task: dict):
     return 0, getattr(importlib.import_module(module), name)(**task.get("kwargs", {}))
 
 
+def cpu_seconds() -> float:
+    """User + system CPU seconds of this process and of the children it has waited for."""
+    return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                 resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+
 def run_task(task: dict, stderr_fd: int) -> dict:
     """Run one task with fds 1 and 2 on its log; restore the process state afterwards."""
     Path(task["log"]).parent.mkdir(parents=True, exist_ok=True)
+    cpu = cpu_seconds()
     with open(task["log"], "w") as log:
         sys.stdout.flush()
         sys.stderr.flush()
@@ -60,7 +69,7 @@ def run_task(task: dict, stderr_fd: int) -> dict:
             os.chdir(REPO)
             gc.collect()
     code, result = answer if failed is None else (failed, None)
-    return {"code": int(code or 0), "result": result}
+    return {"code": int(code or 0), "result": result, "cpu_s": cpu_seconds() - cpu}
 
 
 def main() -> int:

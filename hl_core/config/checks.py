@@ -91,6 +91,12 @@ def check_rollout_and_eval(recipe: Recipe) -> None:
             f"`{recipe.objective.name}` (online DPO/KTO always take the best-vs-worst pair). Fix: remove "
             "`rollout.group` (or set it to `all`)."
         )
+    if recipe.rollout.replay is not None and recipe.rollout.every is None:
+        raise RecipeError(
+            f"`rollout.replay: {recipe.rollout.replay}` replays logged rollouts, but `rollout.every` is null (no "
+            "rollouts). Fix: set `rollout.every` to the schedule of the run that logged the samples (e.g. "
+            "`train.max_steps` for a set sampled once at update 0), or remove `rollout.replay`."
+        )
     if recipe.rollout.every is not None or recipe.eval.held_out == "reward":
         if reward.kind == "reward_model" and not reward.model:
             raise RecipeError(

@@ -234,6 +234,13 @@ class RolloutConfig(_Section):
         False, description="Append every generated group (prompt, completions, scores) to "
         "`output_dir/rollouts/rank<R>.jsonl`.",
     )
+    replay: Optional[str] = Field(
+        None, description="Train on the groups a run logged with `log_samples` (its `rollouts/` folder, or one "
+        "`.jsonl` file) instead of sampling them: token ids and scores as logged, for the same updates and data "
+        "positions (that run's data, `train.seed`, batch layout, `every` and `num_generations`; anything else is "
+        "refused). With `every` = `train.max_steps`: one offline set sampled from the initial policy, shared by "
+        "several runs.",
+    )
     reward: RewardConfig = Field(default_factory=RewardConfig, description="How completions are scored.")
     vllm: VLLMRolloutConfig = Field(default_factory=VLLMRolloutConfig, description="The vLLM sampler's engine.")
 

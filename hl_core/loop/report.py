@@ -84,16 +84,20 @@ def skipped_warning(updates: int, skipped: int) -> Optional[str]:
 
 @dataclass
 class StepTimes:
-    """Per-update wall-clock seconds of this run (not of updates before a resume)."""
+    """Per-update wall-clock seconds of this run (not of updates before a resume), and the process CPU seconds of its
+    updates (``step_cpu``) and of their rollouts (``rollout_cpu``, the data source's ``cpu_s``)."""
 
     step: List[float] = field(default_factory=list)
     sync: List[float] = field(default_factory=list)
     rollout: List[float] = field(default_factory=list)
+    step_cpu: List[float] = field(default_factory=list)
+    rollout_cpu: float = 0.0
 
-    def add(self, row: Dict) -> None:
+    def add(self, row: Dict, cpu_s: float = 0.0) -> None:
         self.step.append(row["step_time_s"])
         self.sync.append(row["sync_time_s"])
         self.rollout.append(row.get("rollout_time_s", 0.0))
+        self.step_cpu.append(cpu_s)
 
 
 class RunReport:
@@ -170,7 +174,8 @@ class RunReport:
         if times.step:
             total = max(sum(times.step), 1e-12)
             summary.update(mean_step_s=sum(times.step) / len(times.step), sync_frac=sum(times.sync) / total,
-                           rollout_s=sum(times.rollout), rollout_frac=sum(times.rollout) / total)
+                           rollout_s=sum(times.rollout), rollout_frac=sum(times.rollout) / total,
+                           step_cpu_s=sum(times.step_cpu), rollout_cpu_s=times.rollout_cpu)
         if eval_history:
             first, last = eval_history[0], eval_history[-1]
             for key in SUMMARY_EVAL_KEYS:

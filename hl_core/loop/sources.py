@@ -133,6 +133,7 @@ class OfflineSource:
     update, fixed or by token budget (``micro_batches``)."""
 
     METRIC_KEYS = ()  # before_step reports nothing
+    cpu_s = 0.0  # no rollouts: no rollout CPU time (the summary's `rollout_cpu_s`)
 
     def __init__(self, engine, micro_batch_size: int, dataset, order: DataOrder, budget: Optional[int] = None):
         self.engine, self.micro, self.dataset, self.order = engine, micro_batch_size, dataset, order

@@ -14,6 +14,10 @@ data kind:
 
 Standard GRPO (humanline off) keeps the behaviour policy's log-probs from rollout time as ``old_logps``
 (so the online ratio is exactly 1); humanline GRPO uses the synced reference instead.
+
+``rollout.replay`` reads each rollout's groups from a run's ``rollout.log_samples`` log instead of sampling them
+(``hl_core.rollout.replay``): with ``rollout.every`` = ``train.max_steps`` that is an offline set sampled once from
+the initial policy and shared by several runs.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from ..config.decisions import Sampling
 from ..loop.micro_batches import update_batches
 from .generation import build_sampler, prompt_seed
 from .heldout import check_prompts_have_references
+from .replay import SampleReplay
 from .rewards import best_and_worst, build_reward
 
 
@@ -70,6 +75,8 @@ class RolloutSource:
         self.sampler = build_sampler(engine, tokenizer, sampling)
         self.seed = sampling.seed
         self.buffer: Dict[int, List[dict]] = {}
+        self.replay = SampleReplay(self.cfg.replay, self.cfg.num_generations) if self.cfg.replay else None
+        self.cpu_s = 0.0  # process CPU seconds of this run's rollouts (the summary's `rollout_cpu_s`)
         self.sample_log = None
         if self.cfg.log_samples:
             self.sample_log = Path(output_dir) / "rollouts" / f"rank{engine.rank:05d}.jsonl"
@@ -82,7 +89,7 @@ class RolloutSource:
         metrics: Dict[str, float] = {"rollout": False, "rollout_time_s": 0.0}
         if not is_rollout_step(step, self.cfg.every) and step in self.buffer:
             return metrics
-        start = time.perf_counter()
+        start, cpu = time.perf_counter(), time.process_time()
         self.sampler.push_weights()
         train = self.train
         last = min(step + self.cfg.every, train.max_steps)
@@ -106,6 +113,7 @@ class RolloutSource:
                     with torch.no_grad():
                         batch["old_logps"] = self.engine.token_logps(batch, "policy", self.logps_temperature).detach()
             self.buffer[future] = batches
+        self.cpu_s += time.process_time() - cpu
         metrics.update(
             rollout=True, rollout_time_s=time.perf_counter() - start,
             reward_mean=statistics.fmean(scores_all), reward_std=statistics.pstdev(scores_all),
@@ -119,19 +127,26 @@ class RolloutSource:
         """The micro-batches of ``step`` (removed from the buffer)."""
         return self.buffer.pop(step)
 
-    def _examples(self, positions: List[int], rollout_step: int, train_step: int):
-        """Generate, score and turn one micro-batch of prompts into objective examples."""
-        groups, scored_prompts, scored_completions, references = [], [], [], []
-        features_in = [self.prompts[self.positions(pos)] for pos in positions]
+    def _sample(self, features_in: List[dict], positions: List[int]):
+        """Generate and score one micro-batch's groups: ``(completion ids per prompt, texts, scores)``."""
+        scored_prompts, scored_completions, references = [], [], []
         sampled = self.sampler.sample_groups([f["prompt_ids"] for f in features_in], self.cfg.num_generations,
                                              [prompt_seed(self.seed, pos) for pos in positions])
         for feature, completions in zip(features_in, sampled):
-            groups.append((feature, completions))
             texts = self.tokenizer.batch_decode(completions, skip_special_tokens=True)
             scored_prompts += [feature["messages"]] * len(texts)
             scored_completions += texts
             references += [feature["reference"]] * len(texts)
-        scores = self.reward(scored_prompts, scored_completions, references)
+        return sampled, scored_completions, self.reward(scored_prompts, scored_completions, references)
+
+    def _examples(self, positions: List[int], rollout_step: int, train_step: int):
+        """Generate (or replay), score and turn one micro-batch of prompts into objective examples."""
+        features_in = [self.prompts[self.positions(pos)] for pos in positions]
+        if self.replay is not None:
+            sampled, scored_completions, scores = self.replay.groups(rollout_step, train_step, positions, features_in)
+        else:
+            sampled, scored_completions, scores = self._sample(features_in, positions)
+        groups = list(zip(features_in, sampled))
         if self.sample_log is not None:
             n = self.cfg.num_generations
             with self.sample_log.open("a") as fh:

@@ -220,3 +220,17 @@ def test_the_results_page_quotes_the_report():
         label in line for label in real.LABELS.values())]
     assert len(rows) >= 2 * len({r["arm"] for r in json.loads((DOCS / "results.json").read_text())["runs"]})
     assert [row for row in rows if row not in report] == []
+
+
+def test_the_readmes_comparison_is_the_jsons():
+    """The README's two sentences quote the committed study: the share of the gap closed with its interval, and the
+    three core arms' mean final held-out reward."""
+    import re
+
+    summary = json.loads((DOCS / "results.json").read_text())["summary"]
+    share = summary["gap_share"]["offline_humanline"]
+    text = " ".join((REPO / "README.md").read_text().split())
+    assert f"closed {share['share']:.2f} [{share['share_lo']:.2f}, {share['share_hi']:.2f}]" in text
+    ends = [summary["arms"][arm]["held_out_end"]["mean"] for arm in ("offline", "offline_humanline", "online")]
+    quoted = re.search(r"final held-out reward (-?\d\.\d+), (-?\d\.\d+) and (-?\d\.\d+)", text)
+    assert quoted and [float(v) for v in quoted.groups()] == [round(e, 3) for e in ends], quoted

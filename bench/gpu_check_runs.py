@@ -214,7 +214,7 @@ def _allocated_gib(engine):
 def _measure(trainer, recipe, run: dict) -> dict:
     import torch
 
-    from hl_core.config import reference_mode
+    from hl_core.config import reference_mode, run_shape
     from hl_core.models.specs import resolve_spec
     from hl_core.preflight.plan import memory_plan
 
@@ -245,7 +245,7 @@ def _measure(trainer, recipe, run: dict) -> dict:
     step_s = sum(r["step_time_s"] for r in measured)
     tokens = sum(r["tokens_per_s"] * r["step_time_s"] for r in measured)
     spec = resolve_spec(recipe.model)
-    plan = memory_plan(recipe, world_size=engine.world_size, spec=spec)
+    plan = memory_plan(run_shape(recipe), world_size=engine.world_size, spec=spec)
     sequences = plan["sequences_per_micro_batch"] * plan["gradient_accumulation_steps"] * plan["dp"]
     result.update(
         params=spec.num_params(), updates_measured=len(measured), step_time_s=step_s / len(measured),

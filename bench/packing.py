@@ -19,6 +19,7 @@ the optimizer states) is not timed.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -109,7 +110,8 @@ def main() -> int:
         pad = trainer.tokenizer.pad_token_id or 0
         for n in range(1, args.updates + 1):
             mode = "packed" if n % 2 == 0 else "padded"
-            recipe.data.packing = mode == "packed"
+            recipe.data.packing = mode == "packed"  # the collate reads the data section; the engine, its spec
+            trainer.engine.spec = dataclasses.replace(trainer.engine.spec, packing=recipe.data.packing)
             batches = trainer.source.batches(n)
             entry = stats[mode]
             entry["tokens"] += sum(int(b["attention_mask"].sum()) for b in batches)

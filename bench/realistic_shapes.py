@@ -206,7 +206,7 @@ def compare(shape: str, label: str, recipe: str, ranks: list) -> dict:
 
 
 def section_forward(work: Path) -> list:
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.models.specs import resolve_spec
     from hl_core.preflight.plan import memory_plan
 
@@ -218,7 +218,7 @@ def section_forward(work: Path) -> list:
         recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [
             f"model.name_or_path={model}", f"model.attn_implementation={attn}", "engine.precision=bf16",
             f"data.max_length={steps}", f"train.micro_batch_size={rows // 2}", "output_dir=/tmp/unused"])
-        plan = memory_plan(recipe, world_size=1, spec=resolve_spec(recipe.model))["gib"]
+        plan = memory_plan(run_shape(recipe), world_size=1, spec=resolve_spec(recipe.model))["gib"]
         logits_tensor = rows * steps * r["vocab"] * 2 / GIB
         kept_logits = logits_tensor * (2 if shape.startswith("gemma2") else 1)  # + the soft-capping's tanh
         measured = {"activations": r["kept_gib"] - kept_logits, "logits": kept_logits + r["logprobs_peak_gib"]}

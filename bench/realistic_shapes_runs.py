@@ -86,7 +86,7 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     instrumented update. Writes per-rank memory at rest, per engine call, and the plan."""
     import torch
 
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.models.specs import resolve_spec
     from hl_core.preflight.plan import memory_plan
     from hl_core.trainer import Trainer
@@ -104,7 +104,8 @@ def train(recipe_path: str, overrides: list, out: Path) -> None:
     engine = trainer.engine
     spec = resolve_spec(recipe.model)
     # the megatron engine's CPU path: a torch optimizer replicated over data parallel, gradients in .grad
-    plan = memory_plan(recipe, world_size=engine.world_size, spec=spec, distributed_optimizer=False, megatron_gpu=False)
+    plan = memory_plan(run_shape(recipe), world_size=engine.world_size, spec=spec, distributed_optimizer=False,
+                       megatron_gpu=False)
     batch = trainer.source.batches(0)[0] if hasattr(trainer.source, "dataset") else None
     seq_len = int(batch["input_ids"].shape[1]) if batch is not None else recipe.data.max_length
     tp = engine.__dict__.get("tp", 1)

@@ -63,13 +63,13 @@ def _pp(recipe: str) -> int:
 def replan(result: dict) -> dict:
     """The plan for the rehearsed rank from today's ``--plan`` (a result keeps the plan of the code that ran it)."""
     # the recipe's own loader and planner: the bench imports anything
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.preflight.plan import memory_plan
 
     layers = f"model.config_overrides={{num_hidden_layers: {result['layers']}}}"
-    recipe = load_recipe(REPO / RECIPES[result["recipe"]], [layers, *result.get("extra", [])])
+    shape = run_shape(load_recipe(REPO / RECIPES[result["recipe"]], [layers, *result.get("extra", [])]))
     cpu_megatron = result["engine"] == "megatron" and result["device"] == "CPU"
-    plan = memory_plan(recipe, result["world_size"], stage=result["coords"]["pp_stage"], dp_rank=result["coords"]["dp"],
+    plan = memory_plan(shape, result["world_size"], stage=result["coords"]["pp_stage"], dp_rank=result["coords"]["dp"],
                        distributed_optimizer=not cpu_megatron, megatron_gpu=not cpu_megatron)
     return dict(result, plan=plan)
 

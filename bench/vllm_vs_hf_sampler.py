@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from hl_core.config import load_recipe, sampling
+    from hl_core.config import engine_spec, load_recipe, sampling
     from hl_core.engines import build_engine
     from hl_core.models.loading import load_tokenizer
     from hl_core.rollout.generation import HFSampler, prompt_seed
@@ -51,7 +51,7 @@ def main(argv=None) -> int:
         f"rollout.max_new_tokens={args.max_new_tokens}", "rollout.vllm.kv_cache_memory_gb=0.25",
         "output_dir=/tmp/hl-bench-vllm-vs-hf", *args.overrides])
     tokenizer = load_tokenizer(recipe.model)
-    engine = build_engine(recipe, tokenizer)
+    engine = build_engine(engine_spec(recipe), tokenizer)
     params = sum(getattr(p, "ds_numel", p.numel()) for p in engine.policy.module.parameters())
     prompts = [tokenizer.encode(f"{a}+{b}=") for a, b in zip(range(11, 999, 37), range(93, 999, 53))][:args.prompts]
     seeds = [prompt_seed(recipe.train.seed, p) for p in range(len(prompts))]

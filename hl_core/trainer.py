@@ -7,9 +7,9 @@ Per optimizer update ``n`` (``n`` = updates already done):
     the guard's reduction; unless skipped: humanline sync (n % k == 0: the reference's ``before_optimizer_step``),
     the callbacks' ``before_optimizer_step``, optimizer step (clipping inside); metrics, periodic eval and checkpoint
 
-It knows nothing of DeepSpeed or Megatron internals: everything goes through ``hl_core.engines.Engine``. It reads
-the whole recipe and hands each component its section, or an answer ``hl_core.config.decisions`` drew from several;
-the machinery it drives (data order, guard, checkpoints, metrics, output) lives in ``hl_core.loop``.
+It knows nothing of DeepSpeed or Megatron internals: everything goes through ``hl_core.engines.Engine``. It reads the
+whole recipe and hands each component its section, or what ``hl_core.config`` drew from several (``decisions.py``;
+``views.py``: the engine's spec, the run's shape); the machinery it drives lives in ``hl_core.loop``.
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from .callbacks import CallbackContext, CallbackList, LoopCallback, build_callbacks
-from .config import Recipe, batch_layout, check_recipe, decide, recipe_to_yaml, reference_cache_fields
+from .config import Recipe, batch_layout, check_recipe, decide, recipe_to_json, recipe_to_yaml, reference_cache_fields
 from .config.checks import env_world_size
+from .config.views import engine_spec, run_shape
 from .data.build import build_datasets, data_summary_fields, eval_batches, example_collate
 from .engines import build_engine
 from .engines.base import check_launch_environment
@@ -73,8 +74,9 @@ class Trainer:
         # before the resume checks and the engine: `train.epochs` sets `train.max_steps`, the LR schedule's length
         layout = self._load_data(rank0)
         # this run's record, the output_dir's lock (rank 0), what to resume and whether it may: before any weights
-        self.start = begin_run(self.output_dir, recipe.checkpoint, run_record(recipe, env_world_size() or 1), rank0)
-        self.engine = build_engine(recipe, self.tokenizer)
+        record = run_record(run_shape(recipe), env_world_size() or 1)
+        self.start = begin_run(self.output_dir, recipe.checkpoint, record, rank0)
+        self.engine = build_engine(engine_spec(recipe), self.tokenizer)  # what an engine reads (config.EngineSpec)
         if layout not in (None, (self.engine.dp_size, self.engine.gradient_accumulation_steps)):
             raise RuntimeError(f"`train.epochs` was derived for (dp, accumulation) = {layout}, but the engine has "
                                f"{(self.engine.dp_size, self.engine.gradient_accumulation_steps)}")
@@ -103,14 +105,13 @@ class Trainer:
 
     def _load_data(self, main: bool) -> Optional[tuple]:
         """The datasets. With `train.epochs`, `train.max_steps` derived from the train split's size and the batch
-        layout (returned, for the engine to confirm), set on the recipe in its place, and logged (``main``: rank 0 of
-        the launch)."""
+        layout (returned, for the engine to confirm), set on the recipe and logged (``main``: the launch's rank 0)."""
         recipe = self.recipe
         self.train_data, self.eval_data = build_datasets(recipe.data, self.decided.data, self.tokenizer,
                                                          show_progress=main, bars=self.bars)
         if recipe.train.epochs is None:
             return None
-        layout = batch_layout(recipe, env_world_size() or 1)
+        layout = batch_layout(recipe.parallel, recipe.train, env_world_size() or 1)
         steps, line = epoch_steps(recipe.train, len(self.train_data), *layout)
         recipe.train = recipe.train.model_copy(update={"max_steps": steps, "epochs": None})
         if main:
@@ -155,8 +156,7 @@ class Trainer:
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
     def _resume(self) -> None:
-        """``checkpoint.resume``: the checkpoint ``begin_run`` chose and checked (the newest complete one for
-        ``auto``, a named one, or none)."""
+        """``checkpoint.resume``: the checkpoint ``begin_run`` chose and checked (``auto``: the newest complete one)."""
         resume_from = self.start.target
         if resume_from is None:
             return
@@ -275,10 +275,8 @@ class Trainer:
         norm = stepped["grad_norm"] if engine.rank == 0 else 0.0
         means, totals = acc.reduce(engine, totals=(sync.seconds, step_time, norm))
         row = {"step": n, **finish_metrics(self.objective, means)}
-        row.update(
-            lr=stepped["lr"], grad_norm=totals[2], synced=sync.synced, skipped=nonfinite is not None,
-            step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size,
-        )
+        row.update(lr=stepped["lr"], grad_norm=totals[2], synced=sync.synced, skipped=nonfinite is not None,
+                   step_time_s=totals[1] / engine.world_size, sync_time_s=totals[0] / engine.world_size)
         row["tokens_per_s"] = guard[0] * engine.dp_size / engine.world_size / max(row["step_time_s"], 1e-9)
         # acted on once the row is logged
         self.nonfinite = (nonfinite, checks.detail()) if nonfinite is not None else None
@@ -378,10 +376,9 @@ class Trainer:
 
 def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object]] = None,
         callbacks: Sequence[LoopCallback] = ()) -> Dict[str, float]:
-    """Setup, train, save; always tears the engine down. Then, on rank 0 when the run finished with a ``final/`` model
-    and ``eval.after_training`` is on, ``after_training(recipe, final_dir)``, a module-level function called in a child
-    process (the launcher passes the post-training evals; ``loop.post_training``), its result the summary's
-    ``post_training_eval``; the lock is held until then."""
+    """Setup, train, save; always tears the engine down. Then, on rank 0, when the run finished with a ``final/`` model
+    and ``eval.after_training`` is on: the launcher's ``after_training(recipe, final_dir)``, module-level, called in a
+    child process (``loop.post_training``), its result the summary's ``post_training_eval``; the lock held till then."""
     trainer, record = Trainer(recipe, callbacks), None
     try:
         trainer.setup()
@@ -393,7 +390,8 @@ def run(recipe: Recipe, after_training: Optional[Callable[[Recipe, Path], object
             record = announce(recipe.output_dir, summary, trainer.signals)
         trainer.close(keep_lock=True)
         if evaluates:
-            summary = run_post_training(after_training, recipe, final, summary, record=record)
+            summary = run_post_training(after_training, recipe_to_json(recipe), recipe.output_dir, final, summary,
+                                        record=record)
         return summary
     finally:
         if record is not None:

@@ -70,10 +70,12 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def validate(recipe, world_size=None) -> str:
-    """Everything checkable without weights or a GPU (``hl_core/preflight/validate.py``)."""
-    from hl_core.preflight.validate import validate_recipe
+    """Everything checkable without weights or a GPU: the recipe's own checks (``hl_core.config.validation``), then
+    ``hl_core/preflight/validate.py``."""
+    from hl_core.config import validation
+    from hl_core.preflight.validate import validate_run
 
-    return validate_recipe(recipe, world_size)
+    return validate_run(validation(recipe, world_size))
 
 
 def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
@@ -115,10 +117,12 @@ def main(argv=None) -> int:
 
         world = env_world_size()
         if args.plan:  # exit 1 when the estimate exceeds `cluster.gpu_memory_gb`, so scripts can gate on it
+            from hl_core.config import run_shape
             from hl_core.preflight.plan import memory_plan, plan_report
 
-            print(plan_report(recipe, world))
-            return 1 if memory_plan(recipe, world)["exceeds"] else 0
+            shape = run_shape(recipe)  # what a plan reads
+            print(plan_report(shape, world))
+            return 1 if memory_plan(shape, world)["exceeds"] else 0
         if args.validate:
             print(validate(recipe, world))
             return 0

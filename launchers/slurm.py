@@ -191,9 +191,11 @@ def submission_notes(recipe, world_size: int) -> List[str]:
             "failed job restarts from the beginning. Set `checkpoint.save_every=N` to bound the loss."
         )
     try:
+        from hl_core.config import run_shape
         from hl_core.preflight.plan import plan_report
 
-        notes += [line for line in plan_report(recipe, world_size).splitlines() if line.startswith("WARNING")]
+        report = plan_report(run_shape(recipe), world_size)
+        notes += [line for line in report.splitlines() if line.startswith("WARNING")]
     except UserError:
         pass  # layout problems were reported by the checks already (or checks are off)
     return notes
@@ -222,7 +224,7 @@ def render_sbatch(
     use_checkout: bool = False,
 ) -> str:
     """The sbatch script text. Raises ``UserError`` for bad recipes or values."""
-    from hl_core.config import check_recipe, load_recipe
+    from hl_core.config import check_recipe, load_recipe, run_shape
 
     _refuse_control_in_inputs(recipe_path, overrides, workdir, mounts, sbatch_args, partition=partition,
                               time_limit=time_limit, container=container, account=account, mem=mem, job_name=job_name,
@@ -240,7 +242,7 @@ def render_sbatch(
         from hl_core.models.specs import check_layout
 
         check_recipe(recipe, world)
-        check_layout(recipe, world)
+        check_layout(run_shape(recipe), world)
 
     workdir = Path(workdir or os.getcwd()).resolve()
     recipe_abs = Path(recipe_path).resolve()

@@ -162,14 +162,14 @@ def rehearse(tmp_path, recipe, rank, *overrides, script=REPO / "launchers" / "ru
     return result, proc.stdout
 
 
-def plan_recipe(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
+def plan_shape(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
     """The tiny humanline DPO recipe on ``model``'s shape (bf16, one sequence per micro-batch), as --plan's tests
-    plan it."""
-    from hl_core.config import load_recipe
+    plan it: its ``hl_core.config.RunShape``, what a plan reads."""
+    from hl_core.config import load_recipe, run_shape
 
-    return load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
-                                        "model.attn_implementation=sdpa", "engine.precision=bf16",
-                                        "train.micro_batch_size=1", "humanline.reference=copy", *overrides])
+    return run_shape(load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
+                                                  "model.attn_implementation=sdpa", "engine.precision=bf16",
+                                                  "train.micro_batch_size=1", "humanline.reference=copy", *overrides]))
 
 
 def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0,

@@ -63,7 +63,7 @@ def fails(recipe, final: Path):
 
 def main(out: str, mode: str) -> int:
     """The post-training phase of a finished run in ``out`` (a ``final/`` directory, ``summary.json``)."""
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, recipe_to_json
     from hl_core.loop.post_training import announce, run_post_training
 
     os.environ[RUN_PID_ENV] = str(os.getpid())
@@ -76,7 +76,7 @@ def main(out: str, mode: str) -> int:
     announce(out, summary)
     from post_training_targets import finalizers_in_a_loop as target  # by its module's name, as a child imports it
 
-    return run_post_training(target, recipe, final, summary).get("exit_code", 0)
+    return run_post_training(target, recipe_to_json(recipe), out, final, summary).get("exit_code", 0)
 
 
 if __name__ == "__main__":

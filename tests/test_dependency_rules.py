@@ -9,7 +9,11 @@
 * no Python file over 500 lines, the trainer under 400 (TRL's test files vendored unmodified in
   ``tests/trl_upstream/vendored`` are not ours: ``tools/trl_vendor.py`` keeps them byte-identical to TRL's);
 * an import inside a function in ``hl_core`` says why (a comment on its line or the line above, or one
-  ``# Imports inside functions: ...`` note in the module).
+  ``# Imports inside functions: ...`` note in the module);
+* only ``hl_core/config/`` and the trainer receive the whole recipe (``docs/architecture.md``, "Who reads the whole
+  recipe"): no other function of ``hl_core`` has a parameter named ``recipe`` or annotated ``Recipe``, and no other
+  object keeps one as its ``recipe`` attribute. Every other component receives its section(s), an answer of
+  ``hl_core.config.decisions`` or a view of ``hl_core.config.views``.
 """
 
 import ast
@@ -31,6 +35,7 @@ LAYER_ROW = re.compile(r"^\|\s*(\d+)\s*\|\s*`([\w.]+)`\s*\|")
 MAX_LINES, MAX_TRAINER_LINES = 500, 400
 THIRD_PARTY = (Path("tests") / "trl_upstream" / "vendored",)  # other projects' files, kept byte-identical
 FILE_NOTE = "# Imports inside functions:"
+RECIPE_READERS = ("hl_core/config/", "hl_core/trainer.py")  # where the whole recipe may be received
 
 
 def layers(root: Path) -> Dict[str, int]:
@@ -196,6 +201,38 @@ def unexplained_function_imports(root: Path) -> List[str]:
     return sorted(set(found))
 
 
+def _names_recipe(annotation) -> bool:
+    """Whether an annotation names the ``Recipe`` class (``Recipe``, ``config.Recipe``, ``"Recipe"``, inside
+    ``Optional[...]`` or ``Callable[[Recipe], ...]`` too)."""
+    for node in ast.walk(annotation) if annotation is not None else ():
+        name = node.id if isinstance(node, ast.Name) else node.attr if isinstance(node, ast.Attribute) else None
+        text = node.value if isinstance(node, ast.Constant) and isinstance(node.value, str) else ""
+        if name == "Recipe" or re.search(r"\bRecipe\b", text):
+            return True
+    return False
+
+
+def recipe_receivers(root: Path) -> List[str]:
+    """``file:line name`` of every function of ``hl_core`` outside ``RECIPE_READERS`` with a parameter named
+    ``recipe`` or annotated ``Recipe``, and of every assignment to a ``recipe`` attribute there."""
+    found = []
+    for path in sorted((root / "hl_core").rglob("*.py")):
+        where = path.relative_to(root).as_posix()
+        if where.startswith(RECIPE_READERS):
+            continue
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                a = node.args
+                params = a.posonlyargs + a.args + a.kwonlyargs + [p for p in (a.vararg, a.kwarg) if p is not None]
+                found += [f"{where}:{node.lineno} {getattr(node, 'name', 'lambda')}({p.arg})" for p in params
+                          if p.arg == "recipe" or _names_recipe(p.annotation)]
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                found += [f"{where}:{node.lineno} .recipe" for t in targets for n in ast.walk(t)
+                          if isinstance(n, ast.Attribute) and n.attr == "recipe" and isinstance(n.ctx, ast.Store)]
+    return found
+
+
 def long_files(root: Path) -> List[str]:
     found = []
     for folder in (*PACKAGES, "bench", "tests"):
@@ -234,6 +271,12 @@ def test_no_file_over_the_line_limits():
 
 def test_imports_inside_functions_say_why():
     assert not unexplained_function_imports(REPO), "\n".join(unexplained_function_imports(REPO))
+
+
+def test_only_config_and_the_trainer_receive_the_whole_recipe():
+    found = recipe_receivers(REPO)
+    assert not found, ("these receive the whole recipe; hand them their sections, or a view built in hl_core/config "
+                       "(decisions.py, views.py) instead:\n" + "\n".join(found))
 
 
 def test_the_rules_cover_every_package_they_name():
@@ -318,3 +361,21 @@ def test_the_other_checkers_catch_planted_problems(tmp_path):
     assert unexplained_function_imports(tmp_path) == ["hl_core/newthing.py:2"]
     _plant(tmp_path, {"hl_core/newthing.py": f"{FILE_NOTE} optional\ndef f():\n    import json\n"})
     assert unexplained_function_imports(tmp_path) == []
+
+
+def test_the_recipe_rule_catches_planted_receivers(tmp_path):
+    readers = {"hl_core/config/views.py": "def view(recipe: Recipe):\n    return recipe.model\n",
+               "hl_core/trainer.py": "class Trainer:\n    def __init__(self, recipe):\n        self.recipe = recipe\n",
+               "hl_core/engines/base.py": "def build(spec: EngineSpec, tokenizer):\n    return spec.engine\n"}
+    _plant(tmp_path, readers)
+    assert recipe_receivers(tmp_path) == []
+    _plant(tmp_path, {
+        "hl_core/engines/base.py": "class E:\n    def __init__(self, recipe, tokenizer):\n        pass\n",
+        "hl_core/preflight/plan.py": "def plan(shape: Optional[Recipe] = None):\n    pass\n",
+        "hl_core/loop/post.py": "def run(fn: Callable[['Recipe'], None]):\n    pass\n",
+        "hl_core/rollout/src.py": "class S:\n    def set(self, r):\n        self.recipe = r\n",
+        "hl_core/models/speed.py": "check = lambda recipe: recipe.model\n",
+    })
+    assert recipe_receivers(tmp_path) == ["hl_core/engines/base.py:2 __init__(recipe)",
+                                          "hl_core/loop/post.py:1 run(fn)", "hl_core/models/speed.py:1 lambda(recipe)",
+                                          "hl_core/preflight/plan.py:1 plan(shape)", "hl_core/rollout/src.py:3 .recipe"]

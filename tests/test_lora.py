@@ -71,11 +71,12 @@ def test_lora_off_by_r_null_zero3_refused_and_post_training_evals_need_the_merge
     from hl_core.errors import RecipeError
 
     assert not load_recipe(LORA, ["model.lora.r=null"]).model.lora_enabled
+    zero3 = load_recipe(LORA, ["engine.zero_stage=3"])
     with pytest.raises(RecipeError, match="engine.zero_stage=2"):
-        check_lora(load_recipe(LORA, ["engine.zero_stage=3"]))
+        check_lora(zero3.model, zero3.engine, zero3.eval)
     recipe = load_recipe(LORA, ["model.lora.save_merged=false", "eval.data_quality.enabled=true"])
     with pytest.raises(RecipeError, match="save_merged=true"):
-        check_lora(recipe)
+        check_lora(recipe.model, recipe.engine, recipe.eval)
 
 
 @pytest.mark.parametrize("targets", [None, "[q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj]",
@@ -83,7 +84,7 @@ def test_lora_off_by_r_null_zero3_refused_and_post_training_evals_need_the_merge
 def test_plan_counts_the_adapter_peft_builds(targets):
     from peft import get_peft_model
 
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.engines.lora import lora_config
     from hl_core.models.loading import build_causal_lm
     from hl_core.preflight.plan import memory_plan
@@ -93,14 +94,15 @@ def test_plan_counts_the_adapter_peft_builds(targets):
     model = get_peft_model(build_causal_lm(recipe.model, "fp32", 0), lora_config(recipe.model.lora))
     adapter = sum(p.numel() for p in model.parameters() if p.requires_grad)
     base = sum(p.numel() for p in model.parameters()) - adapter
-    plan = memory_plan(recipe, 1)
+    plan = memory_plan(run_shape(recipe), 1)
     assert plan["lora_adapter_params"] == plan["trainable_params"] == adapter and plan["params"] == base
     b = plan["bytes"]  # fp32 ZeRO-0: weights 4 (P + A), gradients 4A, AdamW moments 8A, the reference adapter 4A
     assert (b["weights"], b["gradients"], b["optimizer"], b["reference"]) == (4 * (base + adapter), 4 * adapter,
                                                                             8 * adapter, 4 * adapter)
-    frozen = memory_plan(load_recipe(LORA, [f"model.lora.target_modules={target}", "humanline.sync_every=null"]), 1)
+    frozen = memory_plan(run_shape(load_recipe(LORA, [f"model.lora.target_modules={target}",
+                                                      "humanline.sync_every=null"])), 1)
     assert frozen["bytes"]["reference"] == 0
-    lookahead = memory_plan(load_recipe(LORA, [f"model.lora.target_modules={target}"]), 1)  # auto: no adapter copy
+    lookahead = memory_plan(run_shape(load_recipe(LORA, [f"model.lora.target_modules={target}"])), 1)  # no adapter copy
     assert lookahead["bytes"]["reference"] == 0
-    full = memory_plan(load_recipe(LORA, ["model.lora.r=null", "humanline.reference=copy"]), 1)
+    full = memory_plan(run_shape(load_recipe(LORA, ["model.lora.r=null", "humanline.reference=copy"])), 1)
     assert full["bytes"]["reference"] == 4 * base and full["bytes"]["optimizer"] == 8 * base

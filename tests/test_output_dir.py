@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-from hl_core.config import load_recipe
+from hl_core.config import load_recipe, run_shape
 from hl_core.errors import RecipeError
 from hl_core.loop.lifecycle import begin_run
 from hl_core.loop.run_record import check_resume_record, run_record
@@ -94,7 +94,7 @@ def test_a_requeued_slurm_job_retakes_its_lock(tmp_path, monkeypatch):
 
 def _begin(recipe, world_size: int = 1, main: bool = True):
     """``begin_run`` as the trainer calls it: the recipe's ``output_dir`` and ``checkpoint`` section, its record."""
-    return begin_run(Path(recipe.output_dir), recipe.checkpoint, run_record(recipe, world_size), main)
+    return begin_run(Path(recipe.output_dir), recipe.checkpoint, run_record(run_shape(recipe), world_size), main)
 
 
 def test_only_rank_0_takes_the_lock(tmp_path):
@@ -174,7 +174,7 @@ def test_a_model_known_by_name_only_is_compared_by_name(tmp_path):
     """A hub model not in the local cache when a run starts has no dimensions in its record yet: compared by name
     and overrides then (a later resume knows its dimensions once it is downloaded)."""
     recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={tmp_path}"])
-    record = run_record(recipe, 1)
+    record = run_record(run_shape(recipe), 1)
     assert record["model"]["dims"]["hidden_size"] == 64
     step = tmp_path / "checkpoints" / "step_2"
     step.mkdir(parents=True)

@@ -21,7 +21,7 @@ import time
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, _env
-from hl_core.config import load_recipe
+from hl_core.config import load_recipe, recipe_to_json
 from hl_core.loop.post_training import run_post_training
 from post_training_targets import fails, finalizers_in_a_loop, says_hello
 
@@ -77,13 +77,14 @@ def test_a_signal_inside_a_finalizer_ends_the_run_with_128_plus_it(tmp_path, mod
     print(f"{TRIES if sig == signal.SIGTERM else 1} tries of `{mode}` {name} in {time.monotonic() - started:.1f} s")
 
 
-def _recipe(tmp_path):
-    return load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml", [f"output_dir={tmp_path}"])
+def _argument(tmp_path):
+    """The trainer's argument to the post-training phase: its recipe as JSON (the child validates it again)."""
+    return recipe_to_json(load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml", [f"output_dir={tmp_path}"]))
 
 
 def test_the_child_result_and_output_reach_the_run(tmp_path, capsys):
-    recipe, final = _recipe(tmp_path), tmp_path / "final"
-    summary = run_post_training(says_hello, recipe, final, {"updates": 3, "exit_code": 0})
+    argument, final = _argument(tmp_path), tmp_path / "final"
+    summary = run_post_training(says_hello, argument, tmp_path, final, {"updates": 3, "exit_code": 0})
     assert summary["exit_code"] == 0
     assert summary["post_training_eval"] == {"name": "humanline_dpo", "final": str(final)}
     assert json.loads((tmp_path / "summary.json").read_text()) == summary
@@ -96,13 +97,14 @@ def test_the_child_result_and_output_reach_the_run(tmp_path, capsys):
 
 
 def test_a_failing_child_is_exit_code_1_and_a_pending_signal_starts_none(tmp_path, capsys):
-    recipe, final = _recipe(tmp_path), tmp_path / "final"
-    summary = run_post_training(fails, recipe, final, {"updates": 3, "exit_code": 0})
+    argument, final = _argument(tmp_path), tmp_path / "final"
+    summary = run_post_training(fails, argument, tmp_path, final, {"updates": 3, "exit_code": 0})
     assert summary["exit_code"] == 1 and summary["post_training_eval"] == "failed (its process exited with 1)"
     captured = capsys.readouterr()
     assert "an evaluation's bug" in captured.err and "the post-training evaluations' process failed" in captured.err
     marker = tmp_path / "evaluating"
-    summary = run_post_training(finalizers_in_a_loop, recipe, final, {"updates": 3}, pending_signal=signal.SIGINT)
+    summary = run_post_training(finalizers_in_a_loop, argument, tmp_path, final, {"updates": 3},
+                                pending_signal=signal.SIGINT)
     assert summary == {"updates": 3, "exit_code": 130, "post_training_eval": "interrupted by SIGINT"}
     assert not marker.exists()  # no child was started
 

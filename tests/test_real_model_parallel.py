@@ -42,17 +42,18 @@ def test_megatron_conversion_matches_hugging_face(tmp_path, tp, pp):
 
 
 def test_tensor_parallel_2_is_refused_in_one_paragraph():
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.errors import RecipeError
     from hl_core.models.specs import check_layout
 
-    recipe = load_recipe(DPO, ["engine.name=megatron", "parallel.tp=2", "model.lora=null"])
+    shape = run_shape(load_recipe(DPO, ["engine.name=megatron", "parallel.tp=2", "model.lora=null"]))
     with pytest.raises(RecipeError) as err:
-        check_layout(recipe, 2)
+        check_layout(shape, 2)
     text = str(err.value)
     assert "`parallel.tp: 2`" in text and "9 attention heads" in text and "Fix" in text and "\n" not in text
     assert "among 1, 3" in text
-    check_layout(load_recipe(DPO, ["engine.name=megatron", "parallel.tp=3", "model.lora=null"]), 3)  # 3 splits it
+    # 3 splits it
+    check_layout(run_shape(load_recipe(DPO, ["engine.name=megatron", "parallel.tp=3", "model.lora=null"])), 3)
 
 
 def test_zero3_on_two_processes_gives_the_one_process_logps(tmp_path):

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from helpers import REPO, run_torchrun
-from hl_core.config import load_recipe, reference_needed
+from hl_core.config import load_recipe, reference_needed, run_shape
 
 TINY = REPO / "recipes" / "tiny"
 WARMUP = REPO / "recipes" / "repro" / "warmup.yaml"
@@ -62,8 +62,8 @@ def test_plan_counts_no_reference_memory_when_none_is_built():
     from hl_core.preflight.plan import memory_plan
 
     recipe = REPO / "recipes" / "llama3_8b_online_grpo.yaml"
-    without = memory_plan(load_recipe(recipe, ["objective.beta_kl=0"]), 8)
-    with_kl = memory_plan(load_recipe(recipe, ["objective.beta_kl=0.01"]), 8)
+    without = memory_plan(run_shape(load_recipe(recipe, ["objective.beta_kl=0"])), 8)
+    with_kl = memory_plan(run_shape(load_recipe(recipe, ["objective.beta_kl=0.01"])), 8)
     assert without["bytes"]["reference"] == 0 and with_kl["bytes"]["reference"] > 0
     gap = with_kl["bytes"]["total"] - without["bytes"]["total"]
     assert gap == pytest.approx(with_kl["bytes"]["reference"])

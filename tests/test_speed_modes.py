@@ -110,11 +110,12 @@ def test_refusals_by_model_family():
     recipe = load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml",
                          ["model.kernels=liger", "train.fused_logprobs=true"])
     with pytest.raises(RecipeError, match="`model.kernels: liger`.*`phi3`"):
-        check_speed_options(recipe, model_type="phi3", cuda=True)
+        check_speed_options(recipe.model, recipe.train.fused_logprobs, model_type="phi3", cuda=True)
     recipe = load_recipe(REPO / "recipes" / "tiny" / "humanline_dpo.yaml", ["train.fused_logprobs=true"])
-    check_speed_options(recipe, model_type="gemma2", cuda=False)  # the soft-cap is applied from the config
+    # the soft-cap is applied from the config
+    check_speed_options(recipe.model, recipe.train.fused_logprobs, model_type="gemma2", cuda=False)
     with pytest.raises(RecipeError, match="`train.fused_logprobs: true`.*`cohere`"):
-        check_speed_options(recipe, model_type="cohere", cuda=False)
+        check_speed_options(recipe.model, recipe.train.fused_logprobs, model_type="cohere", cuda=False)
 
 
 def test_the_run_summary_reports_compilation(tmp_path, capsys):

@@ -108,12 +108,12 @@ def test_megatron_refuses_a_token_budget(capsys):
 
 
 def test_plan_scales_activations_and_logits_with_the_budget():
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.preflight.plan import memory_plan
 
     recipe = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
-    fixed = memory_plan(load_recipe(recipe, []))  # 8 pairs = 16 rows of 64 tokens = 1024 tokens
-    budget = memory_plan(load_recipe(recipe, ["train.max_tokens_per_micro_batch=512"]))
+    fixed = memory_plan(run_shape(load_recipe(recipe, [])))  # 8 pairs = 16 rows of 64 tokens = 1024 tokens
+    budget = memory_plan(run_shape(load_recipe(recipe, ["train.max_tokens_per_micro_batch=512"])))
     assert budget["tokens_per_micro_batch"] == 512 and fixed["tokens_per_micro_batch"] == 1024
     assert budget["bytes"]["logits"] < fixed["bytes"]["logits"]
     assert budget["bytes"]["activations_full"] == pytest.approx(fixed["bytes"]["activations_full"] / 2)

@@ -52,11 +52,11 @@ def start_overrides(path: pathlib.Path) -> list:
 
 
 def _plan_dict(path: pathlib.Path, overrides: list) -> dict:
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, run_shape
     from hl_core.preflight.plan import memory_plan
 
     try:
-        return memory_plan(load_recipe(path, overrides))
+        return memory_plan(run_shape(load_recipe(path, overrides)))
     except Exception as exc:  # the refusal is the output
         return {"error": type(exc).__name__, "message": str(exc)}
 

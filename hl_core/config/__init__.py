@@ -15,6 +15,8 @@ The package, by concern:
 * ``decisions.py``: the decisions that combine several sections (the reference mode, what the data splits hold, what
   generation reads; ``decide``: all at once), so that each component receives its own section and these answers,
   never the whole recipe;
+* ``views.py``: typed views of a recipe for the whole-run components (``EngineSpec``: what an engine reads;
+  ``RunShape``: what ``--plan``, ``--rehearse`` and the run record read; ``Validation``: what ``--validate`` reads);
 * ``load.py``: YAML, ``defaults:`` inheritance, overrides and the wording of validation errors;
 * ``keys_doc.py``: the generator of ``docs/recipe-keys.md`` (``python -m hl_core.config``).
 """
@@ -38,7 +40,15 @@ from .decisions import (
     sampling,
 )
 from .keys_doc import recipe_keys_markdown
-from .load import apply_overrides, deep_merge, load_recipe, parse_override, recipe_to_yaml, validate_recipe_dict
+from .load import (
+    apply_overrides,
+    deep_merge,
+    load_recipe,
+    parse_override,
+    recipe_to_json,
+    recipe_to_yaml,
+    validate_recipe_dict,
+)
 from .schema import Recipe
 from .sections import (
     OBJECTIVE_CONFIGS,
@@ -67,11 +77,13 @@ from .sections_run import (
     RolloutConfig,
     WandbConfig,
 )
+from .views import EngineSpec, RunShape, Validation, engine_spec, run_shape, validation
 
 REPO_ROOT = Path(__file__).resolve().parent.parent.parent
 
 __all__ = [
     "REPO_ROOT", "Recipe", "load_recipe", "check_recipe", "batch_layout", "pipeline_microbatches", "recipe_to_yaml",
+    "recipe_to_json",
     "recipe_keys_markdown",
     "apply_overrides", "deep_merge", "parse_override", "validate_recipe_dict", "POST_TRAINING_EVALS",
     "OBJECTIVE_CONFIGS", "ObjectiveConfig", "DPOObjective", "KTOObjective", "GRPOObjective", "SFTObjective",
@@ -81,5 +93,5 @@ __all__ = [
     "WandbConfig", "LoggingConfig", "RewardConfig", "RolloutConfig", "ClusterConfig",
     "DataPlan", "Decisions", "Sampling", "data_plan", "decide", "held_out_reward", "lookahead_blocker",
     "needs_old_logps", "reference_cache_fields", "reference_mode", "reference_model_needed", "reference_needed",
-    "sampling",
+    "sampling", "EngineSpec", "RunShape", "Validation", "engine_spec", "run_shape", "validation",
 ]

@@ -15,7 +15,8 @@ from ..storage.text import non_regular_file
 from .decisions import lookahead_blocker, reference_needed
 from .resume import check_resume
 from .schema import Recipe
-from .sections_run import POST_TRAINING_EVALS
+from .sections import EngineConfig, ModelConfig, ParallelConfig, TrainConfig
+from .sections_run import POST_TRAINING_EVALS, EvalConfig
 
 
 def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
@@ -33,14 +34,14 @@ def check_recipe(recipe: Recipe, world_size: Optional[int] = None) -> None:
     check_data_paths(recipe)
     check_model_path(recipe)
     if world_size is not None:
-        batch_layout(recipe, world_size)
+        batch_layout(recipe.parallel, recipe.train, world_size)
 
 
 def check_engine_fit(recipe: Recipe) -> None:
     """The engine can run the recipe: its package is installed, and it does what the method, the rollouts and
     the packing ask."""
     if recipe.model.lora_enabled:
-        check_lora(recipe)
+        check_lora(recipe.model, recipe.engine, recipe.eval)
     if recipe.engine.name == "megatron":
         if not installed("megatron.core"):
             raise RecipeError(
@@ -200,15 +201,16 @@ def check_reference_free(recipe: Recipe) -> None:
         )
 
 
-def check_lora(recipe: Recipe) -> None:
-    """``model.lora`` needs PEFT and the DeepSpeed engine at ZeRO 0-2; the post-training evals read the merged model."""
-    lora = recipe.model.lora
-    if recipe.engine.name != "deepspeed":
+def check_lora(model_cfg: ModelConfig, engine_cfg: EngineConfig, eval_cfg: EvalConfig) -> None:
+    """``model.lora`` needs PEFT and the DeepSpeed engine at ZeRO 0-2; the post-training evals read the merged model
+    (the ``model``, ``engine`` and ``eval`` sections)."""
+    lora = model_cfg.lora
+    if engine_cfg.name != "deepspeed":
         raise RecipeError(
-            f"`model.lora` (r={lora.r}) is not available with `engine.name: {recipe.engine.name}`: the megatron engine "
+            f"`model.lora` (r={lora.r}) is not available with `engine.name: {engine_cfg.name}`: the megatron engine "
             "has no LoRA. Fix: `engine.name=deepspeed`, or `model.lora.r=null` for full fine-tuning."
         )
-    if recipe.engine.zero_stage == 3:
+    if engine_cfg.zero_stage == 3:
         raise RecipeError(
             "`model.lora` is not supported with `engine.zero_stage: 3` yet (the adapter would be partitioned; its "
             "sync and export are written for whole parameters). Fix: `engine.zero_stage=2` (the frozen base weights "
@@ -217,8 +219,8 @@ def check_lora(recipe: Recipe) -> None:
     if not installed("peft"):
         raise RecipeError("`model.lora` needs the `peft` package. Fix: `pip install -e .[lora]`, or "
                           "`model.lora.r=null`.")
-    evals = [b for b in POST_TRAINING_EVALS if getattr(recipe.eval, b).enabled]
-    if evals and recipe.eval.after_training and not lora.save_merged:
+    evals = [b for b in POST_TRAINING_EVALS if getattr(eval_cfg, b).enabled]
+    if evals and eval_cfg.after_training and not lora.save_merged:
         raise RecipeError(
             f"The post-training evals ({', '.join(evals)}) load a plain model, but a LoRA run's `final/` holds only "
             f"the "
@@ -393,16 +395,15 @@ def _looks_local(name: str) -> bool:
     return name.startswith((".", "/", "~")) or name.count("/") != 1 or Path(name).exists()
 
 
-def batch_layout(recipe: Recipe, world_size: int) -> Tuple[int, int]:
+def batch_layout(parallel: ParallelConfig, train: TrainConfig, world_size: int) -> Tuple[int, int]:
     """Return ``(data_parallel_size, gradient_accumulation_steps)`` for this world size."""
-    model_parallel = recipe.parallel.tp * recipe.parallel.pp
+    model_parallel = parallel.tp * parallel.pp
     if world_size % model_parallel:
         raise RecipeError(
             f"world size {world_size} is not a multiple of `parallel.tp` x `parallel.pp` = {model_parallel}. "
             "Fix: change the number of processes or the parallel layout."
         )
     dp = world_size // model_parallel
-    train = recipe.train
     if train.global_batch_size is None:
         return dp, train.gradient_accumulation_steps or 1
     per_update = train.micro_batch_size * dp
@@ -415,11 +416,11 @@ def batch_layout(recipe: Recipe, world_size: int) -> Tuple[int, int]:
     return dp, train.global_batch_size // per_update
 
 
-def pipeline_microbatches(recipe: Recipe, rows: int) -> int:
+def pipeline_microbatches(parallel: ParallelConfig, rows: int) -> int:
     """Pipeline micro-batches per micro-batch of ``rows`` sequences under megatron's pp > 1 (1 otherwise): the
     largest divisor of ``rows`` up to ``parallel.pipeline_microbatches``, else up to ``2 * pp``."""
-    pp = recipe.parallel.pp
+    pp = parallel.pp
     if pp == 1:
         return 1
-    cap = recipe.parallel.pipeline_microbatches or 2 * pp
+    cap = parallel.pipeline_microbatches or 2 * pp
     return max(d for d in range(1, min(rows, cap) + 1) if rows % d == 0)

@@ -352,3 +352,10 @@ def load_recipe(path: Union[str, Path], overrides: Sequence[str] = ()) -> Recipe
 
 def recipe_to_yaml(recipe: Recipe) -> str:
     return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+
+
+def recipe_to_json(recipe: Recipe) -> Dict[str, Any]:
+    """The recipe as JSON-serialisable data holding only the keys it was given (so that validating it again,
+    ``validate_recipe_dict``, sees what the first validation saw and gives the same recipe): what a child process
+    rebuilds it from (``hl_core/loop/eval_child.py``)."""
+    return recipe.model_dump(mode="json", exclude_unset=True)

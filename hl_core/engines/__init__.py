@@ -7,6 +7,7 @@ import warnings
 
 import torch
 
+from ..config import EngineSpec
 from .base import Engine
 
 # recipe `engine.name` -> (module under hl_core.engines, class); imported lazily (heavy dependencies)
@@ -36,14 +37,14 @@ def quiet_megatron() -> str:
             "warnings saying so are hidden).")
 
 
-def build_engine(recipe, tokenizer) -> Engine:
-    """Instantiate the engine named by ``engine.name``."""
-    if recipe.engine.name == "megatron":
+def build_engine(spec: EngineSpec, tokenizer) -> Engine:
+    """Instantiate the engine named by ``engine.name``, from what an engine reads (``hl_core.config.engine_spec``)."""
+    if spec.engine.name == "megatron":
         notice = quiet_megatron()
         if notice and os.environ.get("RANK", "0").strip() == "0":
             print(notice, flush=True)
-    module, cls = ENGINES[recipe.engine.name]
-    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(recipe, tokenizer)
+    module, cls = ENGINES[spec.engine.name]
+    return getattr(importlib.import_module(f"{__name__}.{module}"), cls)(spec, tokenizer)
 
 
 __all__ = ["Engine", "ENGINES", "build_engine"]

@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..config import batch_layout, reference_model_needed
+from ..config import EngineConfig, EngineSpec, TrainConfig
 from ..errors import RecipeError
 from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions, sequence_token_logps
@@ -75,14 +75,15 @@ def _init_distributed(backend: Optional[str]) -> None:
         ds_comm.build_shm_op = build
 
 
-def deepspeed_configs(recipe, accumulation: int) -> Tuple[Dict[str, Any], Dict[str, Any]]:
+def deepspeed_configs(engine: EngineConfig, train: TrainConfig, accumulation: int
+                      ) -> Tuple[Dict[str, Any], Dict[str, Any]]:
     """DeepSpeed's configs for the policy (ZeRO stage, bf16, clipping) and the reference (no optimizer: ZeRO-3
     partitioned like the policy, else whole)."""
-    train, stage = recipe.train, recipe.engine.zero_stage
-    bf16 = recipe.engine.precision == "bf16"
+    stage = engine.zero_stage
+    bf16 = engine.precision == "bf16"
     zero = {"stage": stage}
     if stage == 3:
-        zero["stage3_param_persistence_threshold"] = recipe.engine.zero3_param_persistence_threshold
+        zero["stage3_param_persistence_threshold"] = engine.zero3_param_persistence_threshold
     policy_config = {
         "train_micro_batch_size_per_gpu": train.micro_batch_size,
         "gradient_accumulation_steps": accumulation,
@@ -119,36 +120,36 @@ def adamw(policy: torch.nn.Module, train, fused: bool) -> torch.optim.AdamW:
 
 
 class DeepSpeedEngine(Engine):
-    def __init__(self, recipe, tokenizer):
+    def __init__(self, spec: EngineSpec, tokenizer):
         import deepspeed
 
-        self.recipe = recipe
+        self.spec = spec
         self.tokenizer = tokenizer
-        _init_distributed(recipe.engine.dist_backend)
+        _init_distributed(spec.engine.dist_backend)
         self.rank = torch.distributed.get_rank()
         self.world_size = torch.distributed.get_world_size()
-        self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
+        self.dp_size, self.gradient_accumulation_steps = spec.batch_layout(self.world_size)
         self.dp_rank = self.rank  # data parallel only
-        self.zero_stage = recipe.engine.zero_stage
+        self.zero_stage = spec.engine.zero_stage
         local_rank = int(os.environ.get("LOCAL_RANK", 0))
         self.device = torch.device("cuda", local_rank) if torch.cuda.is_available() else torch.device("cpu")
         if self.device.type == "cuda":
             torch.cuda.set_device(self.device)
-        train = recipe.train
+        train, model_cfg = spec.train, spec.model
 
-        policy_config, reference_config = deepspeed_configs(recipe, self.gradient_accumulation_steps)
-        self._lora_reference = reference_model_needed(recipe)  # LoRA: a reference adapter (copy mode only)
+        policy_config, reference_config = deepspeed_configs(spec.engine, train, self.gradient_accumulation_steps)
+        self._lora_reference = spec.reference_model  # LoRA: a reference adapter (copy mode only)
         self.lora = None
-        check_speed_options(recipe)  # model.kernels, train.fused_logprobs: before any weights are built
+        # model.kernels, train.fused_logprobs: before any weights are built
+        check_speed_options(model_cfg, train.fused_logprobs)
         policy, reference = build_policy_and_reference(
-            recipe.model, recipe.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
-            with_reference=reference_model_needed(recipe) and not recipe.model.lora_enabled,
-            packing=recipe.data.packing,
+            model_cfg, spec.engine.precision, train.seed, policy_config if self.zero_stage == 3 else None,
+            with_reference=spec.reference_model and not model_cfg.lora_enabled, packing=spec.packing,
         )
-        check_speed_options(recipe, model_type=policy.config.model_type)
-        if recipe.model.lora_enabled:
-            synced = self._lora_reference and recipe.humanline.sync_every is not None
-            self.lora = wrap_lora(policy, recipe.model.lora, synced, train.seed, recipe.model.gradient_checkpointing)
+        check_speed_options(model_cfg, train.fused_logprobs, model_type=policy.config.model_type)
+        if model_cfg.lora_enabled:
+            synced = self._lora_reference and spec.syncs
+            self.lora = wrap_lora(policy, model_cfg.lora, synced, train.seed, model_cfg.gradient_checkpointing)
             policy = self.lora.model
         self.compiled = RegionalCompile(train.compile_backend) if train.compile else None  # each decoder layer
         for model in (policy, reference) if self.compiled else ():
@@ -184,20 +185,19 @@ class DeepSpeedEngine(Engine):
         # the collated batch is on the host: the packed and fused paths build their layouts there (bins, labels,
         # valid positions) and move them, so no device value is read back
         input_ids, attention_mask = batch["input_ids"], batch["attention_mask"]
-        fused = self.recipe.train.fused_logprobs  # from the hidden states, without the [B, T, V] logits
-        if self.recipe.data.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
-            forward = functools.partial(packed_sequence_token_logps, capacity=self.recipe.data.max_length,
-                                        pad_token_id=self.tokenizer.pad_token_id or 0,
-                                        chunk_tokens=self.recipe.train.logps_chunk_tokens,
+        chunk_tokens = self.spec.train.logps_chunk_tokens
+        fused = self.spec.train.fused_logprobs  # from the hidden states, without the [B, T, V] logits
+        if self.spec.packing:  # one forward over bins of `data.max_length` tokens, no padding inside
+            forward = functools.partial(packed_sequence_token_logps, capacity=self.spec.max_length,
+                                        pad_token_id=self.tokenizer.pad_token_id or 0, chunk_tokens=chunk_tokens,
                                         fused=fused, module=engine.module, device=self.device)
         elif fused:
-            forward = functools.partial(fused_sequence_token_logps, block_tokens=self.recipe.train.logps_chunk_tokens,
+            forward = functools.partial(fused_sequence_token_logps, block_tokens=chunk_tokens,
                                         module=engine.module, device=self.device)
         else:
             input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
             forward = functools.partial(sequence_token_logps,
-                                        chunk_size=chunk_positions(input_ids.shape[0],
-                                                                   self.recipe.train.logps_chunk_tokens))
+                                        chunk_size=chunk_positions(input_ids.shape[0], chunk_tokens))
         if model == "policy":
             return forward(engine, input_ids, attention_mask, temperature=temperature)
         with torch.no_grad(), (self.lora.reference_forward() if self.lora is not None else contextlib.nullcontext()):
@@ -274,7 +274,7 @@ class DeepSpeedEngine(Engine):
         boundary = self.policy.is_gradient_accumulation_boundary()
         lr = self.scheduler.get_last_lr()[0]
         own_norm = None
-        if boundary and self.zero_stage == 0 and self.recipe.engine.precision == "fp32":
+        if boundary and self.zero_stage == 0 and self.spec.engine.precision == "fp32":
             # DeepSpeed's plain fp32 path clips but does not record the norm: measure it (pre-clip)
             grads = [p.grad for p in self.policy.module.parameters() if p.grad is not None]
             own_norm = torch.nn.utils.get_total_norm(grads) if grads else 0.0
@@ -347,8 +347,7 @@ class DeepSpeedEngine(Engine):
         self.policy.save_checkpoint(directory, tag=tag, client_state=client_state, save_latest=False,
                                     exclude_frozen_parameters=self.lora is not None)
         # The reference differs from the initial weights once syncing has happened: keep each rank's shard.
-        if (self.has_reference and self.recipe.humanline.sync_every is not None
-                and (self.zero_stage == 3 or self.rank == 0)):
+        if self.has_reference and self.spec.syncs and (self.zero_stage == 3 or self.rank == 0):
             path = Path(directory) / tag / f"reference_rank{self.rank:05d}.pt"
             torch.save(self._sync_pairs.reference_shards(), path)
         self.barrier()
@@ -360,7 +359,7 @@ class DeepSpeedEngine(Engine):
         if load_path is None:
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check "
                               f"`checkpoint.resume`.")
-        if self.has_reference and self.recipe.humanline.sync_every is not None:
+        if self.has_reference and self.spec.syncs:
             rank = self.rank if self.zero_stage == 3 else 0
             path = Path(directory) / tag / f"reference_rank{rank:05d}.pt"
             if not path.exists() and wrote_lookahead(Path(directory) / tag):
@@ -378,7 +377,7 @@ class DeepSpeedEngine(Engine):
     def save_hf(self, directory: str) -> None:
         if self.lora is not None:  # the adapter in PEFT format (+ `merged/` when asked)
             # a random-init base exists nowhere but in this run: the adapter alone could not be loaded, so merge
-            merged = self.recipe.model.lora.save_merged or self.recipe.model.random_init
+            merged = self.spec.model.lora.save_merged or self.spec.model.random_init
             if self.rank == 0:
                 Path(directory).mkdir(parents=True, exist_ok=True)
                 self.lora.save_final(directory, self.tokenizer, merged)

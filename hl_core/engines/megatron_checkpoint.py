@@ -68,7 +68,7 @@ class MegatronCheckpointing:
         if self.dp_rank == 0:
             state = {"policy": self._local_state(self.policy_module), "updates_done": self.updates_done,
                      "micro_steps": self._micro_steps}
-            if self.has_reference and self.recipe.humanline.sync_every is not None:
+            if self.has_reference and self.spec.syncs:
                 state["reference"] = self._local_state(self.reference)
             state["optimizer"] = self.optimizer.state_dict()  # GPU: the non-parameter part (steps, groups)
             torch.save(state, self._shard_file(path))
@@ -97,7 +97,7 @@ class MegatronCheckpointing:
             )
         state = safe_load(self._shard_file(path))
         self._copy_shard(self.policy_module, state["policy"])
-        if self.has_reference and self.recipe.humanline.sync_every is not None:
+        if self.has_reference and self.spec.syncs:
             if "reference" not in state and wrote_lookahead(path):
                 self._sync_pairs.sync()  # a look-ahead checkpoint keeps no copy: start one from the policy
                 self.resynced_at_resume = True

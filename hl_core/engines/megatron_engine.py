@@ -50,7 +50,7 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.distributed import constants as dist_constants
 
-from ..config import batch_layout, pipeline_microbatches, reference_model_needed
+from ..config import EngineSpec
 from ..errors import RecipeError
 from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions
@@ -102,18 +102,18 @@ def _init_distributed(backend: Optional[str]) -> None:
 
 
 class MegatronEngine(MegatronCheckpointing, Engine):
-    def __init__(self, recipe, tokenizer):
+    def __init__(self, spec: EngineSpec, tokenizer):
         from megatron.core import parallel_state as ps, tensor_parallel
 
-        self.recipe, self.tokenizer = recipe, tokenizer
+        self.spec, self.tokenizer = spec, tokenizer
         self.cpu = not torch.cuda.is_available()
         if self.cpu:
             megatron_cpu.install()
-        _init_distributed(recipe.engine.dist_backend)
+        _init_distributed(spec.engine.dist_backend)
         self.rank = torch.distributed.get_rank()
         self.world_size = torch.distributed.get_world_size()
-        self.tp, self.pp = recipe.parallel.tp, recipe.parallel.pp
-        self.dp_size, self.gradient_accumulation_steps = batch_layout(recipe, self.world_size)
+        self.tp, self.pp = spec.parallel.tp, spec.parallel.pp
+        self.dp_size, self.gradient_accumulation_steps = spec.batch_layout(self.world_size)
         if self.cpu:
             self.device = torch.device("cpu")
         else:
@@ -131,18 +131,18 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         assert ps.get_data_parallel_world_size() == self.dp_size
         self.first_stage, self.last_stage = ps.is_pipeline_first_stage(), ps.is_pipeline_last_stage()
 
-        train = recipe.train
+        train = spec.train
         seed = train.seed + 100 * self.pp_rank  # Megatron's convention; TP ranks differ inside the tracker
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
         from transformers import AutoConfig
 
-        model_cfg = recipe.model
+        model_cfg = spec.model
         self.hf_config = AutoConfig.from_pretrained(
             model_cfg.name_or_path, trust_remote_code=model_cfg.trust_remote_code, **model_cfg.config_overrides
         )
-        self.dtype = DTYPES[recipe.engine.precision]
+        self.dtype = DTYPES[spec.engine.precision]
         self.te = uses_transformer_engine(self.hf_config)
         # perform_initialization stays on although every weight is loaded afterwards: megatron-core sets the
         # tensor-parallel attributes (``tensor_model_parallel``, ``partition_dim``) that grad-norm and the
@@ -159,7 +159,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         policy = self._build_model()
         self._load_initial_weights(policy)
         self.reference = None
-        if reference_model_needed(recipe):
+        if spec.reference_model:
             reference = self._build_model()
             with torch.no_grad():
                 for p, r in zip(policy.parameters(), reference.parameters()):
@@ -184,12 +184,12 @@ class MegatronEngine(MegatronCheckpointing, Engine):
 
     def _load_initial_weights(self, model) -> None:
         """This rank's (pp, tp) shard of the HF weights, converted; every parameter must be covered."""
-        model_cfg = self.recipe.model
+        model_cfg = self.spec.model
         if model_cfg.random_init and rehearsing_weights():
             # a rehearsal keeps the random shards megatron's initialisers drew (models.loading.rehearsal_weights)
             return
         if model_cfg.random_init:
-            hf_model = build_causal_lm(model_cfg, "fp32", self.recipe.train.seed)
+            hf_model = build_causal_lm(model_cfg, "fp32", self.spec.train.seed)
             source = hf_state_dict(hf_model)
         else:
             source = LazyHFCheckpoint(_resolve_weights_dir(model_cfg.name_or_path))
@@ -197,7 +197,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         self._copy_shard(model, shard[(self.pp_rank, self.tp_rank)])
 
     def _build_optimizer(self, policy) -> None:
-        train = self.recipe.train
+        train = self.spec.train
         self.max_grad_norm = train.max_grad_norm
         self._lr_fn = lr_lambda(train.warmup_steps, train.max_steps, train.lr_schedule)
         if self.cpu:
@@ -235,7 +235,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         position_ids = torch.arange(seq_len, device=self.device)[None].expand_as(input_ids)
         logits = model(input_ids, position_ids, self._attention_mask(seq_len))
         return vocab_parallel_token_logps(
-            logits, input_ids, chunk_positions(input_ids.shape[0], self.recipe.train.logps_chunk_tokens), temperature,
+            logits, input_ids, chunk_positions(input_ids.shape[0], self.spec.train.logps_chunk_tokens), temperature,
             self.logits_transform,
         )
 
@@ -255,13 +255,13 @@ class MegatronEngine(MegatronCheckpointing, Engine):
 
     def _num_microbatches(self, rows: int) -> int:
         """Pipeline micro-batches per trainer micro-batch (``config.pipeline_microbatches``; --plan counts the same)."""
-        return pipeline_microbatches(self.recipe, rows)
+        return self.spec.pipeline_microbatches(rows)
 
     def _pipeline(self, net, input_ids, temperature: float, grad_logps: Optional[torch.Tensor] = None):
         return pipeline_token_logps(
             net, input_ids, num_microbatches=self._num_microbatches(input_ids.shape[0]), temperature=temperature,
             chunk_size=chunk_positions(input_ids.shape[0] // self._num_microbatches(input_ids.shape[0]),
-                                       self.recipe.train.logps_chunk_tokens),
+                                       self.spec.train.logps_chunk_tokens),
             transform=self.logits_transform,
             attention_mask=self._attention_mask(input_ids.shape[1]), grad_logps=grad_logps,
         )
@@ -317,7 +317,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
         self._micro_steps += 1
         if not boundary:
             return None
-        lr = self.recipe.train.lr * self._lr_fn(self.updates_done)
+        lr = self.spec.train.lr * self._lr_fn(self.updates_done)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         if self.cpu:
@@ -346,7 +346,7 @@ class MegatronEngine(MegatronCheckpointing, Engine):
     def skip_step(self) -> Dict[str, float]:
         """End the update without an optimizer step: gradients dropped, the counters advanced."""
         self._micro_steps += 1
-        lr = self.recipe.train.lr * self._lr_fn(self.updates_done)
+        lr = self.spec.train.lr * self._lr_fn(self.updates_done)
         if self.cpu:
             self.optimizer.zero_grad(set_to_none=True)
         else:

@@ -3,8 +3,9 @@ child process (``hl_core/loop/post_training.py`` starts it through ``hl_core/chi
 
 ``TARGET`` is ``module:function`` or ``/path/to/script.py:function``; the function is called as
 ``function(recipe, Path(FINAL))`` with the recipe validated from ``RECIPE_JSON`` (the parent's, as
-``Recipe.model_dump(mode="json", exclude_unset=True)``: the keys it was given, so that validation sees the same),
-and its result (JSON) is written to ``RESULT_JSON``. SIGTERM/SIGINT keep their defaults here: the parent sends
+``config.recipe_to_json`` writes it: the keys it was given, so that validation sees the same), and its result
+(JSON) is written to ``RESULT_JSON``. This process rebuilds the recipe as the launcher builds it from a file; the
+parent's post-training phase carries that JSON unread. SIGTERM/SIGINT keep their defaults here: the parent sends
 them to this process's group, and ends the group if it outlives them.
 """
 

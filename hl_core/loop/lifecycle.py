@@ -4,7 +4,7 @@
   ``output_dir`` that is a symbolic link is said in one line naming where it points (a link to nothing: refused);
 * a ``final/`` replacement that a kill interrupted is put back (``storage.checkpoints.recover_final``);
 * the checkpoint to resume, its run record against this run's (``run_record``, which the trainer writes from the
-  recipe): a refused change ends the run here, before any weights are loaded;
+  run's shape, ``config.run_shape``): a refused change ends the run here, before any weights are loaded;
 * another run's outputs in the directory: a run that starts afresh (``checkpoint.resume: never``, a checkpoint of
   another directory, or ``auto`` with nothing to resume beside an earlier run's ``final/``), or resumes an earlier
   checkpoint than the newest, would mix two runs (rotation deletes the new run's checkpoints as older than the

@@ -137,12 +137,14 @@ def release_device_memory() -> None:
         torch.cuda.empty_cache()
 
 
-def run_in_child(fn: Callable, recipe, final: Path, record: SignalRecord, workdir: Path) -> Optional[int]:
-    """``fn(recipe, final)`` in a child process; returns its exit code, or None when ``record`` holds a signal
-    before it started. A signal while it runs goes to the child's group (``record``); the child's group is ended
-    ``children.GRACE_S`` after it if still there. The result lands in ``workdir/result.json``."""
-    (workdir / "recipe.json").write_text(json.dumps(recipe.model_dump(mode="json", exclude_unset=True)))
-    cmd = [sys.executable, "-m", "hl_core.loop.eval_child", target_of(fn), str(workdir / "recipe.json"), str(final),
+def run_in_child(fn: Callable, argument: Dict, final: Path, record: SignalRecord, workdir: Path) -> Optional[int]:
+    """``fn(<argument>, final)`` in a child process; returns its exit code, or None when ``record`` holds a signal
+    before it started. ``argument``: JSON-serialisable, carried unread to the child, which rebuilds ``fn``'s first
+    argument from it (``hl_core/loop/eval_child.py``). A signal while it runs goes to the child's group
+    (``record``); the child's group is ended ``children.GRACE_S`` after it if still there. The result lands in
+    ``workdir/result.json``."""
+    (workdir / "argument.json").write_text(json.dumps(argument))
+    cmd = [sys.executable, "-m", "hl_core.loop.eval_child", target_of(fn), str(workdir / "argument.json"), str(final),
            str(workdir / "result.json")]
     release_device_memory()
     if record.signum is not None:
@@ -176,18 +178,20 @@ def _interrupted(summary: Dict, record: SignalRecord, final: Path) -> Dict:
     return {**summary, "exit_code": code, "post_training_eval": f"interrupted by {record.name()}"}
 
 
-def run_post_training(after_training: Callable, recipe, final: Path, summary: Dict, pending_signal: int = 0,
-                      record: Optional[SignalRecord] = None) -> Dict:
-    """``after_training(recipe, final)`` (a module-level function) in a child process, SIGTERM/SIGINT recorded
-    and passed on to it (``record``: one already installed, which may hold a signal; else one is installed here
-    with ``pending_signal``, one that arrived after training ended). A recorded signal stops the run with
-    128 + the signal, whenever it came. ``summary``: the training's. Returns the run's summary."""
+def run_post_training(after_training: Callable, argument: Dict, output_dir: Path, final: Path, summary: Dict,
+                      pending_signal: int = 0, record: Optional[SignalRecord] = None) -> Dict:
+    """``after_training(<argument>, final)`` (a module-level function) in a child process (``run_in_child``: the
+    trainer's ``argument`` is its recipe as JSON, ``config.recipe_to_json``, which the child validates again),
+    SIGTERM/SIGINT recorded and passed on to it (``record``: one already installed, which may hold a signal; else
+    one is installed here with ``pending_signal``, one that arrived after training ended). A recorded signal stops
+    the run with 128 + the signal, whenever it came. ``summary``: the training's, written to
+    ``output_dir/summary.json`` with the phase's outcome. Returns the run's summary."""
     if record is None:
         record = SignalRecord(pending_signal).install()
-    path = Path(recipe.output_dir) / "summary.json"
+    path = Path(output_dir) / "summary.json"
     workdir = Path(tempfile.mkdtemp(prefix="hl-post-training-"))
     try:
-        code = run_in_child(after_training, recipe, final, record, workdir)
+        code = run_in_child(after_training, argument, final, record, workdir)
         if record.signum is not None:
             summary = _interrupted(summary, record, final)
         elif code == 0 and (workdir / "result.json").is_file():

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, List, Optional
 
-from ..config import batch_layout
+from ..config import RunShape
 from ..engines.base import lr_lambda
 from ..errors import RecipeError, UserError
 from ..models.specs import resolve_spec
@@ -40,15 +40,15 @@ def _digest(value) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 
-def _model(recipe) -> Dict[str, object]:
-    """The model's name and overrides, and its dimensions where they are known without a download."""
+def _model(model) -> Dict[str, object]:
+    """The model's name and overrides (the ``model`` section), and its dimensions where they are known without a
+    download."""
     try:
-        spec = resolve_spec(recipe.model)
+        spec = resolve_spec(model)
         dims = {key: getattr(spec, key) for key in MODEL_DIMS}
     except UserError:  # a hub model not in the local cache (yet): its name and overrides stand in for its shape
         dims = None
-    return {"name_or_path": recipe.model.name_or_path, "config_overrides": dict(recipe.model.config_overrides),
-            "dims": dims}
+    return {"name_or_path": model.name_or_path, "config_overrides": dict(model.config_overrides), "dims": dims}
 
 
 def _changed(key: str, saved, now) -> bool:
@@ -81,28 +81,29 @@ def _train_files(data) -> List[Dict[str, object]]:
     return [{"path": source.path, "files": content_digests(source.path)} for source in data.train_sources]
 
 
-def run_record(recipe, world_size: int) -> Dict[str, object]:
-    """This run's record (JSON-serialisable): what a checkpoint it writes holds and what its data stream is."""
-    dp, accumulation = batch_layout(recipe, world_size)
-    train, lora = recipe.train, recipe.model.lora
-    train_files = _train_files(recipe.data)
+def run_record(shape: RunShape, world_size: int) -> Dict[str, object]:
+    """This run's record (JSON-serialisable): what a checkpoint it writes holds and what its data stream is, from the
+    run's shape (``hl_core.config.run_shape``) on ``world_size`` processes."""
+    dp, accumulation = shape.batch_layout(world_size)
+    train, lora = shape.train, shape.model.lora
+    train_files = _train_files(shape.data)
     digests = [source["files"] for source in train_files]
     return {
         "format": FORMAT,
-        "objective": recipe.objective.name,
-        "model": _model(recipe),
+        "objective": shape.objective,
+        "model": _model(shape.model),
         # the adapter's shape and the base it is rebuilt on (not `save_merged`, `alpha` or `dropout`: free to change)
-        "lora": ({"base": recipe.model.name_or_path, "r": lora.r, "target_modules": lora.target_modules}
-                 if recipe.model.lora_enabled else None),
-        "precision": recipe.engine.precision,
+        "lora": ({"base": shape.model.name_or_path, "r": lora.r, "target_modules": lora.target_modules}
+                 if shape.model.lora_enabled else None),
+        "precision": shape.engine.precision,
         "examples_per_update": train.micro_batch_size * accumulation * dp,
         "micro_batch_size": train.micro_batch_size,
         "max_steps": train.max_steps,
         "lr_schedule": [train.lr_schedule, train.warmup_steps],
         "seed": train.seed,
-        "data_train": _data(recipe.data, "train", digests),
+        "data_train": _data(shape.data, "train", digests),
         "data_train_files": train_files,
-        "data_eval": _data(recipe.data, "eval", digests),
+        "data_eval": _data(shape.data, "eval", digests),
     }
 
 

@@ -1,11 +1,11 @@
 """Architecture dimensions of the models our recipes name, so `--validate` and `--plan` need no hub access.
 
-``resolve_spec(recipe.model)`` returns a `ModelSpec`: from the model directory's ``config.json``
-when ``model.name_or_path`` is a local directory, from the table below for the Hugging Face names our
+``resolve_spec(model)`` (a recipe's ``model`` section) returns a `ModelSpec`: from the model directory's
+``config.json`` when ``model.name_or_path`` is a local directory, from the table below for the Hugging Face names our
 recipes use, or from a ``config.json`` already in the local Hugging Face cache (never downloading).
-``model.config_overrides`` is applied on top. ``check_layout(recipe, world_size)`` checks the parallel
-layout (tp/pp against heads and layers, world size, batch divisibility, ZeRO vs. engine) and raises
-``RecipeError`` with one paragraph naming the key and the fix.
+``model.config_overrides`` is applied on top. ``check_layout(shape, world_size)`` (``shape``: the recipe's
+``hl_core.config.RunShape``) checks the parallel layout (tp/pp against heads and layers, world size, batch
+divisibility, ZeRO vs. engine) and raises ``RecipeError`` with one paragraph naming the key and the fix.
 
 The table is copied from each model's public ``config.json``; ``tests/test_plan.py`` instantiates every
 entry on the meta device with transformers and checks ``num_params()`` and ``largest_layer_params()``
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Dict, List, Mapping, Optional
 
-from ..config import batch_layout
+from ..config import RunShape
 from ..errors import RecipeError, did_you_mean
 from ..storage import gguf_models
 
@@ -312,16 +312,17 @@ def resolve_spec(model) -> ModelSpec:
 # ------------------------------------------------------------------------------------------------
 
 
-def check_layout(recipe, world_size: int) -> None:
-    """Parallel-layout checks for ``world_size`` processes; raises ``RecipeError`` naming the key and the fix."""
-    spec = resolve_spec(recipe.model)
-    tp, pp = recipe.parallel.tp, recipe.parallel.pp
-    engine = recipe.engine.name
+def check_layout(shape: RunShape, world_size: int) -> None:
+    """Parallel-layout checks of a run's shape (its model, engine, parallel and training sections) for
+    ``world_size`` processes; raises ``RecipeError`` naming the key and the fix."""
+    spec = resolve_spec(shape.model)
+    tp, pp = shape.parallel.tp, shape.parallel.pp
+    engine = shape.engine.name
     if world_size < 1:
         raise RecipeError(f"world size {world_size} must be at least 1. Fix: launch at least one process.")
-    if engine == "megatron" and recipe.engine.zero_stage != 0:
+    if engine == "megatron" and shape.engine.zero_stage != 0:
         raise RecipeError(
-            f"`engine.zero_stage: {recipe.engine.zero_stage}` is invalid with `engine.name: megatron`: ZeRO is a "
+            f"`engine.zero_stage: {shape.engine.zero_stage}` is invalid with `engine.name: megatron`: ZeRO is a "
             "DeepSpeed setting and Megatron would ignore it (it shards optimizer states with its distributed "
             "optimizer across data-parallel ranks instead). Fix: set `engine.zero_stage=0`, or use "
             "`engine.name=deepspeed`."
@@ -348,7 +349,7 @@ def check_layout(recipe, world_size: int) -> None:
             "so the data-parallel size dp = world / (tp x pp) is not a whole number. Fix: change the number of "
             "processes (`cluster.nodes` x `cluster.gpus_per_node`) or the parallel layout."
         )
-    batch_layout(recipe, world_size)  # global batch vs. micro batch x dp (RecipeError with the fix)
+    shape.batch_layout(world_size)  # global batch vs. micro batch x dp (RecipeError with the fix)
 
 
 def _divisors(*numbers: int) -> str:

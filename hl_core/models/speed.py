@@ -33,14 +33,15 @@ def known_model_type(model_cfg) -> Optional[str]:
         return None
 
 
-def check_speed_options(recipe, model_type: Optional[str] = None, cuda: Optional[bool] = None) -> None:
-    """``model.kernels`` and ``train.fused_logprobs`` against the model family and the machine (a ``RecipeError``
-    naming the key). ``model_type``: the built model's (default: from its config.json, unchecked when unknown);
-    ``cuda``: whether this machine has a CUDA GPU (default: asks torch)."""
-    kernels, fused = recipe.model.kernels, recipe.train.fused_logprobs
+def check_speed_options(model_cfg, fused_logprobs: bool, model_type: Optional[str] = None,
+                        cuda: Optional[bool] = None) -> None:
+    """``model.kernels`` (of the ``model`` section ``model_cfg``) and ``train.fused_logprobs`` against the model family
+    and the machine (a ``RecipeError`` naming the key). ``model_type``: the built model's (default: from its
+    config.json, unchecked when unknown); ``cuda``: whether this machine has a CUDA GPU (default: asks torch)."""
+    kernels, fused = model_cfg.kernels, fused_logprobs
     if kernels == "none" and not fused:
         return
-    model_type = model_type or known_model_type(recipe.model)
+    model_type = model_type or known_model_type(model_cfg)
     if kernels == "liger":
         cuda = torch.cuda.is_available() if cuda is None else cuda
         why = None

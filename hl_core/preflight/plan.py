@@ -1,8 +1,9 @@
 """`--plan`: the world layout and a per-GPU memory estimate for a recipe, without a GPU or a download.
 
-``memory_plan(recipe, world_size)`` returns a dict; ``plan_report(recipe)`` renders it (world size from
+``memory_plan(shape, world_size)`` returns a dict; ``plan_report(shape)`` renders it (world size from
 ``cluster.nodes * cluster.gpus_per_node`` unless given) and adds a WARNING line when the estimate exceeds
-``cluster.gpu_memory_gb`` (read as GiB: an "80 GB" H100 has 80 GiB).
+``cluster.gpu_memory_gb`` (read as GiB: an "80 GB" H100 has 80 GiB). ``shape``: the recipe's
+``hl_core.config.RunShape`` (``run_shape(recipe)``), the sections and decisions a plan reads.
 
 Model states (bytes per parameter, P = parameters, N = data-parallel size, L = largest layer's parameters):
 
@@ -74,7 +75,7 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import Recipe, batch_layout, data_plan, pipeline_microbatches, reference_mode
+from ..config import RunShape, pipeline_microbatches
 from ..data.build import load_split_records
 from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
@@ -95,16 +96,12 @@ GIB = 1024 ** 3
 DEFAULT_GRPO_GROUP_SIZE = 2  # offline GRPO from preference pairs: groups of two
 
 
-def world_size_of(recipe: Recipe) -> int:
-    return recipe.cluster.nodes * recipe.cluster.gpus_per_node
-
-
-def grpo_group_size(recipe: Recipe) -> Tuple[int, str]:
+def grpo_group_size(shape: RunShape) -> Tuple[int, str]:
     """Completions per prompt group and where that number came from."""
-    rollout = recipe.rollout
+    rollout = shape.rollout
     if rollout.every is not None and getattr(rollout, "num_generations", None):
         return int(rollout.num_generations), "rollout.num_generations"
-    path = recipe.data.train_sources[0].path  # a mixture: its first source
+    path = shape.data.train_sources[0].path  # a mixture: its first source
     if path and str(path).endswith(".jsonl") and Path(path).is_file():
         try:
             with open(path) as handle:
@@ -116,33 +113,33 @@ def grpo_group_size(recipe: Recipe) -> Tuple[int, str]:
     return DEFAULT_GRPO_GROUP_SIZE, "preference pairs become groups of two"
 
 
-def planned_updates(recipe: Recipe, dp: int, accum: int) -> Tuple[Optional[int], str]:
+def planned_updates(shape: RunShape, dp: int, accum: int) -> Tuple[Optional[int], str]:
     """The run's optimizer updates and how they are known: `train.max_steps`, or `train.epochs` over the local
     training rows (counted before tokenizing; pairs that truncation makes identical are dropped at run time, so the
     run may derive fewer); None when the data are named on the Hugging Face hub."""
-    train = recipe.train
+    train = shape.train
     if train.epochs is None:
         return train.max_steps, f"updates: {train.max_steps} (`train.max_steps`)"
-    if any(source.path is None for source in recipe.data.train_sources):
+    if any(source.path is None for source in shape.data.train_sources):
         return None, (f"updates: derived at run time from `train.epochs: {train.epochs:g}` and the size of the "
                       "Hugging Face data set")
-    rows = sum(map(len, load_split_records(recipe.data, data_plan(recipe))[0]))
+    rows = sum(map(len, load_split_records(shape.data, shape.data_plan)[0]))
     steps, line = epoch_steps(train, rows, dp, accum)
     return steps, (f"updates: at most {steps}, from {rows} training rows before tokenizing (the run derives the "
                    f"count from the examples it keeps and logs it): {line}")
 
 
-def sequences_per_micro_batch(recipe: Recipe, group_size: Optional[int] = None) -> int:
-    micro = recipe.train.micro_batch_size
-    if recipe.objective.name == "grpo":
-        return micro * (group_size or grpo_group_size(recipe)[0])
-    if recipe.objective.name == "sft":
+def sequences_per_micro_batch(shape: RunShape, group_size: Optional[int] = None) -> int:
+    micro = shape.train.micro_batch_size
+    if shape.objective == "grpo":
+        return micro * (group_size or grpo_group_size(shape)[0])
+    if shape.objective == "sft":
         return micro  # one demonstration per example
     return 2 * micro  # dpo: chosen + rejected; kto: completions + mismatched KL completions
 
 
 def memory_plan(
-    recipe: Recipe,
+    shape: RunShape,
     world_size: Optional[int] = None,
     *,
     spec: Optional[ModelSpec] = None,
@@ -152,72 +149,72 @@ def memory_plan(
     stage: Optional[int] = None,
     dp_rank: Optional[int] = None,
 ) -> Dict[str, Any]:
-    """Layout and per-GPU memory estimate (bytes and GiB) for ``recipe`` on ``world_size`` processes.
+    """Layout and per-GPU memory estimate (bytes and GiB) for a run of ``shape`` on ``world_size`` processes.
     ``distributed_optimizer`` / ``megatron_gpu`` false: the megatron engine's CPU path (a torch optimizer
     replicated over data parallel, gradients in ``.grad`` instead of a resident fp32 main-grad buffer).
     Megatron with pp > 1: the ranks of pipeline stage ``stage``, or (None) of the stage whose total is largest
     (``stage_totals`` holds each stage's). ``dp_rank``: that data-parallel rank's DeepSpeed ZeRO-2 gradient
     buffer (it depends on the rank, ``plan_peak.zero2_gradient_elements``); None: the largest over the ranks."""
-    world = world_size if world_size is not None else world_size_of(recipe)
-    check_layout(recipe, world)
-    spec = spec or resolve_spec(recipe.model)
-    pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
+    world = world_size if world_size is not None else shape.world_size
+    check_layout(shape, world)
+    spec = spec or resolve_spec(shape.model)
+    pp = shape.parallel.pp if shape.engine.name == "megatron" else 1
     stages = [stage] if stage is not None and pp > 1 else list(range(pp))
-    plans = [_stage_plan(recipe, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s
+    plans = [_stage_plan(shape, world, spec, group_size, distributed_optimizer, megatron_gpu, s, dp_rank) for s
              in stages]
     worst = max(plans, key=lambda p: p["bytes"]["total"])
     worst["stage_totals"] = {p["stage"]: p["gib"]["total"] for p in plans}
     return worst
 
 
-def _stage_plan(recipe: Recipe, world: int, spec: ModelSpec, group_size: Optional[int], distributed_optimizer: bool,
+def _stage_plan(shape: RunShape, world: int, spec: ModelSpec, group_size: Optional[int], distributed_optimizer: bool,
                 megatron_gpu: bool, pipe_stage: int, dp_rank: Optional[int] = None) -> Dict[str, Any]:
     """`memory_plan` for the ranks of one pipeline stage (stage 0 when there is no pipeline)."""
-    dp, accum = batch_layout(recipe, world)
-    engine = recipe.engine.name
-    pb = 2 if recipe.engine.precision == "bf16" else 4  # bytes per parameter / activation element
+    dp, accum = shape.batch_layout(world)
+    engine = shape.engine.name
+    pb = 2 if shape.engine.precision == "bf16" else 4  # bytes per parameter / activation element
     notes: List[str] = []
-    lora = lora_part(recipe, spec, pb, notes)
+    lora = lora_part(shape, spec, pb, notes)
     if engine == "megatron":
-        states = megatron_states(recipe, spec, pb, dp, pipe_stage, distributed_optimizer, megatron_gpu, notes)
+        states = megatron_states(shape, spec, pb, dp, pipe_stage, distributed_optimizer, megatron_gpu, notes)
     else:
-        states = deepspeed_states(recipe, spec, pb, dp, dp_rank, lora)
-    run_updates = planned_updates(recipe, dp, accum)
-    states.reference = _reference_bytes(recipe, states.reference, run_updates, accum, group_size, notes)
-    act = _activations(recipe, spec, pb, group_size, pipe_stage, lora)
-    bytes_ = _peak(recipe, spec, pb, dp, states, act)
-    _layout_notes(recipe, group_size, pipe_stage, act, notes)
-    gpu_gib = float(recipe.cluster.gpu_memory_gb)
+        states = deepspeed_states(shape, spec, pb, dp, dp_rank, lora)
+    run_updates = planned_updates(shape, dp, accum)
+    states.reference = _reference_bytes(shape, states.reference, run_updates, accum, group_size, notes)
+    act = _activations(shape, spec, pb, group_size, pipe_stage, lora)
+    bytes_ = _peak(shape, spec, pb, dp, states, act)
+    _layout_notes(shape, group_size, pipe_stage, act, notes)
+    gpu_gib = float(shape.cluster.gpu_memory_gb)
     P, A = spec.num_params(), lora.adapter_params if lora else 0
-    stage, tp, pp = recipe.engine.zero_stage, recipe.parallel.tp, recipe.parallel.pp
+    stage, tp, pp = shape.engine.zero_stage, shape.parallel.tp, shape.parallel.pp
     return dict(
         model=spec.name, model_source=spec.source, params=P, largest_layer_params=spec.largest_layer_params(),
         params_per_rank=states.params_on_rank, trainable_params=A if lora else P, lora_adapter_params=A,
-        engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=recipe.engine.precision,
-        world_size=world, dp=dp, tp=tp, pp=pp, stage=pipe_stage, micro_batch_size=recipe.train.micro_batch_size,
-        gradient_accumulation_steps=accum, global_batch_size=recipe.train.micro_batch_size * accum * dp,
+        engine=engine, zero_stage=stage if engine == "deepspeed" else None, precision=shape.engine.precision,
+        world_size=world, dp=dp, tp=tp, pp=pp, stage=pipe_stage, micro_batch_size=shape.train.micro_batch_size,
+        gradient_accumulation_steps=accum, global_batch_size=shape.train.micro_batch_size * accum * dp,
         updates=run_updates,
-        sequences_per_micro_batch=act["b"], seq_len=recipe.data.max_length,
+        sequences_per_micro_batch=act["b"], seq_len=shape.data.max_length,
         attention="eager" if act["eager"] else "fused (sdpa/flash)",
         tokens_per_micro_batch=act["tokens"], token_budget=act["budget"],
-        gradient_checkpointing=bool(recipe.model.gradient_checkpointing), gpu_memory_gib=gpu_gib,
+        gradient_checkpointing=bool(shape.model.gradient_checkpointing), gpu_memory_gib=gpu_gib,
         bytes=bytes_, gib={k: v / GIB for k, v in bytes_.items()},
         exceeds=bytes_["total"] / GIB > gpu_gib, notes=notes,
     )
 
 
-def _reference_bytes(recipe: Recipe, reference: float, run_updates: Tuple[Optional[int], str], accum: int,
+def _reference_bytes(shape: RunShape, reference: float, run_updates: Tuple[Optional[int], str], accum: int,
                      group_size: Optional[int], notes: List[str]) -> float:
     """The reference model's bytes: ``reference`` when the run builds one, else 0 (with a note on where its
     log-probs live)."""
-    mode, why = reference_mode(recipe)
+    mode, why = shape.reference_mode
     if mode == "none":
         notes.append("no reference model: nothing reads its log-probs (SFT, or standard GRPO with beta_kl = 0)")
         return 0.0
     if mode in ("cached", "lookahead"):
-        updates = run_updates[0] if mode == "cached" else recipe.humanline.sync_every
-        rows = (updates or 1) * accum * sequences_per_micro_batch(recipe, group_size)
-        kept = rows * recipe.data.max_length * 4 / 2**20
+        updates = run_updates[0] if mode == "cached" else shape.sync_every
+        rows = (updates or 1) * accum * sequences_per_micro_batch(shape, group_size)
+        kept = rows * shape.data.max_length * 4 / 2**20
         notes.append(f"no reference model ({mode}: {why}); its log-probs kept in CPU memory, at most "
                      f"{kept:.2f} MiB per rank " + (f"({updates} update(s) of padded float32 rows)" if updates else
                                                     "per update (padded float32 rows; `train.epochs` over hub data)"))
@@ -225,23 +222,23 @@ def _reference_bytes(recipe: Recipe, reference: float, run_updates: Tuple[Option
     return reference
 
 
-def _activations(recipe: Recipe, spec: ModelSpec, pb: int, group_size: Optional[int], pipe_stage: int,
+def _activations(shape: RunShape, spec: ModelSpec, pb: int, group_size: Optional[int], pipe_stage: int,
                  lora: Optional[LoraPart]) -> Dict[str, Any]:
     """Activations and logits of one micro-batch on the ranks of ``pipe_stage`` (plan_terms: counted tensor by
     tensor, checked against measurement), with the layout facts they follow from."""
-    engine, pp = recipe.engine.name, recipe.parallel.pp
+    engine, pp = shape.engine.name, shape.parallel.pp
     megatron = engine == "megatron"
-    b = sequences_per_micro_batch(recipe, group_size)
-    s, h, V = recipe.data.max_length, spec.hidden_size, spec.vocab_size
+    b = sequences_per_micro_batch(shape, group_size)
+    s, h, V = shape.data.max_length, spec.hidden_size, spec.vocab_size
     # megatron: fused attention (SDPA or TE) except Gemma 2's soft-capped local spec
-    eager = spec.model_type == "gemma2" if megatron else (recipe.model.attn_implementation or "sdpa") == "eager"
-    t = recipe.parallel.tp if megatron else 1
+    eager = spec.model_type == "gemma2" if megatron else (shape.model.attn_implementation or "sdpa") == "eager"
+    t = shape.parallel.tp if megatron else 1
     # tokens per micro-batch: b rows of <= s tokens, or the token budget (`train.max_tokens_per_micro_batch`)
-    budget = recipe.train.max_tokens_per_micro_batch
+    budget = shape.train.max_tokens_per_micro_batch
     tokens = budget if budget is not None else s * b
     # megatron pp > 1: each micro-batch runs as m pipeline micro-batches of tokens / m; 1F1B keeps min(pp - stage, m)
     # of them in flight on stage `stage` (the first stage the most); the final norm and the logits on the last stage
-    pipeline = pipeline_microbatches(recipe, b) if megatron else 1
+    pipeline = pipeline_microbatches(shape.parallel, b) if megatron else 1
     tokens_in_flight = tokens / pipeline
     in_flight = min(pp - pipe_stage, pipeline) if megatron else 1
     last_stage = not megatron or pipe_stage == pp - 1
@@ -260,7 +257,7 @@ def _activations(recipe: Recipe, spec: ModelSpec, pb: int, group_size: Optional[
     gemma2 = spec.model_type.startswith("gemma2")
     # megatron's Gemma 2 path: soft-capped chunks through megatron-core's cross entropy (plan_terms.py); HF's
     # Gemma 2: the tanh of its final logit soft-capping kept beside the logits
-    chunk = recipe.train.logps_chunk_tokens
+    chunk = shape.train.logps_chunk_tokens
     logits = (megatron_softcap_logits_bytes(tokens_in_flight, V, pb, t, chunk) if megatron and gemma2 else
               logits_bytes(1, tokens_in_flight, V, pb, t, chunk, softcap_copy=not megatron and gemma2))
     return dict(b=b, eager=eager, tokens=tokens, budget=budget, pipeline=pipeline, in_flight=in_flight,
@@ -270,11 +267,11 @@ def _activations(recipe: Recipe, spec: ModelSpec, pb: int, group_size: Optional[
                 lora_kept=tokens * lora.terms["activation_bytes_per_token"] if lora else 0.0, lora=lora is not None)
 
 
-def _peak(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, states: ModelStates, act: Dict[str, Any]
+def _peak(shape: RunShape, spec: ModelSpec, pb: int, dp: int, states: ModelStates, act: Dict[str, Any]
           ) -> Dict[str, float]:
     """Every term's bytes and the peak: resident + the update's largest phase (``total``), and the same with
     gradient checkpointing switched (``total_other_checkpointing``)."""
-    engine, stage = recipe.engine.name, recipe.engine.zero_stage
+    engine, stage = shape.engine.name, shape.engine.zero_stage
     per_layer, logits = act["per_layer"], act["logits"]
     model_states = states.weights + states.grads + states.optimizer
     # ZeRO-3 over dp > 1 (measured by --rehearse, hl_core/rehearsal): between updates only the partition is held,
@@ -287,8 +284,8 @@ def _peak(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, states: ModelStates
     # ZeRO-1/2 over dp > 1 (--rehearse, bf16 and fp32): a reduce bucket of the gradients' dtype made in the backward
     zero12 = engine == "deepspeed" and stage in (1, 2) and dp > 1
     backward_bucket = pb * REDUCE_BUCKET if zero12 else 0.0
-    checkpointing = bool(recipe.model.gradient_checkpointing)
-    persist = recipe.engine.zero3_param_persistence_threshold
+    checkpointing = bool(shape.model.gradient_checkpointing)
+    persist = shape.engine.zero3_param_persistence_threshold
     gathered_in = {phase: pb * zero3_gathered_elements(spec, ZERO3_MAX_LIVE_PARAMETERS, persist, phase=phase,
                                                        checkpointing=checkpointing) if zero3 else 0.0
                    for phase in ("logits", "layers")}
@@ -330,18 +327,18 @@ def _peak(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, states: ModelStates
     )
 
 
-def _layout_notes(recipe: Recipe, group_size: Optional[int], pipe_stage: int, act: Dict[str, Any],
+def _layout_notes(shape: RunShape, group_size: Optional[int], pipe_stage: int, act: Dict[str, Any],
                   notes: List[str]) -> None:
     """Notes on what the plan assumes: the pipeline stage, GRPO's group size, rollouts, the token budget."""
-    pp = recipe.parallel.pp
-    if recipe.engine.name == "megatron" and pp > 1:
+    pp = shape.parallel.pp
+    if shape.engine.name == "megatron" and pp > 1:
         notes.append(f"pipeline stage {pipe_stage} of {pp}: {act['pipeline']} pipeline micro-batch(es) per "
                      f"micro-batch, {act['in_flight']} in flight here" + ("; the embedding" if pipe_stage == 0 else "")
                      + ("; the output layer and the logits" if act["last_stage"] else ""))
-    if recipe.objective.name == "grpo" and group_size is None:
-        size, origin = grpo_group_size(recipe)
+    if shape.objective == "grpo" and group_size is None:
+        size, origin = grpo_group_size(shape)
         notes.append(f"GRPO: {size} completions per prompt group ({origin})")
-    if recipe.rollout.every is not None:
+    if shape.rollout.every is not None:
         notes.append("rollouts: generation memory (KV cache, sampling) is not counted")
     if act["budget"] is not None:
         notes.append(f"token budget: activations and logits for {act['budget']} tokens per micro-batch "
@@ -362,9 +359,9 @@ def _phase_lines(v: Dict[str, float]) -> List[str]:
     ]
 
 
-def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Optional[int] = None) -> str:
+def plan_report(shape: RunShape, world_size: Optional[int] = None, group_size: Optional[int] = None) -> str:
     """Human-readable plan: layout, per-GPU GiB by component, and a WARNING line when over budget."""
-    plan = memory_plan(recipe, world_size, group_size=group_size)
+    plan = memory_plan(shape, world_size, group_size=group_size)
     g = plan["gib"]
     unit, scale = ("GiB", 1.0) if g["total"] >= 1 else ("MiB", 1024.0)
     v = {k: x * scale for k, x in g.items()}
@@ -372,9 +369,9 @@ def plan_report(recipe: Recipe, world_size: Optional[int] = None, group_size: Op
               else "Megatron-core (distributed optimizer)")
     ckpt = plan["gradient_checkpointing"]
     lines = [
-        f"plan for `{recipe.name}`: {plan['model']} ({count_text(plan['params'])} params; dims from "
+        f"plan for `{shape.name}`: {plan['model']} ({count_text(plan['params'])} params; dims from "
         f"{plan['model_source']})",
-        f"world: {plan['world_size']} GPUs = {recipe.cluster.nodes} node(s) x {recipe.cluster.gpus_per_node}"
+        f"world: {plan['world_size']} GPUs = {shape.cluster.nodes} node(s) x {shape.cluster.gpus_per_node}"
         if world_size is None else f"world: {plan['world_size']} processes",
         f"layout: dp={plan['dp']} tp={plan['tp']} pp={plan['pp']}; {engine}, {plan['precision']}",
         f"batch: micro {plan['micro_batch_size']} x grad-accum {plan['gradient_accumulation_steps']} x dp {plan['dp']}"

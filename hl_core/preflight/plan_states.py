@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..config import Recipe, reference_mode
+from ..config import RunShape
 from ..config.checks import check_lora
 from ..models.specs import ModelSpec
 from .plan_lora import lora_terms
@@ -46,17 +46,17 @@ class ModelStates:
     params_on_rank: float
 
 
-def lora_part(recipe: Recipe, spec: ModelSpec, pb: int, notes: List[str]) -> Optional[LoraPart]:
+def lora_part(shape: RunShape, spec: ModelSpec, pb: int, notes: List[str]) -> Optional[LoraPart]:
     """The adapter of ``model.lora`` (None without one), with its note."""
-    if not recipe.model.lora_enabled:
+    if not shape.model.lora_enabled:
         return None
-    check_lora(recipe)
-    terms = lora_terms(spec, recipe.model.lora, pb)  # plan_lora.py: from the dimensions and PEFT's matching
+    check_lora(shape.model, shape.engine, shape.eval)
+    terms = lora_terms(spec, shape.model.lora, pb)  # plan_lora.py: from the dimensions and PEFT's matching
     adapter = terms["adapter_params"]
-    copy = reference_mode(recipe)[0] == "copy"
-    synced = copy and recipe.humanline.sync_every is not None
+    copy = shape.reference_mode[0] == "copy"
+    synced = copy and shape.sync_every is not None
     notes.append(
-        f"LoRA r={recipe.model.lora.r} on {terms['adapted_modules']} modules: {count_text(adapter)} adapter params "
+        f"LoRA r={shape.model.lora.r} on {terms['adapted_modules']} modules: {count_text(adapter)} adapter params "
         f"({100 * adapter / spec.num_params():.2f}% of the model) get gradients and AdamW states; the reference is "
         + ("the base plus a frozen adapter copy (the adapter's bytes)" if synced else
            "the base with the adapter off (0 bytes)" if copy else "no model (see below)")
@@ -88,10 +88,10 @@ def megatron_stage_params(spec: ModelSpec, tp: int, pp: int, stage: int) -> int:
     return -(-matrices // tp) + replicated
 
 
-def megatron_states(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, pipe_stage: int, distributed_optimizer: bool,
+def megatron_states(shape: RunShape, spec: ModelSpec, pb: int, dp: int, pipe_stage: int, distributed_optimizer: bool,
                     megatron_gpu: bool, notes: List[str]) -> ModelStates:
     """The megatron engine's model states on the ranks of pipeline stage ``pipe_stage``."""
-    tp, pp, bf16 = recipe.parallel.tp, recipe.parallel.pp, pb == 2
+    tp, pp, bf16 = shape.parallel.tp, shape.parallel.pp, pb == 2
     shard = megatron_stage_params(spec, tp, pp, pipe_stage)
     grads = 4 * shard  # fp32 main-grad buffer (whole on each rank, also with the distributed optimizer)
     # GPU: float32 master copy + AdamW moments; the CPU path: torch AdamW on the compute-dtype shards, its two
@@ -117,11 +117,11 @@ def megatron_states(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, pipe_stag
                        master_grads=0.0, params_on_rank=shard)
 
 
-def deepspeed_states(recipe: Recipe, spec: ModelSpec, pb: int, dp: int, dp_rank: Optional[int],
+def deepspeed_states(shape: RunShape, spec: ModelSpec, pb: int, dp: int, dp_rank: Optional[int],
                      lora: Optional[LoraPart]) -> ModelStates:
     """DeepSpeed's model states at ``engine.zero_stage`` (``dp_rank``: whose ZeRO-2 gradient buffer; None: the
     largest)."""
-    stage, bf16 = recipe.engine.zero_stage, pb == 2
+    stage, bf16 = shape.engine.zero_stage, pb == 2
     P, L = spec.num_params(), spec.largest_layer_params()
     A = lora.adapter_params if lora else 0
     T = A if lora else P  # trainable parameters

@@ -24,8 +24,7 @@ from pathlib import Path
 from typing import List, Optional
 
 from .. import children
-from ..config import load_recipe
-from ..preflight.plan import world_size_of
+from ..config import load_recipe, run_shape
 from .report import disagreements, render
 from .run import rehearse_rank
 from .world import ranks_to_rehearse
@@ -44,10 +43,10 @@ def rehearse(recipe_path: str, overrides: List[str], rank: Optional[int] = None,
         if json_path:
             Path(json_path).write_text(json.dumps([result], default=float))
         return 0
-    recipe = load_recipe(recipe_path, overrides)
+    shape = run_shape(load_recipe(recipe_path, overrides))
     results = []
     with tempfile.TemporaryDirectory(prefix="hl_rehearsal_results_") as scratch:
-        for child_rank in ranks_to_rehearse(recipe, world_size_of(recipe)):
+        for child_rank in ranks_to_rehearse(shape, shape.world_size):
             out = Path(scratch) / f"rank{child_rank}.json"
             command = [sys.executable, "-m", "hl_core.rehearsal", recipe_path, *overrides, "--rank", str(child_rank),
                        "--kernels", kernels, "--json", str(out)]

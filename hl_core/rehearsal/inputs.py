@@ -25,7 +25,7 @@ import json
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
-from ..config import batch_layout
+from ..config import RunShape
 from ..models.loading import TOKENIZER_FILES
 from ..models.specs import ModelSpec, resolve_spec
 
@@ -121,11 +121,11 @@ class SyntheticSampler:
         """Nothing to push: no generation engine."""
 
 
-def rehearsal_overrides(recipe, workdir: Path, world_size: int, micro_batches: Optional[int],
+def rehearsal_overrides(shape: RunShape, workdir: Path, world_size: int, micro_batches: Optional[int],
                         updates: int) -> Tuple[List[str], List[str], Dict[str, int]]:
-    """``(overrides, notes, layout)``: what turns ``recipe`` into its rehearsal (module docstring), the lines
-    that say what changed, and the recipe's own batch layout (``dp``, ``accumulation``) for scaling."""
-    model, data = recipe.model, recipe.data
+    """``(overrides, notes, layout)``: what turns the recipe of ``shape`` into its rehearsal (module docstring), the
+    lines that say what changed, and the recipe's own batch layout (``dp``, ``accumulation``) for scaling."""
+    model, data, rollout = shape.model, shape.data, shape.rollout
     overrides = [f"output_dir={workdir / 'run'}", "checkpoint.save_every=null", "checkpoint.save_final=false",
                  "checkpoint.resume=never", "eval.every=null", "eval.after_training=false", "data.eval=null",
                  "logging.progress_bar=false", "logging.tensorboard=false", "logging.wandb.enabled=false",
@@ -143,7 +143,7 @@ def rehearsal_overrides(recipe, workdir: Path, world_size: int, micro_batches: O
         overrides.append(f"model.tokenizer={workdir / 'tokenizer'}")
     train_path = data.train.path
     if not (train_path and Path(train_path).is_file()):
-        rollout = recipe.rollout.every is not None
+        sampled = rollout.every is not None
         prompt = data.max_prompt_length
         completion = data.max_length - prompt - 1  # + EOS: the sequence is exactly data.max_length tokens
         if not own_tokenizer:  # tokens per word unknown: long enough for the truncation rule to cut to size
@@ -151,21 +151,21 @@ def rehearsal_overrides(recipe, workdir: Path, world_size: int, micro_batches: O
         write_rows(workdir / "data" / "train.jsonl", prompt, completion)
         overrides += [f"data.train.path={workdir / 'data' / 'train.jsonl'}", "data.train.name=null"]
         notes.append(f"data: synthetic rows of {data.max_length} tokens (prompt {data.max_prompt_length})"
-                     + ("; rollouts sample full-length completions at once (generation not rehearsed)" if rollout
+                     + ("; rollouts sample full-length completions at once (generation not rehearsed)" if sampled
                         else ""))
-    if recipe.rollout.every is not None:
+    if rollout.every is not None:
         overrides.append("rollout.backend=hf")
-        if recipe.rollout.every > updates:
+        if rollout.every > updates:
             overrides.append(f"rollout.every={updates}")
-            notes.append(f"rollout.every {recipe.rollout.every} -> {updates}: one sampling for the rehearsed updates")
-        if recipe.rollout.reward.kind == "reward_model":
+            notes.append(f"rollout.every {rollout.every} -> {updates}: one sampling for the rehearsed updates")
+        if rollout.reward.kind == "reward_model":
             overrides.append("rollout.reward.kind=math")
             notes.append("reward: the math reward instead of the reward model (its memory is not rehearsed)")
-    if recipe.humanline.sync_every is not None:
-        overrides.append(f"humanline.sync_offset={MEASURED_UPDATE % recipe.humanline.sync_every}")
-    dp, accumulation = batch_layout(recipe, world_size)
+    if shape.sync_every is not None:
+        overrides.append(f"humanline.sync_offset={MEASURED_UPDATE % shape.sync_every}")
+    dp, accumulation = shape.batch_layout(world_size)
     if micro_batches is not None and accumulation > micro_batches:
-        overrides += [f"train.global_batch_size={recipe.train.micro_batch_size * dp * micro_batches}",
+        overrides += [f"train.global_batch_size={shape.train.micro_batch_size * dp * micro_batches}",
                       "train.gradient_accumulation_steps=null"]
         notes.append(f"gradient accumulation {accumulation} -> {micro_batches} micro-batches per update "
                      "(time and traffic per update scaled back to the recipe's; memory does not depend on it; "

@@ -19,11 +19,11 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from ..config import load_recipe
+from ..config import RunShape, load_recipe, run_shape
 from ..errors import UserError
 from ..models.loading import rehearsal_weights
 from ..models.specs import check_layout, resolve_spec
-from ..preflight.plan import memory_plan, world_size_of
+from ..preflight.plan import memory_plan
 from ..trainer import Trainer
 from .inputs import MEASURED_UPDATE, SyntheticSampler, micro_batch_cap, rehearsal_overrides
 from .kernels import ShapeOnlyKernels
@@ -209,10 +209,10 @@ def _vocab_widths(engine, vocab: int) -> List[int]:
     return sorted({vocab, vocab // tp})
 
 
-def _checked_world(recipe, rank: int, micro_batches) -> int:
+def _checked_world(shape: RunShape, rank: int, micro_batches) -> int:
     """The recipe's world size, once the layout fits it, ``rank`` is in it and ``micro_batches`` is at least 2."""
-    world = world_size_of(recipe)
-    check_layout(recipe, world)
+    world = shape.world_size
+    check_layout(shape, world)
     if not 0 <= rank < world:
         raise UserError(f"`--rehearse-rank {rank}` is outside the recipe's world of {world} ranks "
                         f"(`cluster.nodes` x `cluster.gpus_per_node`). Fix: choose a rank in [0, {world}).")
@@ -259,34 +259,34 @@ def _measured_updates(trainer, phases: "Phases", ledger: TensorLedger, traffic: 
 def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: str = "auto",
                   micro_batches: Optional[int] = None, updates: int = 3) -> Dict:
     """Rehearse rank ``rank`` of the recipe's world; returns the measurements and the plan for that rank."""
-    recipe = load_recipe(recipe_path, overrides)
-    world = _checked_world(recipe, rank, micro_batches)
+    shape = run_shape(load_recipe(recipe_path, overrides))  # what the plan and the rehearsal's inputs read
+    world = _checked_world(shape, rank, micro_batches)
     device = torch.device("cuda", 0) if torch.cuda.is_available() else torch.device("cpu")
     shapes_only = kernels == "shapes" or (kernels == "auto" and device.type == "cpu")
-    pp = recipe.parallel.pp if recipe.engine.name == "megatron" else 1
+    pp = shape.parallel.pp if shape.engine.name == "megatron" else 1
     micro_batches = micro_batch_cap(micro_batches, device.type == "cpu", pp)
     progress = Progress(rank, world, updates)
-    progress.say(f"building the engine ({resolve_spec(recipe.model).name}, "
+    progress.say(f"building the engine ({resolve_spec(shape.model).name}, "
                  f"{'shape-only' if shapes_only else 'real'} kernels)")
     workdir = Path(tempfile.mkdtemp(prefix="hl_rehearsal_"))
     trainer = None
     try:
-        extra, notes, layout = rehearsal_overrides(recipe, workdir, world, micro_batches, updates)
-        rehearsed = load_recipe(recipe_path, [*overrides, *extra])
+        extra, notes, layout = rehearsal_overrides(shape, workdir, world, micro_batches, updates)
+        rehearsed = load_recipe(recipe_path, [*overrides, *extra])  # the trainer's, which reads the whole recipe
         join_fake_world(rank, world)
-        if rank != 0 and recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3:
+        zero3 = shape.engine.name == "deepspeed" and shape.engine.zero_stage == 3
+        if rank != 0 and zero3:
             skip_cross_rank_checks()
         process = ProcessMemory(device)
         before_engine = process.current()
-        spec = resolve_spec(recipe.model)
-        traffic = CollectiveTraffic(recipe.cluster.gpus_per_node)
+        spec = resolve_spec(shape.model)
+        traffic = CollectiveTraffic(shape.cluster.gpus_per_node)
         with contextlib.ExitStack() as stack:
             kernel_mode = stack.enter_context(ShapeOnlyKernels()) if shapes_only else None
             stack.enter_context(rehearsal_weights())
             trainer = Trainer(rehearsed)
             trainer.setup()
             engine = trainer.engine
-            zero3 = recipe.engine.name == "deepspeed" and recipe.engine.zero_stage == 3
             ledger = TensorLedger(_vocab_widths(engine, spec.vocab_size), device, gathers_weights=zero3)
             phases = Phases(ledger, traffic, device)
             phases.instrument(trainer)
@@ -302,12 +302,12 @@ def rehearse_rank(recipe_path: str, overrides: List[str], rank: int, kernels: st
             kernels_skipped = kernel_mode.skipped if kernel_mode is not None else 0
         coords = dict(dp=engine.dp_rank, dp_size=engine.dp_size, tp=engine.tp_rank,
                       pp_stage=engine.pp_rank)
-        megatron_cpu = recipe.engine.name == "megatron" and device.type == "cpu"
-        plan = memory_plan(recipe, world, stage=coords["pp_stage"], distributed_optimizer=not megatron_cpu,
+        megatron_cpu = shape.engine.name == "megatron" and device.type == "cpu"
+        plan = memory_plan(shape, world, stage=coords["pp_stage"], distributed_optimizer=not megatron_cpu,
                            megatron_gpu=not megatron_cpu, dp_rank=coords["dp"])
         return dict(
-            recipe=recipe.name, rank=rank, world_size=world, coords=coords, engine=recipe.engine.name,
-            zero_stage=recipe.engine.zero_stage, precision=recipe.engine.precision, layers=spec.num_layers,
+            recipe=shape.name, rank=rank, world_size=world, coords=coords, engine=shape.engine.name,
+            zero_stage=shape.engine.zero_stage, precision=shape.engine.precision, layers=spec.num_layers,
             model=spec.name, device=torch.cuda.get_device_name(device) if device.type == "cuda" else "CPU",
             kernels="shapes" if shapes_only else "real", kernels_skipped=kernels_skipped, notes=notes,
             micro_batches=measured_micro, accumulation=layout["accumulation"], memory=memory,

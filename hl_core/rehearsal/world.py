@@ -30,6 +30,8 @@ from typing import Dict, List, Optional, Tuple
 import torch
 import torch.distributed as dist
 
+from ..config import RunShape
+
 FAKE_BACKEND = "fake"
 
 # The bandwidth model behind the projected update time (bytes a rank puts on its link / bandwidth, ring
@@ -101,12 +103,12 @@ def skip_cross_rank_checks() -> None:
     partitioned_param_coordinator.assert_ints_same_as_other_ranks = lambda ints: None
 
 
-def ranks_to_rehearse(recipe, world_size: int) -> List[int]:
+def ranks_to_rehearse(shape: RunShape, world_size: int) -> List[int]:
     """Rank 0 and, under pipeline parallelism, the first rank of the last stage (megatron-core's rank order
     ``tp-cp-ep-dp-pp`` puts the pipeline stage outermost: stage ``s`` holds ranks ``s * world/pp ..``)."""
     ranks = [0]
-    if recipe.engine.name == "megatron" and recipe.parallel.pp > 1:
-        ranks.append(world_size - world_size // recipe.parallel.pp)
+    if shape.engine.name == "megatron" and shape.parallel.pp > 1:
+        ranks.append(world_size - world_size // shape.parallel.pp)
     return ranks
 
 

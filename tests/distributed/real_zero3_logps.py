@@ -16,7 +16,7 @@ import torch
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from hl_core.config import load_recipe  # noqa: E402
+from hl_core.config import engine_spec, load_recipe  # noqa: E402
 from hl_core.data import collate_preference, tokenize_preference  # noqa: E402
 from hl_core.data.preference import parse_preference_row  # noqa: E402
 from hl_core.engines.deepspeed_engine import DeepSpeedEngine  # noqa: E402
@@ -41,7 +41,7 @@ rows = [{"chosen": conversation("What is the capital of France?", "The capital o
 features = [tokenize_preference(parse_preference_row(r, f"t:{i}"), tokenizer, 64, 48) for i, r in enumerate(rows)]
 batch = collate_preference(features, tokenizer.pad_token_id)
 
-engine = DeepSpeedEngine(recipe, tokenizer)
+engine = DeepSpeedEngine(engine_spec(recipe), tokenizer)
 first = next(engine.policy.module.parameters())
 with torch.no_grad():
     zero3 = engine.token_logps(batch, "policy").float().cpu()

@@ -12,7 +12,7 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-from hl_core.config import load_recipe  # noqa: E402
+from hl_core.config import engine_spec, load_recipe  # noqa: E402
 from hl_core.engines import build_engine  # noqa: E402
 from hl_core.models.loading import load_tokenizer  # noqa: E402
 
@@ -21,7 +21,7 @@ for spec in sys.argv[2:]:
     name, recipe_path, overrides = spec.split("|")
     recipe = load_recipe(recipe_path, [o for o in overrides.split(",") if o] + ["logging.progress_bar=false"])
     tokenizer = load_tokenizer(recipe.model)
-    engine = build_engine(recipe, tokenizer)
+    engine = build_engine(engine_spec(recipe), tokenizer)
     batch = {"input_ids": torch.tensor([[1, 2, 3, 4]]), "attention_mask": torch.ones(1, 4, dtype=torch.long)}
     entry = {"has_reference": engine.has_reference, "reference_built": engine.reference is not None,
              "reference_params": sum(getattr(p, "ds_numel", p.numel()) for p in engine.reference.parameters())

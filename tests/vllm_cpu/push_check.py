@@ -30,7 +30,7 @@ def main(argv) -> int:
     no_reset_last = "--no-reset-last" in argv
     import torch
 
-    from hl_core.config import load_recipe, sampling
+    from hl_core.config import engine_spec, load_recipe, sampling
     from hl_core.engines import build_engine
     from hl_core.models.loading import load_tokenizer
     from hl_core.rollout.generation import prompt_seed, sample_groups
@@ -42,7 +42,7 @@ def main(argv) -> int:
         "train.lr=0.01", "train.warmup_steps=0", f"output_dir={out_path.parent / 'run'}",
     ])
     tokenizer = load_tokenizer(recipe.model)
-    engine = build_engine(recipe, tokenizer)
+    engine = build_engine(engine_spec(recipe), tokenizer)
     sampler = VLLMSampler(engine, tokenizer, sampling(recipe))
     rank, world = engine.rank, engine.world_size
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}

@@ -124,7 +124,7 @@ def main(argv) -> int:
     began = time.monotonic()
     import torch
 
-    from hl_core.config import load_recipe, sampling
+    from hl_core.config import engine_spec, load_recipe, sampling
     from hl_core.engines import build_engine
     from hl_core.models.loading import load_tokenizer
     from hl_core.rollout.generation import prompt_seed
@@ -137,7 +137,7 @@ def main(argv) -> int:
         f"train.lr={STEP_LR}", "train.warmup_steps=0", f"output_dir={out_path.parent / 'run'}",
     ])
     tokenizer = load_tokenizer(recipe.model)
-    engine = build_engine(recipe, tokenizer)
+    engine = build_engine(engine_spec(recipe), tokenizer)
     started = time.monotonic()
     sampler = VLLMSampler(engine, tokenizer, sampling(recipe))
     report = {"load_s": started - began, "engine_start_s": time.monotonic() - started, "phases": []}

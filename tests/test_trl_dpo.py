@@ -8,8 +8,7 @@ engine's step."""
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import check_equal, max_diff, pack_losses, trl_run
+from trl_common import check_equal, max_diff, pack_losses, trl_run, weights  # noqa: F401  (weights: the fixture)
 
 pytest.importorskip("trl")
 

@@ -6,8 +6,7 @@ within 1e-5 on one CPU process: the same completions fed as offline groups (TRL 
 import pytest
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import check_equal, pack_losses, trl_run
+from trl_common import check_equal, pack_losses, trl_run, weights  # noqa: F401  (weights: the fixture)
 
 pytest.importorskip("trl")
 

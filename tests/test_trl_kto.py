@@ -5,8 +5,7 @@ chosen then rejected completion), the same mismatched KL completions, z0 from th
 import pytest
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import check_equal, pack_losses, trl_run
+from trl_common import check_equal, pack_losses, trl_run, weights  # noqa: F401  (weights: the fixture)
 
 pytest.importorskip("trl")
 

@@ -11,13 +11,11 @@ import pytest
 import torch
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from test_trl_trainer_paths import grpo, settings
+from trl_common import grpo, settings, weights  # noqa: F401  (weights: the fixture)
 
 trl = pytest.importorskip("trl")
 
-from trl_data import dpo_rows, load  # noqa: E402
-
+from distributed.trl_data import dpo_rows, load  # noqa: E402
 from hl_core.humanline import ClipTransform, NoTransform  # noqa: E402
 from hl_core.integrations.trl import HumanlineDPOTrainer, HumanlineKTOTrainer  # noqa: E402
 

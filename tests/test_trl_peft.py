@@ -11,26 +11,21 @@ adapter, ``ref``, synced from the policy's adapter (``pair_lora_adapters``), not
 """
 
 import shutil
-import sys
 
 import pytest
 import torch
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import check_equal, max_diff, pack_losses, trl_run
+from trl_common import check_equal, conversational, max_diff, pack_losses, settings, trl_run, weights  # noqa: F401
 
 pytest.importorskip("trl")
 peft = pytest.importorskip("peft")
-sys.path.insert(0, str(REPO / "tests" / "distributed"))
 
-from trl_data import dpo_rows, load  # noqa: E402
-
+from distributed.trl_data import dpo_rows, load  # noqa: E402
 from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import SyncSchedule  # noqa: E402
 from hl_core.integrations.trl import HumanlineSyncCallback, HumanlineTrlSettingError  # noqa: E402
 from hl_core.integrations.trl.lora import REFERENCE_ADAPTER  # noqa: E402
-from test_trl_trainer_paths import settings  # noqa: E402
 
 TINY = REPO / "recipes" / "tiny"
 LORA = ("model.lora.r=8", "model.lora.alpha=16", "model.lora.dropout=0.0",
@@ -95,7 +90,6 @@ def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_pat
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from test_trl_resume import conversational  # TRL's own trainer takes rows, not token ids
 
     tok = AutoTokenizer.from_pretrained(weights)
     data = conversational("dpo").select(range(8))
@@ -121,8 +115,8 @@ def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path):  
     3) and the sync's state; TRL restores the ``default`` adapter and the optimizer."""
     from transformers import AutoTokenizer
     from trl import DPOConfig
-    from trl_data import lora_policy
 
+    from distributed.trl_data import lora_policy
     from hl_core.humanline import ClipTransform
     from hl_core.integrations.trl import HumanlineDPOTrainer
 

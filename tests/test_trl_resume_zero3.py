@@ -11,8 +11,7 @@ import shutil
 import pytest
 import torch
 
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import STEPS, trl_run
+from trl_common import STEPS, trl_run, weights  # noqa: F401  (weights: the fixture)
 
 pytest.importorskip("trl")
 

@@ -5,71 +5,17 @@ bonus and a mixture-of-experts router's auxiliary loss (applied, as TRL applies 
 
 import json
 import math
-import sys
 
 import pytest
 import torch
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
+from trl_common import checksum, conversational, dpo, grpo, kto, settings, weights  # noqa: F401  (weights: fixture)
 
 trl = pytest.importorskip("trl")
-sys.path.insert(0, str(REPO / "tests" / "distributed"))
 
-from trl_data import dpo_rows, grpo_rows, kto_rows, load  # noqa: E402
-
-from hl_core.humanline import ClipTransform, NoTransform, SyncSchedule  # noqa: E402
-from hl_core.integrations.trl import (  # noqa: E402
-    HumanlineDPOTrainer,
-    HumanlineGRPOTrainer,
-    HumanlineKTOTrainer,
-)
-
-
-def settings(tmp_path, **extra):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-                learning_rate=1e-3, lr_scheduler_type="constant", report_to=[], bf16=False, logging_steps=1,
-                save_strategy="no", disable_tqdm=True, seed=0, train_sampling_strategy="sequential")
-    base.update(extra)
-    return base
-
-
-def dpo(weights, tmp_path, rows=8, **extra):  # noqa: F811
-    from transformers import AutoTokenizer
-    from trl import DPOConfig
-
-    tok = AutoTokenizer.from_pretrained(weights)
-    data = dpo_rows(tok).select(range(rows))
-    config = DPOConfig(**settings(tmp_path, **extra.pop("args", {})), beta=0.1, max_length=None)
-    return HumanlineDPOTrainer(load(weights), ref_model=load(weights), args=config, train_dataset=data,
-                               eval_dataset=data, processing_class=tok, transform=ClipTransform(-0.05, 0.05),
-                               schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
-
-
-def kto(weights, tmp_path, **extra):  # noqa: F811
-    from transformers import AutoTokenizer
-    from trl import KTOConfig
-
-    tok = AutoTokenizer.from_pretrained(weights)
-    data = kto_rows(tok, 8).select(range(16))
-    config = KTOConfig(**settings(tmp_path, per_device_train_batch_size=8, per_device_eval_batch_size=8,
-                                  **extra.pop("args", {})), beta=0.1, max_length=None)
-    return HumanlineKTOTrainer(load(weights), ref_model=load(weights), args=config, train_dataset=data,
-                               eval_dataset=data, processing_class=tok, transform=ClipTransform(-0.05, 0.05),
-                               schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
-
-
-def grpo(weights, tmp_path, model=None, transform=None, **extra):  # noqa: F811
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig
-
-    tok = AutoTokenizer.from_pretrained(weights)
-    config = GRPOConfig(**{"beta": 0.0, "loss_type": "bnpo", "num_generations": 4, "temperature": 1.0,
-                           **settings(tmp_path, per_device_train_batch_size=8, **extra.pop("args", {}))})
-    return HumanlineGRPOTrainer(model if model is not None else load(weights), reward_funcs=[], args=config,
-                                train_dataset=grpo_rows(tok).select(range(16)), processing_class=tok,
-                                transform=transform or ClipTransform(-0.05, 0.05),
-                                schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
+from distributed.trl_data import grpo_rows, load  # noqa: E402
+from hl_core.humanline import NoTransform, SyncSchedule  # noqa: E402
 
 
 @pytest.mark.parametrize("build", [dpo, kto,
@@ -103,7 +49,8 @@ def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path): 
 
 
 def first_loss(weights, tmp_path, transform=None, **args):  # noqa: F811
-    trainer = grpo(weights, tmp_path, transform=transform, args={"max_steps": 1, **args})
+    keywords = {"transform": transform} if transform is not None else {}
+    trainer = grpo(weights, tmp_path, args={"max_steps": 1, **args}, **keywords)
     trainer.train()
     return trainer.humanline_history[0]["loss"]
 
@@ -162,7 +109,6 @@ def test_the_callback_syncs_a_stock_trl_trainer_before_the_step(weights, tmp_pat
     from trl import DPOConfig, DPOTrainer
 
     from hl_core.integrations.trl import HumanlineSyncCallback
-    from test_trl_resume import checksum, conversational
 
     class Begin(TrainerCallback):
         sums = []

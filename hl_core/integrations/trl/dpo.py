@@ -33,4 +33,6 @@ class HumanlineDPOTrainer(HumanlineMixin, DPOTrainer):
         return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
     def _compute_loss(self, model, inputs, return_outputs):
+        if not self.humanline_enabled:  # `humanline=False`: TRL's own
+            return super()._compute_loss(model, inputs, return_outputs)
         return compute_loss_on_pair(self, super()._compute_loss, model, inputs, return_outputs)

@@ -53,8 +53,8 @@ class Swap:
 
     def undo(self) -> None:
         if not self._done:
-            self._done = True
             self._slot.remove(self)
+            self._done = True
 
     def __enter__(self) -> "Swap":
         return self

@@ -52,6 +52,9 @@ parser.add_argument("--lr", type=float, default=1e-3)
 parser.add_argument("--lora-seed", type=int, default=None, help="a LoRA policy, its adapter seeded as the pack's")
 parser.add_argument("--save-steps", type=int, default=None)
 parser.add_argument("--resume", default=None)
+parser.add_argument("--batch", type=int, default=None, help="rows per process per update (default: the trainer's)")
+parser.add_argument("--initial-reference", action="store_true",
+                    help="the control: resume without the checkpoint's reference shards (the initial reference)")
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -111,6 +114,10 @@ def counted_load(self, state):
 
 
 ReferenceSync.load_state_dict = counted_load
+if args.initial_reference:
+    base_load = HumanlineSyncCallback._load
+    HumanlineSyncCallback._load = lambda self, state: base_load(
+        self, {key: value for key, value in state.items() if key != "reference_shards"})
 if args.late:  # the sync after the optimizer step, at TRL's on_step_end
     HumanlineSyncCallback.on_pre_optimizer_step = lambda self, *a, **k: None
     HumanlineSyncCallback._attach_engine = lambda self, engine: None
@@ -172,7 +179,7 @@ probe = HookProbe()
 transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
 trainer = build(args.trainer, Path(args.model), args.steps, transform,
                 SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out, save_steps=args.save_steps,
-                lr=args.lr, lora_seed=args.lora_seed)
+                lr=args.lr, lora_seed=args.lora_seed, batch=args.batch)
 trainer.add_callback(probe)
 trainer.train(resume_from_checkpoint=args.resume)
 Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,

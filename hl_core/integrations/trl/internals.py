@@ -41,6 +41,7 @@ class Internal:
         purpose: what the adapter does with it.
         trainers: the TRL trainers whose humanline subclass needs it.
         releases: ``""`` (every supported release), ``"<1.15"`` or ``">=1.15"``.
+        deepspeed_only: needed (and checked) only when the trainer runs under DeepSpeed.
     """
 
     owner: str
@@ -50,6 +51,7 @@ class Internal:
     purpose: str
     trainers: Tuple[str, ...] = ALL
     releases: str = ""
+    deepspeed_only: bool = False
 
     def owner_path(self, trainer: str = "") -> str:
         """``owner`` for ``trainer`` (without one: with placeholders a reader understands)."""
@@ -141,6 +143,8 @@ INTERNALS: Tuple[Internal, ...] = (
              ("self.accelerator.prepare(", "self.create_scheduler(", "deepspeed_load_checkpoint("),
              "the weights-only engine is in place before DeepSpeed loads a checkpoint"),
     Internal(T, "model_wrapped", "attribute", (), "the policy the sync copies (a DeepSpeed engine, DDP)"),
+    Internal("accelerate.Accelerator", "deepspeed_engine_wrapped", "attribute", (),
+             "the engine that gets the weights-only checkpoint engine", deepspeed_only=True),
     Internal(T, "is_deepspeed_enabled", "attribute", (), "whether the sync attaches to the engine's step"),
     Internal("transformers.TrainerCallback", "on_pre_optimizer_step", "method", ("args", "state", "control"),
              "the sync's moment without DeepSpeed"),
@@ -195,7 +199,8 @@ def _holds(entry: Internal, trainer: str, instance=None) -> bool:
     if owner is None:
         return False
     if entry.kind == "attribute" and inspect.isclass(owner):  # set by the trainer's __init__: read on the instance
-        return instance is None or hasattr(instance, entry.name)
+        holder = instance if isinstance(instance, owner) else getattr(instance, "accelerator", None)
+        return instance is None or hasattr(holder, entry.name)
     if entry.kind == "attribute":
         return hasattr(owner, entry.name)
     if entry.kind == "field":
@@ -222,9 +227,10 @@ def missing(trainer: str, version: str, instance=None) -> List[str]:
     """The internals ``trainer``'s humanline subclass needs on trl ``version`` that are absent or changed (each as
     `Internal.label` with its purpose). Without ``instance``, everything but the attributes TRL's ``__init__`` sets;
     with it (the built trainer), those attributes only."""
+    deepspeed = bool(getattr(instance, "is_deepspeed_enabled", False))
     return [f"{entry.label(trainer)} ({entry.purpose})" for entry in INTERNALS
             if entry.applies(trainer, version) and on_instance(entry) == (instance is not None)
-            and not _holds(entry, trainer, instance)]
+            and (deepspeed or not entry.deepspeed_only) and not _holds(entry, trainer, instance)]
 
 
 def on_instance(entry: Internal) -> bool:
@@ -246,7 +252,8 @@ def markdown() -> str:
         for entry in entries((kind,)):
             scope = "" if entry.trainers == ALL else f"; {', '.join(t[:-7] for t in entry.trainers)}"
             release = f"; trl{entry.releases}" if entry.releases else ""
-            lines.append(f"- {entry.label()}: {entry.purpose}{scope}{release}")
+            deepspeed = "; under DeepSpeed" if entry.deepspeed_only else ""
+            lines.append(f"- {entry.label()}: {entry.purpose}{scope}{release}{deepspeed}")
         lines.append("")
     lines += ["**Checked on every call**", ""]
     lines += [f"- {where}: {what}" for where, what in RUNTIME_CONTRACTS]

@@ -97,9 +97,8 @@ class HumanlineMixin:
         """TRL's; then, under DeepSpeed, the engine's checkpoint loads made weights-only (transformers prepares the
         engine just before and loads a checkpoint into it just after: ``internals``' order contract)."""
         out = super().create_scheduler(*args, **kwargs)
-        wrapped = getattr(self.accelerator, "deepspeed_engine_wrapped", None) if self.is_deepspeed_enabled else None
-        if wrapped is not None:
-            ckpt.install_safe_engine(wrapped.engine)
+        if self.is_deepspeed_enabled and self.accelerator.deepspeed_engine_wrapped is not None:
+            ckpt.install_safe_engine(self.accelerator.deepspeed_engine_wrapped.engine)
         return out
 
     def _ensure_reference(self) -> None:

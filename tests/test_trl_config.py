@@ -91,8 +91,8 @@ def trl_format_trainer(kind, cls, config_class, weights, out, **fields):  # noqa
     if kind == "grpo":
         rows = [{"prompt": [{"role": "user", "content": json.loads(line)["prompt"]}]} for line in
                 (REPO / "tests/fixtures/tiny/groups/train.jsonl").read_text().splitlines()[:16]]
-        config = config_class(**args, per_device_train_batch_size=8, num_generations=4, max_completion_length=8,
-                              beta=0.0, loss_type="bnpo")
+        config = config_class(**{**args, "per_device_train_batch_size": 8}, num_generations=4,
+                              max_completion_length=8, beta=0.0, loss_type="bnpo")
         return cls(load(weights), reward_funcs=reward_length, args=config, train_dataset=Dataset.from_list(rows),
                    processing_class=tok)
     batch = {"per_device_train_batch_size": 8} if kind == "kto" else {}
@@ -157,7 +157,7 @@ def test_the_fields_parse_as_trls_own_from_yaml_and_flags(tmp_path):
     from trl import TrlParser
 
     path = tmp_path / "config.yaml"
-    path.write_text("output_dir: out\nhumanline: true\nhumanline_log_eps_P: -0.5\nhumanline_transform: sample\n"
+    path.write_text("output_dir: out\nbf16: false\nhumanline: true\nhumanline_log_eps_P: -0.5\nhumanline_transform: sample\n"
                     "humanline_sync_freq: 4\nbeta: 0.2\n")
     (config,) = TrlParser((HumanlineDPOConfig,)).parse_args_and_config(
         ["--config", str(path), "--humanline_sync_offset", "1", "--humanline_gamma_R", "0.02"])

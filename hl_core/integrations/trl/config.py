@@ -64,7 +64,7 @@ class HumanlineArguments:
             How far each sync moves the reference: `1.0` copies the policy, `alpha < 1` sets
             `ref = alpha * policy + (1 - alpha) * ref`.
         humanline_sync_offset (`int`, *optional*, defaults to `0`):
-            Sync before update `n` when `n % humanline_sync_freq == humanline_sync_offset`.
+            Sync before update `n` when `n` modulo `humanline_sync_freq` equals `humanline_sync_offset`.
     """
 
     humanline: bool = field(
@@ -105,8 +105,8 @@ class HumanlineArguments:
         default=1.0, metadata={"help": "How far each sync moves the reference: `1.0` copies the policy, `alpha < 1` "
                                "sets `ref = alpha * policy + (1 - alpha) * ref`."})
     humanline_sync_offset: int = field(
-        default=0, metadata={"help": "Sync before update `n` when `n % humanline_sync_freq == "
-                             "humanline_sync_offset`."})
+        default=0, metadata={"help": "Sync before update `n` when `n` modulo `humanline_sync_freq` equals "
+                             "`humanline_sync_offset`."})
 
     def __post_init__(self):
         super().__post_init__()

@@ -64,8 +64,8 @@ def test_the_example_yaml_runs_as_written_and_flags_give_the_same_losses(kind, t
     (["dpo", "--config", "missing.yaml"], "`--config missing.yaml`: no such file"),
     (["dpo", "--config", "BAD.yaml"], "BAD.yaml:4`: `humanline_sync_frequency` is no field of this command. Did you "
                                       "mean `humanline_sync_freq`?"),
-    (["dpo", "--config", "examples/trl_dpo.yaml", "--humanline_clip", "0.5"], "unrecognized arguments: "
-                                                                              "--humanline_clip 0.5"),
+    (["dpo", "--config", "examples/trl_dpo.yaml", "--humanline_sync_frq", "2"], "`--humanline_sync_frq` is no flag "
+                                                                                "of this command. Did you mean"),
     (["dpo", "--config", "examples/trl_dpo.yaml", "--humanline_sync_freq", "0"], "`humanline_sync_freq=0`"),
     (["grpo", "--config", "examples/trl_grpo.yaml", "--humanline_transform", "clamp"], "invalid choice: 'clamp'"),
 ], ids=["objective", "no-file", "yaml-key", "flag", "value", "choice"])

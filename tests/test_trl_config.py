@@ -157,8 +157,8 @@ def test_the_fields_parse_as_trls_own_from_yaml_and_flags(tmp_path):
     from trl import TrlParser
 
     path = tmp_path / "config.yaml"
-    path.write_text("output_dir: out\nbf16: false\nhumanline: true\nhumanline_log_eps_P: -0.5\nhumanline_transform: sample\n"
-                    "humanline_sync_freq: 4\nbeta: 0.2\n")
+    path.write_text("output_dir: out\nbf16: false\nhumanline: true\nhumanline_log_eps_P: -0.5\n"
+                    "humanline_transform: sample\nhumanline_sync_freq: 4\nbeta: 0.2\n")
     (config,) = TrlParser((HumanlineDPOConfig,)).parse_args_and_config(
         ["--config", str(path), "--humanline_sync_offset", "1", "--humanline_gamma_R", "0.02"])
     assert (config.humanline, config.humanline_log_eps_P, config.humanline_transform, config.humanline_sync_freq,

@@ -112,11 +112,12 @@ def test_a_sample_transform_with_an_infinite_beta_never_reaches_the_sampler(tmp_
     """The hang of issue 53 (``SampleTransform(beta_R=inf)``'s first call never returns): through the config it is
     refused before any transform exists; a valid config builds one, seeded per rank."""
     with pytest.raises(HumanlineTrlSettingError):
-        HumanlineDPOConfig(output_dir=str(tmp_path), humanline=True, humanline_transform="sample",
+        HumanlineDPOConfig(output_dir=str(tmp_path), bf16=False, humanline=True, humanline_transform="sample",
                            humanline_beta_R=math.inf)
     from hl_core.integrations.trl.config import settings
 
-    config = HumanlineDPOConfig(output_dir=str(tmp_path), humanline=True, humanline_transform="sample", seed=7)
+    config = HumanlineDPOConfig(output_dir=str(tmp_path), bf16=False, humanline=True, humanline_transform="sample",
+                                seed=7)
     chosen = settings(config)
     assert isinstance(chosen.transform, SampleTransform) and chosen.transform.seed == 7
 

@@ -111,6 +111,11 @@ def parse(argv: List[str]):
                        f"{did_you_mean(argv[0], OBJECTIVES) if argv else ''} Fix: `{USAGE}`.")
     kind, rest = argv[0], list(argv[1:])
     parser = make_parser(kind)
+    known = {action.dest for action in parser._actions} | {"config", "help"}
+    for flag in (token.split("=", 1)[0] for token in rest if token.startswith("--")):
+        if flag[2:].replace("-", "_") not in known:
+            raise CliError(f"`{flag}` is no flag of this command.{did_you_mean(flag[2:], known)} Fix: correct or "
+                           f"remove it (`python -m hl_core.integrations.trl {kind} --help` lists the flags).")
     if "--config" in rest:
         at = rest.index("--config")
         if at + 1 >= len(rest):

@@ -70,9 +70,11 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         super().__init__(*args, **kwargs)
 
     def _ensure_reference(self) -> None:
+        """The reference: the policy's ``ref`` adapter (PEFT), else ``ref_model=`` when given (in place of the one
+        TRL loads from the policy's path at ``beta != 0``), else TRL's, else a copy of the policy."""
         if self._humanline_peft is not None:  # the reference is the policy's `ref` adapter
             super()._ensure_reference()
-        elif self.ref_model is None:
+        elif self._humanline_ref is not None or self.ref_model is None:
             self.ref_model = self._build_reference(self._humanline_ref)
         self._humanline_ref = None
 

@@ -7,6 +7,7 @@ engine the adapter installs, which refuses the payload in one paragraph; the con
 runs it (so the test can fail)."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -18,20 +19,21 @@ pytest.importorskip("deepspeed")
 
 
 def test_a_payload_in_deepspeeds_files_never_runs_and_the_engine_loads_weights_only(weights, tmp_path):  # noqa: F811
-    report = tmp_path / "report.json"
-    run_torchrun(REPO / "tests" / "distributed" / "trl_deepspeed_door.py",
-                 [report, "--model", weights, "--work", tmp_path], nproc=1)
-    result = json.loads(report.read_text())
-    planted = result["planted"]
-    assert any(name.endswith("optim_states.pt") for name in planted) and "latest" in planted, result["files"]
+    report = tmp_path / "report"
+    results = {}
+    for mode in ("planted", "script", "engine", "control"):
+        run_torchrun(REPO / "tests" / "distributed" / "trl_deepspeed_door.py",
+                     [report, "--model", weights, "--work", tmp_path, "--mode", mode], nproc=1)
+        results.update(json.loads(Path(f"{report}.{mode}.json").read_text()))
+    planted = results["planted"]
+    print(f"DeepSpeed's files: {results['files']}")
+    assert any(name.endswith("optim_states.pt") for name in planted) and "latest" in planted, results["files"]
     for name, outcome in planted.items():
-        assert not outcome["ran"], name
-        if name == "zero_to_fp32.py":
-            assert outcome["outcome"] == "trained", outcome
-        else:
-            message = outcome.get("message", "")
-            assert outcome["outcome"] == "refused" and name in message and "\n" not in message, (name, outcome)
-    engine = result["engine"]
+        message = outcome.get("message", "")
+        assert outcome["outcome"] == "refused" and not outcome["ran"], (name, outcome)
+        assert name in message and "\n" not in message and "Fix:" in message, (name, outcome)
+    assert results["script"]["outcome"] == "trained" and not results["script"]["ran"], results["script"]
+    engine = results["engine"]
     assert engine["outcome"] == "refused" and not engine["ran"], engine
     assert "DeepSpeed's `" in engine["message"] and "\n" not in engine["message"] and "Fix:" in engine["message"]
-    assert result["control"]["ran"], result["control"]  # DeepSpeed's default engine unpickles: the payload runs
+    assert results["control"]["ran"], results["control"]  # DeepSpeed's default engine unpickles: the payload runs

@@ -1,14 +1,18 @@
-"""The resume door under DeepSpeed (ZeRO-2, one process, through accelerate): a humanline DPO trainer writes
-checkpoint 2, then DeepSpeed's own files in it are each replaced by a pickle whose loading would create a marker
-file, and resumed from. Written to ``REPORT.json``:
+"""The resume door under DeepSpeed (ZeRO-2, one process, through accelerate), one scenario per process (accelerate
+takes one DeepSpeed accelerator per process). A pickle planted in a file creates ``payload-ran-<file>`` when
+unpickled. ``--mode``:
 
-* ``planted``: per DeepSpeed file, ``refused`` (the one-paragraph refusal) or ``trained`` (a file no resume reads),
-  and whether the marker appeared;
-* ``engine``: the same payload in the model states with the adapter's check of the files bypassed, so that
-  DeepSpeed's ``load_checkpoint`` reads it: the weights-only checkpoint engine the adapter installs refuses it;
-* ``control``: the same load with DeepSpeed's default checkpoint engine (the adapter's not installed) runs it.
+* ``planted``: a humanline DPO trainer writes checkpoint 2; then each of DeepSpeed's files in it (but
+  ``zero_to_fp32.py``) in turn holds the payload and is resumed from: ``refused`` with the message, or not;
+* ``script``: only ``zero_to_fp32.py`` holds it, which no resume reads: the run trains on;
+* ``engine``: the model states hold it, with the adapter's check of the files bypassed, so that DeepSpeed's
+  ``load_checkpoint`` reads it through the weights-only checkpoint engine the adapter installs;
+* ``control``: the same with DeepSpeed's default checkpoint engine (the adapter's not installed).
 
-usage: trl_deepspeed_door.py REPORT --model DIR --work DIR
+Each mode writes ``REPORT.<mode>.json``: per case the outcome (``refused``, ``trained`` or ``failed``), the message
+and which payloads ran.
+
+usage: trl_deepspeed_door.py REPORT --model DIR --work DIR --mode planted|script|engine|control
 """
 
 import argparse
@@ -39,16 +43,28 @@ parser = argparse.ArgumentParser()
 parser.add_argument("report")
 parser.add_argument("--model", required=True)
 parser.add_argument("--work", required=True)
+parser.add_argument("--mode", choices=["planted", "script", "engine", "control"], required=True)
 args = parser.parse_args()
 work = Path(args.work)
-marker = work / "payload-ran"
 ZERO2 = {"train_micro_batch_size_per_gpu": "auto", "gradient_accumulation_steps": "auto",
          "gradient_clipping": "auto", "zero_optimization": {"stage": 2}}
 
 
 class Payload:
+    """Unpickled, it creates ``payload-ran-<name>`` in the work folder."""
+
+    def __init__(self, name):
+        self.marker = str(work / f"payload-ran-{name.replace('/', '-')}")
+
     def __reduce__(self):
-        return (open, (str(marker), "w"))
+        return (open, (self.marker, "w"))
+
+
+def plant(checkpoint, target, names):
+    shutil.copytree(checkpoint, target)
+    for name in names:
+        torch.save({"state": Payload(name)}, target / name)
+    return target
 
 
 def trainer(out, steps):
@@ -57,7 +73,7 @@ def trainer(out, steps):
 
 
 def resume(trained, planted):
-    """``refused`` with the message, ``trained``, or ``failed`` (another exception); and whether the payload ran."""
+    """``refused`` with the message, ``trained``, or ``failed`` (another exception); and the payloads that ran."""
     try:
         trained.train(resume_from_checkpoint=str(planted))
         outcome = {"outcome": "trained"}
@@ -65,32 +81,28 @@ def resume(trained, planted):
         outcome = {"outcome": "refused", "message": str(exc)}
     except Exception as exc:  # noqa: BLE001 (the control: DeepSpeed's own engine fails after unpickling)
         outcome = {"outcome": "failed", "message": f"{type(exc).__name__}: {exc}"[:300]}
-    outcome["ran"] = marker.exists()
-    marker.unlink(missing_ok=True)
-    return outcome
+    ran = sorted(p.name for p in work.glob("payload-ran-*"))
+    for path in work.glob("payload-ran-*"):
+        path.unlink()
+    return {**outcome, "ran": ran}
 
 
-first = trainer("first", 2)
-first.train()
 checkpoint = work / "first" / "checkpoint-2"
-deepspeed_files = sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")
-                         if p.is_file() and (p.parent.name.startswith("global_step") or p.name in ("latest",
-                                                                                                     "zero_to_fp32.py")))
-planted_outcomes = {}
-for index, name in enumerate(deepspeed_files):
-    planted = work / f"planted{index}"
-    shutil.copytree(checkpoint, planted)
-    torch.save({"state": Payload()}, planted / name)
-    reader = first if name != "zero_to_fp32.py" else trainer(f"fresh{index}", 3)  # that one trains on: a new trainer
-    planted_outcomes[name] = resume(reader, planted)
-
-states = next(name for name in deepspeed_files if name.endswith("model_states.pt"))
-planted = work / "engine"
-shutil.copytree(checkpoint, planted)
-torch.save({"state": Payload()}, planted / states)
-ckpt.file_problems = lambda folder: []  # the adapter's check bypassed: DeepSpeed's load_checkpoint reads the file
-engine_outcome = resume(trainer("engine_run", 3), planted)
-mixin.ckpt.install_safe_engine = lambda engine: None  # the control: DeepSpeed's default engine
-control_outcome = resume(trainer("control_run", 3), planted)
-Path(args.report).write_text(json.dumps({"planted": planted_outcomes, "engine": engine_outcome,
-                                         "control": control_outcome, "files": deepspeed_files}))
+if args.mode == "planted":
+    first = trainer("first", 2)
+    first.train()
+files = sorted(str(p.relative_to(checkpoint)) for p in checkpoint.rglob("*")
+               if p.is_file() and (p.parent.name.startswith("global_step") or p.name in ("latest", "zero_to_fp32.py")))
+states = next(name for name in files if name.endswith("model_states.pt"))
+report = {"files": files}
+if args.mode == "planted":
+    report["planted"] = {name: resume(first, plant(checkpoint, work / f"planted{index}", [name]))
+                         for index, name in enumerate(files) if name != "zero_to_fp32.py"}
+elif args.mode == "script":
+    report["script"] = resume(trainer("script_run", 3), plant(checkpoint, work / "script", ["zero_to_fp32.py"]))
+else:
+    ckpt.file_problems = lambda folder: []  # the adapter's check bypassed: DeepSpeed's load_checkpoint reads the file
+    if args.mode == "control":
+        mixin.ckpt.install_safe_engine = lambda engine: None  # DeepSpeed's default checkpoint engine
+    report[args.mode] = resume(trainer(f"{args.mode}_run", 3), plant(checkpoint, work / args.mode, [states]))
+Path(f"{args.report}.{args.mode}.json").write_text(json.dumps(report))

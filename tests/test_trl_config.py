@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from helpers import REPO
-from trl_common import conversational, dpo, grpo, kto, settings, weights  # noqa: F401  (weights: the fixture)
+from trl_common import conversational, dpo, grpo, kto, recorded, settings
 
 trl = pytest.importorskip("trl")
 
@@ -36,7 +36,7 @@ def losses(trainer):
     return [row["loss"] for row in trainer.humanline_history]
 
 
-def by_config(kind, weights, out, **fields):  # noqa: F811
+def by_config(kind, weights, out, **fields):
     build, config_class = BUILDS[kind]
     trainer = build(weights, out, config_class=config_class, config_only=True,
                     args={"max_steps": STEPS, **FIELDS, **fields})
@@ -45,7 +45,7 @@ def by_config(kind, weights, out, **fields):  # noqa: F811
 
 
 @pytest.mark.parametrize("kind", ["dpo", "kto", "grpo"])
-def test_the_config_alone_gives_the_keyword_paths_losses(kind, weights, tmp_path):  # noqa: F811
+def test_the_config_alone_gives_the_keyword_paths_losses(kind, weights, tmp_path):
     build, _ = BUILDS[kind]
     keywords = build(weights, tmp_path / "keywords", args={"max_steps": STEPS},
                      transform=ClipTransform(-0.05, 0.05), schedule=SyncSchedule(every=2))
@@ -59,26 +59,12 @@ def test_the_config_alone_gives_the_keyword_paths_losses(kind, weights, tmp_path
     assert max(abs(a - b) for a, b in zip(losses(keywords), losses(other))) > 1e-4
 
 
-def recorded(trainer):
-    """``trainer.compute_loss`` recording each training micro-batch's loss (one per update here)."""
-    seen, compute_loss = [], trainer.compute_loss
-
-    def record(*args, **kwargs):
-        loss = compute_loss(*args, **kwargs)
-        if trainer.model.training:
-            seen.append(float(loss.detach()))
-        return loss
-
-    trainer.compute_loss = record
-    return seen
-
-
 def reward_length(completions, **kwargs):
     """A deterministic reward: the completion's length."""
     return [float(len(str(c))) for c in completions]
 
 
-def trl_format_trainer(kind, cls, config_class, weights, out, **fields):  # noqa: F811
+def trl_format_trainer(kind, cls, config_class, weights, out, **fields):
     """``cls`` on TRL-format rows (TRL tokenizes): conversational pairs (DPO, KTO) or prompts to generate from
     (GRPO, a length reward), with ``config_class`` (TRL's, or ours with ``fields``)."""
     from datasets import Dataset
@@ -102,7 +88,7 @@ def trl_format_trainer(kind, cls, config_class, weights, out, **fields):  # noqa
 
 
 @pytest.mark.parametrize("kind", ["dpo", "kto", "grpo"])
-def test_humanline_false_is_trls_own_trainer(kind, weights, tmp_path):  # noqa: F811
+def test_humanline_false_is_trls_own_trainer(kind, weights, tmp_path):
     from hl_core.integrations.trl import HumanlineDPOTrainer, HumanlineGRPOTrainer, HumanlineKTOTrainer
 
     trl_class = {"dpo": trl.DPOTrainer, "kto": trl.KTOTrainer, "grpo": trl.GRPOTrainer}[kind]
@@ -123,7 +109,7 @@ def test_humanline_false_is_trls_own_trainer(kind, weights, tmp_path):  # noqa: 
 
 
 @pytest.mark.parametrize("kind", ["dpo", "kto", "grpo"])
-def test_a_resume_from_the_config_alone_is_exact(kind, weights, tmp_path):  # noqa: F811
+def test_a_resume_from_the_config_alone_is_exact(kind, weights, tmp_path):
     saving = {"max_steps": 8, "save_strategy": "steps", "save_steps": 4}
     build, config_class = BUILDS[kind]
 

@@ -12,13 +12,12 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO, run_torchrun
-from trl_common import weights  # noqa: F401  (the fixture)
 
 pytest.importorskip("trl")
 pytest.importorskip("deepspeed")
 
 
-def test_a_payload_in_deepspeeds_files_never_runs_and_the_engine_loads_weights_only(weights, tmp_path):  # noqa: F811
+def test_a_payload_in_deepspeeds_files_never_runs_and_the_engine_loads_weights_only(weights, tmp_path):
     report = tmp_path / "report"
     results = {}
     for mode in ("planted", "script", "engine", "control"):

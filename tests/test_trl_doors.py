@@ -23,7 +23,7 @@ import pytest
 import torch
 
 from helpers import REPO
-from trl_common import checksum, dpo, weights  # noqa: F401  (weights: the fixture)
+from trl_common import checksum, dpo
 
 trl = pytest.importorskip("trl")
 
@@ -82,7 +82,7 @@ def test_a_keyword_the_config_disagrees_with_is_refused(fields, keywords, says, 
     one_paragraph(info, *says)
 
 
-def test_keywords_that_agree_with_the_config_are_accepted(weights, tmp_path):  # noqa: F811
+def test_keywords_that_agree_with_the_config_are_accepted(weights, tmp_path):
     trainer = dpo(weights, tmp_path, config_class=HumanlineDPOConfig, args={"humanline": True},
                   transform=ClipTransform(), schedule=SyncSchedule(every=1))
     assert trainer.humanline_enabled and trainer.humanline_transform.log_eps_P == -1.5
@@ -123,14 +123,14 @@ def test_a_sample_transform_with_an_infinite_beta_never_reaches_the_sampler(tmp_
 
 
 # --------------------------------------------------------------------------------------------- one sync per reference
-def test_a_second_sync_callback_on_a_humanline_trainer_is_refused(weights, tmp_path):  # noqa: F811
+def test_a_second_sync_callback_on_a_humanline_trainer_is_refused(weights, tmp_path):
     trainer = dpo(weights, tmp_path)
     with pytest.raises(HumanlineTrlSettingError) as info:
         HumanlineSyncCallback(trainer, SyncSchedule(every=2))
     one_paragraph(info, "already has a HumanlineSyncCallback", "sync the reference twice")
 
 
-def test_two_sync_callbacks_on_one_stock_trainer_are_refused_when_training_starts(weights, tmp_path):  # noqa: F811
+def test_two_sync_callbacks_on_one_stock_trainer_are_refused_when_training_starts(weights, tmp_path):
     from transformers import AutoTokenizer
 
     from distributed.trl_data import load
@@ -150,7 +150,7 @@ def test_two_sync_callbacks_on_one_stock_trainer_are_refused_when_training_start
     assert checksum(trainer.ref_model) == before  # refused before any update
 
 
-def test_a_schedule_of_the_wrong_kind_on_the_callback_is_refused(weights, tmp_path):  # noqa: F811
+def test_a_schedule_of_the_wrong_kind_on_the_callback_is_refused(weights, tmp_path):
     trainer = dpo(weights, tmp_path, schedule=None)
     trainer.remove_callback(trainer.humanline_sync)
     with pytest.raises(HumanlineTrlSettingError) as info:
@@ -160,7 +160,7 @@ def test_a_schedule_of_the_wrong_kind_on_the_callback_is_refused(weights, tmp_pa
 
 # ------------------------------------------------------------------------------------------------------ resumes
 @pytest.fixture(scope="module")
-def trained(weights, tmp_path_factory):  # noqa: F811
+def trained(weights, tmp_path_factory):
     """A humanline DPO trainer (k = 3) trained 2 updates with a checkpoint at 2: the trainer every refused resume
     below is tried on, and what it holds before."""
     out = tmp_path_factory.mktemp("trained")
@@ -256,7 +256,7 @@ def test_a_damaged_checkpoint_is_refused_in_one_paragraph_and_nothing_changes(da
     ({"schedule": SyncSchedule(every=2)}, "with the sync schedule {'every': 3, 'offset': 0, 'mix': 1.0}"),
     ({"transform": NoTransform(-0.05, 0.05)}, "`transform` = 'ClipTransform(log_eps_P=-0.05, log_eps_R=0.05)'"),
 ], ids=["schedule", "transform"])
-def test_a_resume_with_other_humanline_settings_is_refused(keywords, says, trained, weights, tmp_path):  # noqa: F811
+def test_a_resume_with_other_humanline_settings_is_refused(keywords, says, trained, weights, tmp_path):
     _, checkpoint = trained
     trainer = dpo(weights, tmp_path, **{"schedule": SyncSchedule(every=K), **keywords})
     with pytest.raises(HumanlineTrlSettingError) as info:
@@ -281,7 +281,7 @@ def test_a_checkpoint_of_another_model_size_is_refused_before_transformers_reads
     one_paragraph(info, "a checkpoint of another model", "`num_attention_heads: 4`")
 
 
-def test_resume_true_without_a_checkpoint_is_refused(weights, tmp_path):  # noqa: F811
+def test_resume_true_without_a_checkpoint_is_refused(weights, tmp_path):
     with pytest.raises(HumanlineTrlSettingError) as info:
         dpo(weights, tmp_path).train(resume_from_checkpoint=True)
     one_paragraph(info, "found no `checkpoint-N` folder")
@@ -302,7 +302,7 @@ NEVER_READ = {"training_args.bin", "tokenizer.json", "tokenizer_config.json", "c
               "generation_config.json"}  # a resume reads none of them: it trains on, and nothing runs
 
 
-def test_a_payload_planted_in_any_file_of_a_checkpoint_never_runs(trained, weights, tmp_path):  # noqa: F811
+def test_a_payload_planted_in_any_file_of_a_checkpoint_never_runs(trained, weights, tmp_path):
     """Each file of a humanline DPO checkpoint in turn replaced by a pickle whose loading would create a marker
     file: every file a resume reads is refused in one paragraph naming it (and nothing changes); the files a resume
     never reads (``NEVER_READ``) leave it training on. The marker never appears."""

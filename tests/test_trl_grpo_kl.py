@@ -14,7 +14,7 @@ Each comparison can fail: the other variant's value differs from it.
 import pytest
 import torch
 
-from trl_common import grpo, weights  # noqa: F401  (weights: the fixture)
+from trl_common import grpo
 
 trl = pytest.importorskip("trl")
 
@@ -25,7 +25,7 @@ from hl_core.objectives.grpo import group_advantages, grpo_loss, k3_divergence  
 BETA, BOUNDS, EPS = 0.04, (-0.3, 0.3), 0.2
 
 
-def perturbed(weights, scale=0.02):  # noqa: F811
+def perturbed(weights, scale=0.02):
     model = load(weights)
     generator = torch.Generator().manual_seed(1)
     with torch.no_grad():
@@ -34,7 +34,7 @@ def perturbed(weights, scale=0.02):  # noqa: F811
     return model
 
 
-def trl_loss_and_grads(weights, tmp_path, **args):  # noqa: F811
+def trl_loss_and_grads(weights, tmp_path, **args):
     """TRL's ``_compute_loss`` through the humanline trainer on one batch of 2 offline groups, with a frozen
     reference the policy differs from; the batch, the loss and the policy's gradients."""
     trainer = grpo(weights, tmp_path, ref_model=perturbed(weights), transform=ClipTransform(*BOUNDS), schedule=None,
@@ -58,7 +58,7 @@ def completion_logps(model, inputs):
     return torch.gather(logits.log_softmax(-1), 2, inputs["completion_ids"].unsqueeze(-1)).squeeze(-1)
 
 
-def scores(weights):  # noqa: F811
+def scores(weights):
     """The scores of the batch's 8 completions (2 groups of 4), as the data holds them."""
     from transformers import AutoTokenizer
 
@@ -67,7 +67,7 @@ def scores(weights):  # noqa: F811
     return torch.tensor(grpo_rows(AutoTokenizer.from_pretrained(weights)).select(range(8))["score"])
 
 
-def expected_loss_and_grads(weights, inputs, bias_correction=False, delta=None):  # noqa: F811
+def expected_loss_and_grads(weights, inputs, bias_correction=False, delta=None):
     """The pack's GRPO on log-probs computed here; with ``bias_correction`` the KL term weighted by ``exp(d_hl)``,
     with ``delta`` the off-policy mask against the reference."""
     policy, reference = load(weights), perturbed(weights)
@@ -98,7 +98,7 @@ def max_grad_gap(a, b):
 
 
 @pytest.mark.parametrize("bias_correction", [False, True], ids=["plain-k3", "bias-corrected"])
-def test_grpos_kl_term_equals_the_packs_definition(bias_correction, weights, tmp_path):  # noqa: F811
+def test_grpos_kl_term_equals_the_packs_definition(bias_correction, weights, tmp_path):
     inputs, loss, grads = trl_loss_and_grads(weights, tmp_path, use_bias_correction_kl=bias_correction)
     want, want_grads, _, d, d_hl, mask = expected_loss_and_grads(weights, inputs, bias_correction)
     clipped = float(((d != d_hl) & mask.bool()).sum() / mask.sum())

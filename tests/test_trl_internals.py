@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from helpers import REPO
-from trl_common import dpo, grpo, kto, weights  # noqa: F401  (weights: the fixture)
+from trl_common import dpo, grpo, kto
 
 trl = pytest.importorskip("trl")
 
@@ -74,7 +74,7 @@ def remove(monkeypatch, tmp_path, entry, trainer):
 
 
 @pytest.mark.parametrize("case", APPLICABLE, ids=[_id(c) for c in APPLICABLE])
-def test_removing_any_internal_is_refused_naming_it(case, monkeypatch, tmp_path, weights):  # noqa: F811
+def test_removing_any_internal_is_refused_naming_it(case, monkeypatch, tmp_path, weights):
     entry, trainer = case
     remove(monkeypatch, tmp_path, entry, trainer)
     with pytest.raises(UnsupportedTrlError) as info:
@@ -135,7 +135,7 @@ def _fake_losses(order):
 @pytest.mark.parametrize("order, says", [(("reference", "policy"), "called the reference model before the policy"),
                                          (("policy", "reference-other"), "on other inputs than the policy's")])
 def test_trl_calling_the_reference_first_or_on_other_inputs_is_refused_on_the_first_update(
-        order, says, monkeypatch, weights, tmp_path):  # noqa: F811
+        order, says, monkeypatch, weights, tmp_path):
     monkeypatch.setattr(trl.DPOTrainer, "_compute_loss", _fake_losses(order))
     trainer = dpo(weights, tmp_path, args={"max_steps": 1})
     with pytest.raises(UnsupportedTrlError) as info:

@@ -5,11 +5,11 @@ chosen then rejected completion), the same mismatched KL completions, z0 from th
 import pytest
 
 from helpers import REPO
-from trl_common import check_equal, pack_losses, trl_run, weights  # noqa: F401  (weights: the fixture)
+from trl_common import check_equal, pack_losses, trl_run
 
 pytest.importorskip("trl")
 
 
-def test_kto_equals_the_pack(weights, tmp_path):  # noqa: F811
+def test_kto_equals_the_pack(weights, tmp_path):
     pack = pack_losses(REPO / "recipes" / "tiny" / "humanline_kto.yaml", weights, tmp_path)
     check_equal(trl_run("kto", weights, tmp_path), pack, "kto, one process")

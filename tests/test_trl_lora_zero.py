@@ -6,7 +6,7 @@ control: the same resume with the reference adapter left at its initial weights 
 
 import pytest
 
-from trl_common import STEPS, check_equal, trl_run, weights  # noqa: F401  (weights: the fixture)
+from trl_common import STEPS, check_equal, trl_run
 
 pytest.importorskip("trl")
 pytest.importorskip("peft")
@@ -17,7 +17,7 @@ LORA = ("--lora-seed", "0", "--lr", "0.01")  # the LoRA recipe's learning rate: 
 
 
 @pytest.fixture(scope="module")
-def one_process(weights, tmp_path_factory):  # noqa: F811
+def one_process(weights, tmp_path_factory):
     return trl_run("dpo", weights, tmp_path_factory.mktemp("one"), *LORA, nproc=1, name="one", k=K)[0]["history"]
 
 

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from helpers import REPO
-from trl_common import check_equal, conversational, max_diff, pack_losses, settings, trl_run, weights  # noqa: F401
+from trl_common import check_equal, conversational, max_diff, pack_losses, settings, trl_run
 
 pytest.importorskip("trl")
 peft = pytest.importorskip("peft")
@@ -36,7 +36,7 @@ LR = "0.01"  # the LoRA recipe's: the adapter moves enough for the clip to bind
 @pytest.mark.parametrize("kind, recipe", [("dpo", "humanline_dpo_lora.yaml"),
                                           ("kto", "humanline_kto.yaml"),
                                           ("grpo", "humanline_grpo.yaml")])
-def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_path):  # noqa: F811
+def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_path):
     pack = pack_losses(TINY / recipe, weights, tmp_path, *LORA, f"train.lr={LR}")
     reports = trl_run(kind, weights, tmp_path, "--lora-seed", "0", "--lr", LR)
     check_equal(reports, pack, f"{kind}, LoRA, one process")
@@ -45,7 +45,7 @@ def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_
         assert max_diff(late[0]["history"], pack) > 1e-4, "a sync after the optimizer step must not match"
 
 
-def trainer_with_peft_config(weights, tmp_path, config, **extra):  # noqa: F811
+def trainer_with_peft_config(weights, tmp_path, config, **extra):
     from transformers import AutoTokenizer
     from trl import DPOConfig
 
@@ -57,7 +57,7 @@ def trainer_with_peft_config(weights, tmp_path, config, **extra):  # noqa: F811
                                processing_class=tok, peft_config=config, **extra)
 
 
-def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_path):  # noqa: F811
+def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_path):
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     trainer = trainer_with_peft_config(weights, tmp_path, config, schedule=SyncSchedule(every=1))
     model = trainer.model
@@ -78,7 +78,7 @@ def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_pat
     assert all(torch.isfinite(p).all() for p in reference.values())
 
 
-def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path):  # noqa: F811
+def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path):
     config = peft.PromptTuningConfig(task_type=peft.TaskType.CAUSAL_LM, num_virtual_tokens=4)
     with pytest.raises(HumanlineTrlSettingError) as info:
         trainer_with_peft_config(weights, tmp_path, config)
@@ -86,7 +86,7 @@ def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path)
     assert isinstance(info.value, UserError) and "\n" not in message and "LoraConfig" in message
 
 
-def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_path):  # noqa: F811
+def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_path):
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
@@ -110,7 +110,7 @@ def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_pat
     assert "\n" not in str(info.value) and "ref_model" in str(info.value)
 
 
-def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path):  # noqa: F811
+def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path):
     """k = 3, 8 updates, resumed from checkpoint 4: the checkpoint holds the moved ``ref`` adapter (synced at update
     3) and the sync's state; TRL restores the ``default`` adapter and the optimizer."""
     from transformers import AutoTokenizer

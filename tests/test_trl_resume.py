@@ -8,7 +8,7 @@ so are resumes that leave out the moved reference, or the generators' state: the
 import pytest
 import torch
 
-from trl_common import checksum, conversational, dpo, grpo, kto, settings, weights  # noqa: F401  (weights: fixture)
+from trl_common import checksum, conversational, dpo, grpo, kto, recorded, settings
 
 trl = pytest.importorskip("trl")
 
@@ -18,7 +18,7 @@ from hl_core.integrations.trl import HumanlineSyncCallback  # noqa: E402
 K, STEPS, SAVE = 3, 8, 4
 
 
-def humanline_run(build, weights, out, resume=None, **keywords):  # noqa: F811
+def humanline_run(build, weights, out, resume=None, **keywords):
     trainer = build(weights, out, args={"max_steps": STEPS, "save_strategy": "steps", "save_steps": SAVE},
                     schedule=SyncSchedule(every=K), **keywords)
     initial = checksum(trainer.ref_model)
@@ -38,7 +38,7 @@ def resume_gap(whole, resumed) -> float:
 
 @pytest.mark.parametrize("build", [dpo, kto,
                                    grpo])
-def test_a_resumed_humanline_run_gives_the_uninterrupted_losses(build, weights, tmp_path):  # noqa: F811
+def test_a_resumed_humanline_run_gives_the_uninterrupted_losses(build, weights, tmp_path):
     whole, _ = humanline_run(build, weights, tmp_path / "whole")
     resumed, initial = humanline_run(build, weights, tmp_path / "resumed",
                                      resume=str(tmp_path / "whole" / "out" / f"checkpoint-{SAVE}"))
@@ -54,7 +54,7 @@ def test_a_resumed_humanline_run_gives_the_uninterrupted_losses(build, weights, 
 
 @pytest.mark.parametrize("build", [dpo, kto,
                                    grpo])
-def test_a_resumed_run_with_humanline_sampling_gives_the_uninterrupted_losses(build, weights, tmp_path,  # noqa: F811
+def test_a_resumed_run_with_humanline_sampling_gives_the_uninterrupted_losses(build, weights, tmp_path,
                                                                            monkeypatch):
     """``SampleTransform(seed=5)``: the checkpoint holds each rank's generator state, so the resumed draws are the
     uninterrupted run's (gap 0.0). The control: the same resume with the generator state left out draws afresh
@@ -78,7 +78,7 @@ def test_a_resumed_run_with_humanline_sampling_gives_the_uninterrupted_losses(bu
     assert resume_gap(whole, fresh) > 1e-4, (losses(whole), losses(fresh))
 
 
-def plain_losses(kind, weights, out, resume=None):  # noqa: F811
+def plain_losses(kind, weights, out, resume=None):
     """TRL's own trainer (a frozen reference) on TRL's conversational rows, its loss per update recorded from
     ``compute_loss``."""
     from transformers import AutoTokenizer
@@ -95,28 +95,20 @@ def plain_losses(kind, weights, out, resume=None):  # noqa: F811
         cls, config = KTOTrainer, KTOConfig(**args, beta=0.1, max_length=None)
     trainer = cls(load(weights), ref_model=load(weights), args=config, train_dataset=conversational(kind),
                   processing_class=tok)
-    recorded, compute_loss = [], trainer.compute_loss
-
-    def record(*a, **k):
-        loss = compute_loss(*a, **k)
-        if trainer.model.training:
-            recorded.append(float(loss.detach()))
-        return loss
-
-    trainer.compute_loss = record
+    losses_seen = recorded(trainer)
     trainer.train(resume_from_checkpoint=resume)
-    return recorded
+    return losses_seen
 
 
 @pytest.mark.parametrize("kind", ["dpo", "kto"])
-def test_the_control_trl_itself_resumes_exactly(kind, weights, tmp_path):  # noqa: F811
+def test_the_control_trl_itself_resumes_exactly(kind, weights, tmp_path):
     whole = plain_losses(kind, weights, tmp_path / "whole")
     again = plain_losses(kind, weights, tmp_path / "resumed", str(tmp_path / "whole" / "out" / f"checkpoint-{SAVE}"))
     assert len(whole) == STEPS and len(again) == STEPS - SAVE
     assert max(abs(a - b) for a, b in zip(whole[SAVE:], again)) <= 1e-5, (whole, again)
 
 
-def test_the_sync_file_holds_this_ranks_reference_shards_and_counts(weights, tmp_path):  # noqa: F811
+def test_the_sync_file_holds_this_ranks_reference_shards_and_counts(weights, tmp_path):
     trainer, _ = humanline_run(dpo, weights, tmp_path)
     payload = torch.load(tmp_path / "out" / f"checkpoint-{SAVE}" / "humanline_sync_rank0.pt", weights_only=True)
     names = [name for name, _ in trainer.model.named_parameters()]
@@ -124,7 +116,7 @@ def test_the_sync_file_holds_this_ranks_reference_shards_and_counts(weights, tmp
     assert sorted(payload["sync"]["reference_shards"]) == sorted(names) and payload["sync"]["num_syncs"] == 2
 
 
-def test_without_the_saved_reference_the_resumed_losses_differ(weights, tmp_path, monkeypatch):  # noqa: F811
+def test_without_the_saved_reference_the_resumed_losses_differ(weights, tmp_path, monkeypatch):
     """The comparison can fail: the same resume with the reference shards left out when the sync state is loaded
     (so the reference is the initial weights, as before they were saved) gives other losses."""
     whole, _ = humanline_run(dpo, weights, tmp_path / "whole")

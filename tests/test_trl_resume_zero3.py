@@ -10,7 +10,7 @@ import math
 import pytest
 import torch
 
-from trl_common import STEPS, trl_run, weights  # noqa: F401  (weights: the fixture)
+from trl_common import STEPS, trl_run
 
 pytest.importorskip("trl")
 
@@ -19,7 +19,7 @@ ZERO3 = ("--zero", "3", "--persist-below", "1000", "--save-steps", str(SAVE))
 MARKS = [n % K == 0 for n in range(STEPS)]
 
 
-def run(kind, weights, tmp_path, name, resume=None, *more):  # noqa: F811
+def run(kind, weights, tmp_path, name, resume=None, *more):
     more = (("--resume", str(resume)) if resume is not None else ()) + more
     return trl_run(kind, weights, tmp_path, *ZERO3, *more, nproc=NPROC, name=name, k=K)
 
@@ -57,7 +57,7 @@ def check_resumed(kind, whole, resumed):
     assert whole[0]["hooks"][SAVE]["ref_begin"] != whole[1]["hooks"][SAVE]["ref_begin"]  # two partitions
 
 
-def check_sync_files(checkpoint, weights, resumed):  # noqa: F811
+def check_sync_files(checkpoint, weights, resumed):
     """Rank r's file holds rank r's ZeRO-3 partition of every reference parameter (a flat ceil(n / 2) shard, not
     the full tensor), and the resumed rank r's reference sums to exactly that file."""
     from transformers import AutoModelForCausalLM
@@ -72,7 +72,7 @@ def check_sync_files(checkpoint, weights, resumed):  # noqa: F811
         assert report["restores"][0]["ref_checksum"] == pytest.approx(total, abs=1e-9)
 
 
-def test_dpo_resumed_under_zero3_gives_the_uninterrupted_losses_and_the_control_not(weights, tmp_path):  # noqa: F811
+def test_dpo_resumed_under_zero3_gives_the_uninterrupted_losses_and_the_control_not(weights, tmp_path):
     whole = run("dpo", weights, tmp_path, "whole")
     checkpoint = tmp_path / "whole_out" / f"checkpoint-{SAVE}"
     resumed = run("dpo", weights, tmp_path, "resumed", checkpoint)
@@ -87,6 +87,6 @@ def test_dpo_resumed_under_zero3_gives_the_uninterrupted_losses_and_the_control_
 
 
 @pytest.mark.parametrize("kind", ["kto", "grpo"])
-def test_kto_and_grpo_resumed_under_zero3_give_the_uninterrupted_losses(kind, weights, tmp_path):  # noqa: F811
+def test_kto_and_grpo_resumed_under_zero3_give_the_uninterrupted_losses(kind, weights, tmp_path):
     whole = run(kind, weights, tmp_path, "whole")
     check_resumed(kind, whole, run(kind, weights, tmp_path, "resumed", tmp_path / "whole_out" / f"checkpoint-{SAVE}"))

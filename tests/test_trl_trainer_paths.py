@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from helpers import REPO
-from trl_common import checksum, conversational, dpo, grpo, kto, settings, weights  # noqa: F401  (weights: fixture)
+from trl_common import checksum, conversational, dpo, grpo, kto, settings
 
 trl = pytest.importorskip("trl")
 
@@ -20,7 +20,7 @@ from hl_core.humanline import NoTransform, SyncSchedule  # noqa: E402
 
 @pytest.mark.parametrize("build", [dpo, kto,
                                    grpo])
-def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weights, tmp_path):  # noqa: F811
+def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weights, tmp_path):
     trainer = build(weights, tmp_path, args={"save_strategy": "steps", "save_steps": 1, "max_steps": 2})
     trainer.train()
     state = json.loads((tmp_path / "out" / "checkpoint-2" / "trainer_state.json").read_text())
@@ -28,7 +28,7 @@ def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weight
     assert len(logged) == 2 and all(isinstance(v, (int, float)) for row in logged for v in row.values())
 
 
-def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # noqa: F811
+def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):
     trainer = dpo(weights, tmp_path, rows=5, args={"num_train_epochs": 1})  # batches of 4 then 1
     trainer.train()
     assert [row["update"] for row in trainer.humanline_history] == [0, 1]
@@ -36,7 +36,7 @@ def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # 
 
 
 @pytest.mark.parametrize("build", [dpo, kto])
-def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path):  # noqa: F811
+def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path):
     seen = []
 
     def compute_metrics(prediction):
@@ -48,14 +48,14 @@ def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path): 
     assert seen and seen[0][-1] == 448  # the vocabulary: TRL's extra forward gave the logits
 
 
-def first_loss(weights, tmp_path, transform=None, **args):  # noqa: F811
+def first_loss(weights, tmp_path, transform=None, **args):
     keywords = {"transform": transform} if transform is not None else {}
     trainer = grpo(weights, tmp_path, args={"max_steps": 1, **args}, **keywords)
     trainer.train()
     return trainer.humanline_history[0]["loss"]
 
 
-def test_grpo_applies_the_entropy_bonus_as_trl_does(weights, tmp_path):  # noqa: F811
+def test_grpo_applies_the_entropy_bonus_as_trl_does(weights, tmp_path):
     """At the first update the reference equals the policy: the loss with ``entropy_coef`` is the loss without it
     minus ``coef`` times the mean per-token entropy of the completions (computed here from the logits)."""
     from transformers import AutoTokenizer
@@ -102,7 +102,7 @@ def test_grpo_with_a_mixture_of_experts_adds_the_router_aux_loss(tmp_path):
     assert aux > 0 and abs((with_aux - without) - 0.5 * aux) < 1e-3 * aux, (with_aux, without, aux)
 
 
-def test_the_callback_syncs_a_stock_trl_trainer_before_the_step(weights, tmp_path):  # noqa: F811
+def test_the_callback_syncs_a_stock_trl_trainer_before_the_step(weights, tmp_path):
     """TRL's own ``DPOTrainer`` with ``HumanlineSyncCallback`` added (k = 2, 4 updates): synced at updates 0 and 2,
     and at the end the reference holds the policy's weights from the start of update 2 (pre-update), not the end."""
     from transformers import AutoTokenizer, TrainerCallback

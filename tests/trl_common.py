@@ -4,10 +4,6 @@ humanline TRL trainer's in subprocesses (``pack_losses``, ``trl_run``), on the s
 (fp32, CPU, k = 2, bounds that bind)."""
 
 import json
-import shutil
-
-import pytest
-import torch
 
 from helpers import REPO, read_jsonl, run_recipe, run_torchrun
 
@@ -55,20 +51,6 @@ def check_equal(reports, pack, kind, k=K):
     for report in reports:
         assert [c["synced"] for c in report["calls"]] == [n % k == 0 for n in range(STEPS)]
         assert all(c["sync_collectives"] == 0 for c in report["calls"]), report["calls"]
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """The tiny model with saved random weights (seed 0), its tokenizer beside them."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    out = tmp_path_factory.mktemp("model")
-    tiny = REPO / "tests/fixtures/tiny/model"
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny), dtype=torch.float32).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny / name, out / name)
-    return out
 
 
 def settings(tmp_path, **extra):
@@ -159,3 +141,17 @@ def conversational(kind):
                                    "rejected": r["rejected"][-1:]} for r in rows[:64]])
     return Dataset.from_list([{"prompt": r[side][:-1], "completion": r[side][-1:], "label": side == "chosen"}
                               for r in rows[:64] for side in ("chosen", "rejected")])
+
+
+def recorded(trainer):
+    """``trainer.compute_loss`` recording each training micro-batch's loss (a list that fills as it trains)."""
+    seen, compute_loss = [], trainer.compute_loss
+
+    def record(*args, **kwargs):
+        loss = compute_loss(*args, **kwargs)
+        if trainer.model.training:
+            seen.append(float(loss.detach()))
+        return loss
+
+    trainer.compute_loss = record
+    return seen

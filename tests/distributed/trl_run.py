@@ -99,10 +99,13 @@ original_load = ReferenceSync.load_state_dict
 
 
 def counted_load(self, state):
+    """``load_state_dict``, counting its collectives; then this rank's reference checksum (a LoRA policy's: its
+    ``ref`` adapter's tensors) and, under ZeRO-3, a gather probe."""
     with CountCollectives(comm_modules()) as counter:
         original_load(self, state)
-    restores.append({"collectives": counter.count, "ref_checksum": local_checksum(trainer.ref_model)})
-    partitioned = [p for p in trainer.ref_model.parameters() if getattr(p, "ds_status", None) is not None
+    references = [reference for _, _, reference in self.pairs]
+    restores.append({"collectives": counter.count, "ref_checksum": local_checksum(references)})
+    partitioned = [p for p in references if getattr(p, "ds_status", None) is not None
                    and p.ds_status.name == "NOT_AVAILABLE"]
     if partitioned:  # the counter sees a ZeRO-3 gather when one runs
         import deepspeed
@@ -138,11 +141,13 @@ if args.zero is not None:
 
 
 def local_checksum(model):
-    """The sum of this rank's weights of ``model`` (ZeRO-3: its partitions ``ds_tensor``; nothing gathered); None
-    without a reference model (a LoRA policy's reference is its ``ref`` adapter)."""
+    """The sum of this rank's weights of ``model`` (a module, or a list of tensors; ZeRO-3: its partitions
+    ``ds_tensor``; nothing gathered); None without a reference model (a LoRA policy's reference is its ``ref``
+    adapter)."""
     if model is None:
         return None
-    return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in model.parameters())
+    tensors = model.parameters() if isinstance(model, torch.nn.Module) else model
+    return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in tensors)
 
 
 class HookProbe(TrainerCallback):

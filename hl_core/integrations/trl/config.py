@@ -31,6 +31,12 @@ UNSET = object()  # a keyword the caller did not pass
 SEED_STRIDE = 1000  # a rank's sampling seed: the base seed + 1000 * its process index (as the pack's trainer)
 
 
+def _beta_draw(default: float, which: str, against: str):
+    """A field of the sample transform's Beta draws."""
+    return field(default=default, metadata={"help": f"{which} parameter of the Beta draw against the {against} "
+                                                    "(`'sample'` only), `> 0`."})
+
+
 @dataclass
 class HumanlineArguments:
     r"""
@@ -86,18 +92,10 @@ class HumanlineArguments:
                   "(humanline sampling: rejected tokens keep their value without gradient) or `'none'` (syncing "
                   "only).", "choices": list(TRANSFORMS)},
     )
-    humanline_gamma_P: float = field(
-        default=DEFAULT_GAMMA_P, metadata={"help": "First parameter of the Beta draw against the policy (`'sample'` "
-                                           "only), `> 0`."})
-    humanline_gamma_R: float = field(
-        default=DEFAULT_GAMMA_R, metadata={"help": "First parameter of the Beta draw against the reference "
-                                           "(`'sample'` only), `> 0`."})
-    humanline_beta_P: float = field(
-        default=DEFAULT_BETA_P, metadata={"help": "Second parameter of the Beta draw against the policy (`'sample'` "
-                                          "only), `> 0`."})
-    humanline_beta_R: float = field(
-        default=DEFAULT_BETA_R, metadata={"help": "Second parameter of the Beta draw against the reference "
-                                          "(`'sample'` only), `> 0`."})
+    humanline_gamma_P: float = _beta_draw(DEFAULT_GAMMA_P, "First", "policy")
+    humanline_gamma_R: float = _beta_draw(DEFAULT_GAMMA_R, "First", "reference")
+    humanline_beta_P: float = _beta_draw(DEFAULT_BETA_P, "Second", "policy")
+    humanline_beta_R: float = _beta_draw(DEFAULT_BETA_R, "Second", "reference")
     humanline_sample_seed: Optional[int] = field(
         default=None, metadata={"help": "Seed of the sample transform's draws; rank `r` draws with "
                                 "`seed + 1000 * r`. If `None`, `seed` is used."})

@@ -113,6 +113,8 @@ class HumanlineSyncCallback(TrainerCallback):
 
     def _claim(self, pairs) -> None:
         """Refuse a reference another live callback syncs; then mark this one's (one sync per reference)."""
+        for key in [key for key, (tensor, callback) in _DRIVEN.items() if tensor() is None or callback() is None]:
+            del _DRIVEN[key]  # entries whose tensor or callback is gone
         for _, _, reference in pairs:
             other = _driver(reference)
             if other is not None and other is not self and other.sync is not None:

@@ -10,7 +10,8 @@
 #
 # Skips (prints the reason, exits 0) where podman cannot run: not root, no apt-get and no podman, the packages do
 # not install, the runtime refuses to start a container, the torch wheel or the Debian archive cannot be fetched.
-# Anything that fails after that is a failure (exit 1).
+# Under CI=true each of those is a failure instead (exit 1, naming the missing capability): CI never turns green by
+# skipping. Anything that fails after that is a failure (exit 1).
 #
 # Cache: ${HL_CI_CACHE:-~/.cache/humanline-ci} keeps podman's storage (the base images and the Dockerfile's layers),
 # so a rerun after a code change redoes only `COPY . .` and `pip install -e .`. HL_CI_CONTAINER_CLEAN=1 removes
@@ -27,6 +28,10 @@ CACHE="${HL_CI_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/humanline-ci}"
 T0=$SECONDS
 
 skip() {
+  if [ "${CI:-}" = true ]; then
+    echo "container step FAILED: CI=true and this machine lacks podman and runc able to build and run the image: $*" >&2
+    exit 1
+  fi
   echo "container step skipped: $*"
   exit 0
 }

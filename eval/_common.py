@@ -19,6 +19,15 @@ class EvalError(UserError):
     """A mistake in the eval arguments (missing file, unknown judge, ...): the message names the fix."""
 
 
+def require_matplotlib(what: str) -> None:
+    """Refuse in one paragraph, before any work, when matplotlib (the `eval` and `real` extras) is not installed."""
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise EvalError(f"{what} needs matplotlib, which is not installed. Fix: `pip install matplotlib` (it comes "
+                        "with the `eval` and `real` extras: `pip install -e \".[eval]\"`).")
+
+
 def set_offline(offline: bool = True) -> None:
     """Forbid Hugging Face hub access for this process (set before the hub libraries are imported to be
     fully effective; ``huggingface_hub`` also reads the constant at call time in recent versions)."""

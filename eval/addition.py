@@ -25,6 +25,8 @@ import re
 from pathlib import Path
 from typing import Dict, List, Optional, Sequence
 
+from ._common import require_matplotlib
+
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO / "recipes" / "real" / "data"
 SEED = 20261129
@@ -137,6 +139,7 @@ def greedy_accuracy(model_dir: str, rows: Sequence[dict], system_prompt: str = S
 def plot_runs(runs: Sequence[Path], output: Path) -> Path:
     """The held-out reward (``eval.jsonl``) and the training reward (``metrics.jsonl``) per update of each run, one
     PNG."""
+    require_matplotlib("python -m eval.addition plot")
     import matplotlib
 
     matplotlib.use("Agg")
@@ -188,4 +191,6 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
 
 
 if __name__ == "__main__":
-    raise SystemExit(main())
+    from hl_core.errors import exit_on_user_error
+
+    exit_on_user_error(main)

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ._common import EvalError, read_jsonl
+from ._common import EvalError, read_jsonl, require_matplotlib
 
 PLOTS = ("loss", "reward_margin", "unclamped_frac", "reward", "step_time")
 REWARD_EXCLUDE = ("rewards/margin", "rewards/accuracy")
@@ -185,6 +185,7 @@ def plot_line(runs: Sequence[Run], key_fn, path: Path, title: str, ylabel: str, 
 
 
 def plot_rewards(runs: Sequence[Run], path: Path, alpha: float) -> Path:
+    """The logged training rewards per update (lines), and the held-out ones of ``eval.jsonl`` (dots)."""
     fig, ax = _figure("rewards", "reward")
     styles = ["-", "--", ":", "-."]
     drew = False
@@ -194,6 +195,12 @@ def plot_rewards(runs: Sequence[Run], path: Path, alpha: float) -> Path:
             if xs:
                 ax.plot(xs, smooth(ys, alpha), color=color, linestyle=styles[j % len(styles)],
                         label=f"{run.label} {key}")
+                drew = True
+        for j, key in enumerate(reward_keys(run.evals)):
+            xs, ys = series(run.evals, key)
+            if xs:
+                ax.plot(xs, ys, color=color, linestyle=styles[j % len(styles)], marker="o",
+                        label=f"{run.label} held-out {key}")
                 drew = True
     return _finish(fig, ax, path, drew, "reward metrics")
 
@@ -341,6 +348,7 @@ def render_report(
         raise EvalError("report needs at least one run directory or metrics.jsonl file.")
     if not (0.0 <= float(smooth_alpha) < 1.0):
         raise EvalError(f"--smooth must be in [0, 1), got {smooth_alpha}.")
+    require_matplotlib("python -m eval.report (the plots)")
     loaded = [load_run(r) for r in runs]
     seen: Dict[str, int] = {}
     for run in loaded:  # keep labels unique

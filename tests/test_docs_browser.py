@@ -19,17 +19,21 @@ from pathlib import Path
 
 import pytest
 
+from capabilities import require
 from helpers import REPO
+from tools import docs_browser  # noqa: E402
 
-sys.path.insert(0, str(REPO / "tools"))
-import docs_browser  # noqa: E402
-
-sys.path.pop(0)
-
-PAGES = ["", "quickstart/", "reference/api/", "reference/humanline-api/", "howto/own-loop/", "examples/"]
+PAGES = ["", "quickstart/", "reference/api/", "reference/humanline-api/", "howto/own-loop/", "examples/", "howto/trl/",
+         "recipe-keys/", "concepts/callbacks/"]
 API_PAGES = ["reference/api/", "reference/humanline-api/"]
 BINARY = docs_browser.chromium_binary()
-needs_chromium = pytest.mark.skipif(BINARY is None, reason="no chromium on the PATH (apt-get install -y chromium)")
+# a skip without chromium on the PATH; under CI=true a failure naming it (tests/capabilities.py)
+needs_chromium = pytest.mark.usefixtures("chromium")
+
+
+@pytest.fixture
+def chromium():
+    require("chromium", None if BINARY else "no chromium on the PATH (apt-get install -y chromium)")
 
 
 def _build(docs_root: Path, site: Path) -> None:
@@ -49,6 +53,7 @@ def _problems(reports: dict, site: Path) -> dict:
         listed = {path.strip("/") for path in report["nav"]}
         found = {"raw markup": report["raw"], "list items run inline": report["inline_lists"],
                  "console errors": report["console"], "code wider than its column": report["wide_code"],
+                 "code broken inside a token": report["broken_code"],
                  "pages missing from the navigation": sorted(p for p in pages if p.strip("/") not in listed)}
         if page in API_PAGES and report["argument_tables"] < 3:
             found["argument tables"] = [f"only {report['argument_tables']}"]
@@ -58,7 +63,11 @@ def _problems(reports: dict, site: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def site():
+    """The site built with mkdocs --strict into ``DOCS_BROWSER_SITE`` (default build/docs-site); with
+    ``DOCS_BROWSER_BUILT=1`` the site already there is used (.ci/docs.sh has just built it)."""
     site = Path(os.environ.get("DOCS_BROWSER_SITE", REPO / "build" / "docs-site"))
+    if os.environ.get("DOCS_BROWSER_BUILT") == "1" and (site / "index.html").exists():
+        return site
     shutil.rmtree(site, ignore_errors=True)
     _build(REPO, site)
     return site
@@ -95,10 +104,7 @@ def test_the_browser_check_fails_on_a_planted_raw_role(tmp_path):
 
 # ------------------------------------------------------------------------------------------- the Markdown hooks
 
-sys.path.insert(0, str(REPO / "tools"))
-import docs_hooks  # noqa: E402
-
-sys.path.pop(0)
+from tools import docs_hooks  # noqa: E402
 
 
 def test_github_style_list_items_keep_their_blocks():
@@ -118,3 +124,11 @@ def test_indented_snippets_are_dedented_and_nothing_else_moves():
     page = "text\n\n```python\n    a = 1\n        b = 2\n```\n\n  ```bash\n    run x\n  ```\n\n```\n```\n"
     out = docs_hooks.dedent_fences(page)
     assert out == "text\n\n```python\na = 1\n    b = 2\n```\n\n  ```bash\n  run x\n  ```\n\n```\n```\n"
+
+
+def test_inline_code_breaks_only_at_its_spaces():
+    html = '<p><code>pip install -e ".[trl]"</code></p><pre><code>a b</code></pre><td><code>x</code></td>'
+    assert docs_hooks.unbreakable_tokens(html) == (
+        '<p><code><span class="nobreak">pip</span> <span class="nobreak">install</span> <span class="nobreak">-e'
+        '</span> <span class="nobreak">".[trl]"</span></code></p><pre><code>a b</code></pre>'
+        '<td><code><span class="nobreak">x</span></code></td>')

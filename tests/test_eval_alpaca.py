@@ -89,7 +89,10 @@ def test_callable_judge_win_rate_by_hand(tmp_path):
     assert (res["n_wins"], res["n_wins_base"], res["n_draws"], res["n_total"]) == (2, 3, 1, 6)
     # only the plain win rate is computed offline; the result says so
     assert res["computed"] == ["win_rate"] and res["headline"] == "win_rate"
-    assert res["length_controlled_winrate"] is None and "not computed" in res["length_controlled_note"]
+    assert res["length_controlled_winrate"] is None
+    (reason,) = res["length_controlled_reasons"]
+    assert reason.startswith("The length-control GLM's table (tatsu-lab/alpaca_eval/df_gamed.csv) is not available")
+    assert reason.endswith("offline runs need a cached copy or lc_data=PATH.")
     assert res["judge"]["kind"] == "callable"
     outputs = json.loads((tmp_path / "alpaca_model_outputs.json").read_text())
     assert [o["output"] for o in outputs] == [r.strip() for r in REPLIES]
@@ -183,7 +186,9 @@ def test_length_controlled_win_rate_when_inputs_available(tmp_path):
     # a subset of the instructions the GLM table covers: LC is not computed, and the note says why
     res = run_alpaca_eval(_scripted(), data=str(DATA), judge=_length_judge, lc_data=str(table), limit=5)
     assert res["computed"] == ["win_rate"] and res["length_controlled_winrate"] is None
-    assert "covers 6 instructions" in res["length_controlled_note"]
+    assert res["length_controlled_reasons"] == [res["length_controlled_note"]]
+    note = res["length_controlled_note"]
+    assert "first 5 of the 6 instructions" in note and "`limit=5`" in note
     res = run_alpaca_eval(_scripted(), data=str(DATA), judge=_length_judge, lc_data=str(table),
                           length_controlled="off")
     assert res["computed"] == ["win_rate"] and "off" in res["length_controlled_note"]
@@ -258,3 +263,115 @@ def test_a_generation_budget_longer_than_the_context_is_refused_before_generatin
     # a budget that fits runs to the end
     res = run_alpaca_eval(str(policy), data=str(DATA), judge=_length_judge, backend="hf", max_new_tokens=4, limit=2)
     assert res["n_total"] == 2 and res["win_rate"] is not None
+
+
+# ------------------------------------------------------------------------ why the length-controlled rate is missing
+
+
+def _annotations(rows=ROWS, replies=REPLIES, generators=None):
+    """An annotation table as alpaca_eval's evaluate passes it to the metric (reference = output_1)."""
+    import pandas as pd
+
+    generators = generators or ["model"] * len(rows)
+    return pd.DataFrame([dict(instruction=r["instruction"], output_1=r["output"], output_2=rep, generator_1="ref",
+                              generator_2=g, preference=_length_judge(r["instruction"], r["output"], rep),
+                              annotator="length_judge") for r, rep, g in zip(rows, replies, generators)])
+
+
+def _full_set(limit=None):
+    from eval.alpaca import InstructionSet
+
+    return InstructionSet(tuple(r["instruction"] for r in ROWS), "`alpaca_eval_6.json`", limit)
+
+
+def _reasons(df, tmp_path, instructions=None, n_table=len(ROWS), names=None):
+    from eval.alpaca import make_metric_fn
+
+    table = _fake_lc_table(tmp_path / "df_gamed.csv", n_table)
+    if names is not None:
+        import pandas as pd
+
+        frame = pd.read_csv(table)
+        frame["instruction"] = [names[i] for i in frame["index"]]
+        frame.to_csv(table, index=False)
+    fn = make_metric_fn("auto", str(table), instructions)
+    metrics = fn(df)
+    for sentence in fn.info["reasons"]:  # each reason is a sentence naming its cause, never a raw exception
+        assert sentence[0].isupper() or sentence[0].isdigit(), sentence
+        assert sentence.endswith(".") and "Error" not in sentence, sentence
+    assert (metrics["length_controlled_winrate"] is None) == bool(fn.info["reasons"])
+    return fn.info["reasons"]
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_lc_guard_passes_the_full_set_in_order_and_the_glm_runs(tmp_path):
+    assert _reasons(_annotations(), tmp_path, _full_set()) == []
+
+
+def test_lc_guard_names_several_models_in_one_table(tmp_path):
+    df = _annotations(generators=["model_a", "model_b"] * 3)
+    (reason,) = _reasons(df, tmp_path, _full_set())
+    assert "outputs of 2 models (`model_a`, `model_b`)" in reason and "one model against one baseline" in reason
+    # the same rows, twice, for two models: the GLM's assertion would be the only message otherwise
+    import pandas as pd
+
+    both = pd.concat([_annotations(generators=["model_a"] * 6), _annotations(generators=["model_b"] * 6)])
+    reasons = _reasons(both, tmp_path, _full_set())
+    assert any("2 models" in r for r in reasons) and any("annotated more than once" in r for r in reasons)
+
+
+def test_lc_guard_names_the_missing_outputs_by_instruction(tmp_path):
+    keep = [0, 1, 3, 4, 5]  # instruction #3 has no output
+    df = _annotations([ROWS[i] for i in keep], [REPLIES[i] for i in keep])
+    (reason,) = _reasons(df, tmp_path, _full_set())
+    assert reason.startswith("1 instruction(s) have no model output") and f"#3 `{ROWS[2]['instruction'][:20]}" in reason
+    # the same count, but another instruction in its place: "which", not "how many"
+    other = dict(ROWS[2], instruction="An instruction that is not in the set.")
+    reasons = _reasons(_annotations(ROWS[:2] + [other] + ROWS[3:]), tmp_path, _full_set())
+    assert len(reasons) == 2 and "#3" in reasons[0] and "not in `alpaca_eval_6.json`" in reasons[1]
+    # an output or a preference that is null in the table
+    df = _annotations()
+    df.loc[4, "preference"] = float("nan")
+    (reason,) = _reasons(df, tmp_path, _full_set())
+    assert reason.startswith("1 annotation row(s) have no preference from the judge: #5")
+
+
+def test_lc_guard_checks_the_order_not_only_the_count(tmp_path):
+    df = _annotations().iloc[[0, 1, 3, 2, 4, 5]].reset_index(drop=True)
+    (reason,) = _reasons(df, tmp_path, _full_set())
+    assert "another order" in reason and "row #4 is its instruction #3" in reason
+
+
+@pytest.mark.filterwarnings("ignore::FutureWarning")
+def test_lc_guard_names_a_subset_and_a_table_of_another_set(tmp_path):
+    (reason,) = _reasons(_annotations(ROWS[:4], REPLIES[:4]), tmp_path, _full_set(limit=4))
+    assert reason.startswith("This run evaluates the first 4 of the 6 instructions") and "`limit=4`" in reason
+    (reason,) = _reasons(_annotations(), tmp_path, _full_set(), n_table=805)
+    assert "covers 805 instructions (by position)" in reason and "has 6" in reason
+    names = [r["instruction"] for r in ROWS]
+    (reason,) = _reasons(_annotations(), tmp_path, _full_set(), names=names[:5] + ["Something else?"])
+    assert "differ from them from position #6 on" in reason
+    assert _reasons(_annotations(), tmp_path, _full_set(), names=names) == []  # a table naming this very set
+
+
+def test_a_missing_model_output_leaves_the_win_rate_and_says_why_in_alpaca_eval_json_and_the_log(tmp_path, caplog):
+    outputs = tmp_path / "outputs.json"
+    given = [{"instruction": r["instruction"], "output": rep} for r, rep in zip(ROWS, REPLIES)]
+    outputs.write_text(json.dumps(given[:2] + given[3:]))  # instruction #3 has no output
+    table = _fake_lc_table(tmp_path / "df_gamed.csv", len(ROWS))
+    with caplog.at_level("WARNING", logger="eval.alpaca"):
+        res = run_alpaca_eval(None, data=str(DATA), model_outputs=str(outputs), judge=_length_judge,
+                              lc_data=str(table), output_dir=tmp_path / "out")
+    prefs = [_length_judge(r["instruction"], r["output"], rep) for r, rep in zip(ROWS, REPLIES)]
+    kept = prefs[:2] + prefs[3:]
+    assert res["n_total"] == 5 and res["win_rate"] == pytest.approx(100 * sum(p - 1 for p in kept) / 5)
+    assert res["generation"]["missing_outputs"] == [{"position": 3, "instruction": ROWS[2]["instruction"]}]
+    saved = json.loads((tmp_path / "out" / "alpaca_eval.json").read_text())
+    (reason,) = saved["length_controlled_reasons"]
+    assert saved["length_controlled_winrate"] is None and saved["computed"] == ["win_rate"]
+    assert reason.startswith("1 instruction(s) have no model output") and "#3" in reason
+    assert any(reason in record.getMessage() for record in caplog.records)
+    # no output at all is refused, naming the fix
+    outputs.write_text(json.dumps([{"instruction": "other", "output": "x"}]))
+    with pytest.raises(EvalError, match="no model output"):
+        run_alpaca_eval(None, data=str(DATA), model_outputs=str(outputs), judge=_length_judge)

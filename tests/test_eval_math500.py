@@ -81,6 +81,9 @@ def test_planted_correct_model_scores_one(tmp_path):
     assert res["backend"] == f"custom:{ScriptedLM.__name__}"
     saved = json.loads((tmp_path / "math500.json").read_text())
     assert saved["pass@1"] == 1.0 and saved["pass@1_std"] == 0.0
+    # the versions the verdicts depend on (issue 56): the pinned parser runtime, math-verify, sympy
+    assert saved["scorer_versions"]["antlr4-python3-runtime"] == m5.PARSER_RUNTIME_PIN
+    assert {"math-verify", "sympy", "latex2sympy2_extended"} <= set(saved["scorer_versions"])
     samples = [json.loads(line) for line in (tmp_path / "math500_samples.jsonl").read_text().splitlines()]
     assert len(samples) == 20 and all(s["correct"] == [1, 1, 1] for s in samples)
     assert {s["unique_id"] for s in samples} == {r["unique_id"] for r in ROWS}

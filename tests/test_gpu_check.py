@@ -3,17 +3,14 @@ the real engines at toy size with --dry-run (TRL's DPOTrainer too, when trl is i
 skip with their reasons), and the FLOP count behind its MFU against torch's own counter."""
 
 import json
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO, run_fresh
-
-sys.path.insert(0, str(REPO))
 from bench.gpu_check import SECTIONS, main, missing_package  # noqa: E402
 from bench.gpu_check_runs import COMPARED, NO_DRY_RUN, plan_runs  # noqa: E402
 from bench.shapes import forward_flops_per_token, spec_of, write_model_dir  # noqa: E402
+from helpers import REPO, run_fresh
 
 CHECK = REPO / "bench" / "gpu_check.py"
 

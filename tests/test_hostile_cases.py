@@ -15,44 +15,23 @@ on the tiny recipes, in this process too (a few seconds each).
 from __future__ import annotations
 
 import json
-import logging
 import os
-import re
 import shutil
 import struct
 import subprocess
 import sys
-import traceback
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Sequence, Tuple
+from typing import Dict
 
 import pytest
 
 from helpers import REPO
-from hl_core.errors import exit_on_user_error
+from hostile import Row, check_refusal, fill, run_row, weights_dir
 
 TINY = REPO / "tests" / "fixtures" / "tiny"
 PAIR = {"prompt": "Describe the field.", "chosen": "It is lovely.", "rejected": "It is grim."}
 DEEP = 200_000
 NESTED_ANCHORS = 9  # nine anchors, each a list of nine of the previous: 9**9 values once expanded
-
-
-@dataclass
-class Row:
-    id: str
-    entry: str  # "run" | "eval" | "data_quality" | "slurm"
-    argv: Sequence[str]
-    words: Sequence[str]  # in the paragraph; "{name}" as in argv
-    env: Dict[str, str] = field(default_factory=dict)  # "" unsets
-    hide: Tuple[str, ...] = ()  # packages made unimportable, as if not installed
-    absent: Tuple[str, ...] = ()  # paths that must not exist afterwards (nothing generated, nothing written)
-    cwd: str = "{repo}"  # the working directory (the recipes name their files relative to the repository)
-
-
-def fill(text: str, files: Dict[str, str]) -> str:
-    """``text`` with each ``{name}`` of ``files`` replaced (other braces, as in YAML or Jinja, stay)."""
-    return re.sub(r"\{(\w+)\}", lambda m: files.get(m.group(1), m.group(0)), text)
 
 
 def _jsonl(path: Path, *rows) -> Path:
@@ -63,18 +42,6 @@ def _jsonl(path: Path, *rows) -> Path:
 def _copy_model(src: Path, dst: Path) -> Path:
     shutil.copytree(src, dst)
     return dst
-
-
-def _weights_dir(root: Path) -> Path:
-    """A tiny Llama with weights and the tiny tokenizer, saved like a run's ``final/``."""
-    import torch
-    from transformers import AutoConfig, AutoTokenizer, LlamaForCausalLM
-
-    out = root / "weights"
-    torch.manual_seed(0)
-    LlamaForCausalLM(AutoConfig.from_pretrained(TINY / "model")).save_pretrained(out)
-    AutoTokenizer.from_pretrained(TINY / "model").save_pretrained(out)
-    return out
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +104,7 @@ def hostile(tmp_path_factory) -> Dict[str, str]:
         (_copy_model(TINY / "model", root / name) / "chat_template.jinja").write_text(template)
         p[name] = root / name
     # model directories with weights, damaged
-    good = _weights_dir(root)
+    good = weights_dir(root)
     p["weights"] = good
     raw = (good / "model.safetensors").read_bytes()
     header = struct.unpack("<Q", raw[:8])[0]
@@ -267,79 +234,6 @@ ROWS = [
         env={"OPENAI_API_KEY": "", "OPENAI_API_KEYS": "", "OPENAI_CLIENT_CONFIG_PATH": "{root}/no_client_config.yaml"},
         absent=("{root}/relative_eval_out/alpaca_model_outputs.json",), cwd="{root}"),
 ]
-
-
-class _Hidden:
-    """A meta-path finder that makes packages unimportable, as when they are not installed."""
-
-    def __init__(self, names):
-        self.names = names
-
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in self.names:
-            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
-        return None
-
-
-def _entry(name):
-    if name == "run":
-        from launchers.run import main
-    elif name == "slurm":
-        from launchers.slurm import main
-    elif name == "eval":
-        from eval.__main__ import main
-    else:
-        from eval.data_quality import main
-    return main
-
-
-def run_row(row: Row, files: Dict[str, str], monkeypatch, capsys, caplog) -> Tuple[object, str]:
-    """Run ``row`` in this process; ``(exit code, everything it printed and logged)``. An exception that escapes
-    the entry point is returned as its traceback, as a user would see it."""
-    for name, value in row.env.items():
-        if value:
-            monkeypatch.setenv(name, fill(value, files))
-        else:
-            monkeypatch.delenv(name, raising=False)
-    if row.hide:
-        for module in [m for m in sys.modules if m.split(".")[0] in row.hide]:
-            monkeypatch.delitem(sys.modules, module)
-        monkeypatch.setattr(sys, "meta_path", [_Hidden(row.hide)] + sys.meta_path)
-    argv = [fill(a, files) for a in row.argv]
-    caplog.set_level(logging.WARNING)
-    try:
-        try:
-            main = _entry(row.entry)
-            code = main(argv) if row.entry in ("run", "slurm") else exit_on_user_error(main, argv)
-        except SystemExit as exc:
-            code = exc.code
-        except BaseException:  # noqa: B902 (a traceback is the failure this table looks for)
-            code = traceback.format_exc()
-    finally:
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():  # a run refused after its process group came up
-            dist.destroy_process_group()
-    out = capsys.readouterr()
-    return code, out.out + out.err + caplog.text
-
-
-def check_refusal(row: Row, code, output: str, files: Dict[str, str]) -> None:
-    assert code == 2, f"exit {code!r}, expected 2:\n{output[-3000:]}"
-    assert "Traceback" not in output, output[-3000:]
-    errors = [line for line in output.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, output[-3000:]
-    for word in row.words:
-        assert fill(word, files) in errors[0], (fill(word, files), errors[0])
-    for path in row.absent:
-        assert not Path(fill(path, files)).exists(), path
-
-
-@pytest.fixture
-def clean_launch_env(monkeypatch):
-    """No launcher variables from the outer shell."""
-    for name in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"):
-        monkeypatch.delenv(name, raising=False)
 
 
 @pytest.mark.parametrize("row", ROWS, ids=[r.id for r in ROWS])

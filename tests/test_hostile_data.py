@@ -15,7 +15,8 @@ from hl_core.data.prompts import load_prompt_records
 from hl_core.data.sft import load_sft_records
 from hl_core.errors import DataError
 from launchers.run import main
-from test_config import _repo_cwd  # noqa: F401 (autouse: recipes name their files relative to the repository)
+
+pytestmark = pytest.mark.usefixtures("repo_cwd")  # the recipes name their files relative to the repository
 
 TINY_GRPO = REPO / "recipes" / "tiny" / "offline_grpo.yaml"
 

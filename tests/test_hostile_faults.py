@@ -21,7 +21,7 @@ from typing import Dict
 import pytest
 
 from helpers import REPO
-from test_hostile_cases import Row, _weights_dir, check_refusal, clean_launch_env, fill, run_row  # noqa: F401
+from hostile import Row, check_refusal, fill, run_row, weights_dir
 
 
 @pytest.fixture(autouse=True)
@@ -50,7 +50,7 @@ def faults(tmp_path_factory) -> Dict[str, str]:
     from safetensors.torch import load_file
 
     root = tmp_path_factory.mktemp("faults")
-    good = _weights_dir(root)
+    good = weights_dir(root)
     evil = root / "pickled_code"
     shutil.copytree(good, evil)
     tensors = load_file(evil / "model.safetensors")

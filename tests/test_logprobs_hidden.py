@@ -274,10 +274,6 @@ def test_an_adapter_on_the_output_layer_is_refused_naming_the_key():
 def test_the_fused_logps_bench_runs_here_and_agrees_with_the_plain_path(capsys):
     """bench/fused_logps.py at a small shape on the CPU (its GPU shape is the default): each row printed, the
     blockwise values and hidden-state gradients within float32 rounding of the plain path's."""
-    import sys
-    from pathlib import Path
-
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from bench.fused_logps import main
 
     assert main(["--tokens", "96", "--width", "16", "--vocab", "1000", "--dtype", "fp32", "--repeats", "1",

@@ -7,12 +7,11 @@ import contextlib
 import io
 import json
 import re
-import sys
 
 import pytest
 import torch
 
-from helpers import REPO, TINY_HUMANLINE, start_model_overrides
+from helpers import REPO, TINY_HUMANLINE, plan_recipe, start_model_overrides
 from hl_core.config import load_recipe
 from hl_core.errors import RecipeError
 from hl_core.models.specs import MODEL_SPECS, check_layout, resolve_spec, spec_from_config
@@ -36,12 +35,6 @@ PUBLISHED_PARAMS = {
     "google/gemma-2-9b-it": 9_241_705_984,
     "google/gemma-2-27b-it": 27_227_128_320,
 }
-
-
-def _recipe(model: str = "meta-llama/Meta-Llama-3-8B-Instruct", *overrides: str):
-    return load_recipe(TINY_HUMANLINE, [f"model.name_or_path={model}", "model.random_init=false",
-                                        "model.attn_implementation=sdpa", "engine.precision=bf16",
-                                        "train.micro_batch_size=1", "humanline.reference=copy", *overrides])
 
 
 def _meta_model(spec):
@@ -142,7 +135,7 @@ def _deepspeed_gpu_gib(stage: int, total_params: int, largest: int, nodes: int, 
 def test_model_states_agree_with_deepspeed_estimators(name, stage, nodes, gpus):
     spec = MODEL_SPECS[name]
     total, largest = _module_counts(_meta_model(spec))  # the same model, measured, for DeepSpeed
-    recipe = _recipe(name, f"engine.zero_stage={stage}", f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}")
+    recipe = plan_recipe(name, f"engine.zero_stage={stage}", f"cluster.nodes={nodes}", f"cluster.gpus_per_node={gpus}")
     plan = memory_plan(recipe)
     ours = plan["gib"]["model_states"]
     theirs = _deepspeed_gpu_gib(stage, total, largest, nodes, gpus)
@@ -154,15 +147,15 @@ def test_model_states_agree_with_deepspeed_estimators(name, stage, nodes, gpus):
 
 def test_zero1_keeps_whole_bf16_gradients_above_the_stage12_estimator():
     name, world = "meta-llama/Meta-Llama-3-8B-Instruct", 8
-    p1 = memory_plan(_recipe(name, "engine.zero_stage=1"), world)
-    p2 = memory_plan(_recipe(name, "engine.zero_stage=2"), world)
+    p1 = memory_plan(plan_recipe(name, "engine.zero_stage=1"), world)
+    p2 = memory_plan(plan_recipe(name, "engine.zero_stage=2"), world)
     P = p1["params"]
     assert p1["bytes"]["model_states"] - p2["bytes"]["model_states"] == pytest.approx(2 * P * (1 - 1 / world))
     assert p1["bytes"]["optimizer"] == p2["bytes"]["optimizer"] == pytest.approx(12 * P / world)
 
 
 def test_component_formulas():
-    recipe = _recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "data.max_length=1024",
+    recipe = plan_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "data.max_length=1024",
                      "data.max_prompt_length=512", "train.micro_batch_size=2")
     spec = MODEL_SPECS["Qwen/Qwen2.5-7B-Instruct"]
     P, world = spec.num_params(), 8
@@ -178,7 +171,7 @@ def test_component_formulas():
     assert per_token_layer == 246784
     final_norm = s * b * 6 * 3584  # once per token: the final RMSNorm
     assert by["activations_full"] == pytest.approx(s * b * per_token_layer * L + final_norm)  # sdpa: no stored scores
-    eager = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "data.max_length=1024",
+    eager = memory_plan(plan_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "data.max_length=1024",
                                 "data.max_prompt_length=512", "train.micro_batch_size=2",
                                 "model.attn_implementation=eager"), world)
     # eager scores: the float32 softmax and its bf16 copy per head and key (no soft-capping in Qwen)
@@ -195,10 +188,10 @@ def test_component_formulas():
     full = by["activations_full"]
     assert by["total"] == pytest.approx(16 * P + 2 * P + max(full + by["logits"], full - final_norm, 4 * P))
     # ZeRO-3: the reference is partitioned like the policy
-    z3 = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=3"), world)
+    z3 = memory_plan(plan_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=3"), world)
     assert z3["bytes"]["reference"] == pytest.approx(2 * P / world)
     # fp32: no master copy, 4-byte weights and gradients, two fp32 moments
-    fp32 = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "engine.precision=fp32"), world)
+    fp32 = memory_plan(plan_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=0", "engine.precision=fp32"), world)
     assert (fp32["bytes"]["weights"], fp32["bytes"]["gradients"], fp32["bytes"]["optimizer"]) == (4 * P, 4 * P, 8 * P)
 
 
@@ -206,8 +199,8 @@ def test_megatron_shards_weights_and_distributes_the_optimizer(monkeypatch):
     monkeypatch.setattr(plan_terms, "fused_adam_installed", lambda: True)  # a GPU node's megatron: steps in place
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
     base = ["engine.name=megatron", "engine.zero_stage=0"]
-    flat = memory_plan(_recipe(name, *base), 8)
-    tp2pp2 = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8)
+    flat = memory_plan(plan_recipe(name, *base), 8)
+    tp2pp2 = memory_plan(plan_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8)
     spec = MODEL_SPECS[name]
     assert (tp2pp2["dp"], tp2pp2["tp"], tp2pp2["pp"]) == (2, 2, 2)
     # each stage: 16 layers (matrices / 2, norms whole) + one of embedding / lm_head (each V*h / 2); the last stage
@@ -215,7 +208,7 @@ def test_megatron_shards_weights_and_distributes_the_optimizer(monkeypatch):
     layer_matrices = spec.layer_params() - 2 * spec.hidden_size
     first = 16 * layer_matrices // 2 + 16 * 2 * spec.hidden_size + spec.vocab_size * spec.hidden_size // 2
     assert tp2pp2["stage"] == 0 and tp2pp2["params_per_rank"] == first
-    last = memory_plan(_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8, stage=1)
+    last = memory_plan(plan_recipe(name, *base, "parallel.tp=2", "parallel.pp=2"), 8, stage=1)
     assert last["stage"] == 1 and last["params_per_rank"] == first + spec.hidden_size
     assert set(tp2pp2["stage_totals"]) == {0, 1} and tp2pp2["stage_totals"][0] >= tp2pp2["stage_totals"][1]
     expected = first
@@ -226,14 +219,14 @@ def test_megatron_shards_weights_and_distributes_the_optimizer(monkeypatch):
 
 
 def test_plan_report_warns_when_over_gpu_memory_and_not_otherwise():
-    big = plan_report(_recipe("google/gemma-2-27b-it", "engine.zero_stage=2", "data.max_length=2048",
+    big = plan_report(plan_recipe("google/gemma-2-27b-it", "engine.zero_stage=2", "data.max_length=2048",
                               "data.max_prompt_length=1024"))
     assert "WARNING" in big and "cluster.gpu_memory_gb" in big and "engine.zero_stage" in big
-    fits = plan_report(_recipe("Qwen/Qwen2.5-1.5B-Instruct", "engine.zero_stage=3",
+    fits = plan_report(plan_recipe("Qwen/Qwen2.5-1.5B-Instruct", "engine.zero_stage=3",
                                "model.gradient_checkpointing=true"))
     assert "WARNING" not in fits
     # the same recipe on a small GPU warns
-    small = plan_report(_recipe("Qwen/Qwen2.5-1.5B-Instruct", "engine.zero_stage=3", "cluster.gpu_memory_gb=4"))
+    small = plan_report(plan_recipe("Qwen/Qwen2.5-1.5B-Instruct", "engine.zero_stage=3", "cluster.gpu_memory_gb=4"))
     assert "WARNING" in small
     for key in ("weights", "gradients", "optimizer states", "reference model", "without gradient checkpointing",
                 "with gradient checkpointing", "logits", "total", "dp=8 tp=1 pp=1", "grad-accum"):
@@ -257,7 +250,7 @@ def test_plan_report_warns_when_over_gpu_memory_and_not_otherwise():
     ],
 )
 def test_check_layout_errors_name_the_key_and_the_fix(model, overrides, world, needles):
-    recipe = _recipe(model, "engine.name=megatron", "engine.zero_stage=0", *overrides)
+    recipe = plan_recipe(model, "engine.name=megatron", "engine.zero_stage=0", *overrides)
     with pytest.raises(RecipeError) as err:
         check_layout(recipe, world)
     message = str(err.value)
@@ -267,9 +260,9 @@ def test_check_layout_errors_name_the_key_and_the_fix(model, overrides, world, n
 
 
 def test_check_layout_accepts_valid_layouts():
-    check_layout(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.name=megatron", "engine.zero_stage=0",
+    check_layout(plan_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.name=megatron", "engine.zero_stage=0",
                          "parallel.tp=8", "parallel.pp=4", "train.global_batch_size=64"), 64)
-    check_layout(_recipe("google/gemma-2-27b-it", "engine.zero_stage=3", "train.global_batch_size=128"), 32)
+    check_layout(plan_recipe("google/gemma-2-27b-it", "engine.zero_stage=3", "train.global_batch_size=128"), 32)
     check_layout(load_recipe(TINY_HUMANLINE), 2)
 
 
@@ -297,11 +290,7 @@ def test_run_py_plan_flag(monkeypatch, capsys):
     """`launchers/run.py RECIPE --plan` prints the plan (wired in run.py from hl_core.preflight.plan)."""
     monkeypatch.chdir(REPO)
     monkeypatch.delenv("WORLD_SIZE", raising=False)
-    sys.path.insert(0, str(REPO / "launchers"))
-    try:
-        import run
-    finally:
-        sys.path.pop(0)
+    from launchers import run
     assert run.main([str(TINY_HUMANLINE), "--plan"]) == 0
     out = capsys.readouterr().out
     assert "per-GPU memory estimate" in out and "dp=8 tp=1 pp=1" in out
@@ -313,9 +302,9 @@ def test_run_py_plan_flag(monkeypatch, capsys):
 def test_copy_free_reference_holds_no_weights():
     """Look-ahead syncing and a cached frozen reference build no reference model: 0 bytes of it, and a note with
     the CPU memory their log-probs take."""
-    copy = memory_plan(_recipe(), 8)
-    lookahead = memory_plan(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "humanline.reference=auto"), 8)
-    cached = memory_plan(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "humanline.reference=auto",
+    copy = memory_plan(plan_recipe(), 8)
+    lookahead = memory_plan(plan_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "humanline.reference=auto"), 8)
+    cached = memory_plan(plan_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "humanline.reference=auto",
                                  "humanline.sync_every=null", "train.cache_reference_logps=true"), 8)
     assert copy["bytes"]["reference"] > 0
     for plan, mode in ((lookahead, "lookahead"), (cached, "cached")):
@@ -330,11 +319,11 @@ def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gat
     used next, up to stage3_max_live_parameters (1e9) and the one crossing it (plan_peak.zero3_gathered_elements),
     computed here by hand from the shapes. One rank (dp = 1) is not changed (not rehearsed: nothing is partitioned)."""
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
-    plan = memory_plan(_recipe(name, "engine.zero_stage=3"), 8)
+    plan = memory_plan(plan_recipe(name, "engine.zero_stage=3"), 8)
     by, P, L = plan["bytes"], plan["params"], plan["largest_layer_params"]
     assert by["weights_at_rest"] == pytest.approx(2 * P / 8) and by["weights"] == pytest.approx(2 * P / 8 + 2 * L)
     assert by["reduce_buckets"] == 2 * 5e8
-    spec = resolve_spec(_recipe(name).model)
+    spec = resolve_spec(plan_recipe(name).model)
     h, V, i, q, kv = spec.hidden_size, spec.vocab_size, spec.intermediate_size, spec.q_dim, spec.kv_dim
     layer, down = 2 * h * q + 2 * h * kv + 3 * h * i, h * i  # norms (4096 elements) are persistent: not gathered
     # log-prob backward: output layer + layers 31, 30 (9.6e8), layer 29's down projection crosses 1e9 (H100: 1.020e9)
@@ -344,12 +333,12 @@ def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gat
     # backward order: without checkpointing down, up, gate, o (past 1e9); with it down, q, k, v, o, gate, up
     assert not plan["gradient_checkpointing"]
     assert by["gathered_weights_layers"] == 2 * (4 * layer + 2 * down + h * q)
-    ckpt = memory_plan(_recipe(name, "engine.zero_stage=3", "model.gradient_checkpointing=true"), 8)["bytes"]
+    ckpt = memory_plan(plan_recipe(name, "engine.zero_stage=3", "model.gradient_checkpointing=true"), 8)["bytes"]
     assert ckpt["gathered_weights_layers"] == 2 * (5 * layer - down) and ckpt["gathered_weights_logits"] == by[
         "gathered_weights_logits"]
     assert by["phase_logits"] > by["phase_layers"] and by["gathered_weights"] == by["gathered_weights_logits"]
     assert by["resident"] == pytest.approx(2 * P / 8 + 12 * P / 8 + 2 * P / 8 + 2 * 5e8 + by["reference"])
-    small = memory_plan(_recipe(name, "engine.zero_stage=3", "model.config_overrides={num_hidden_layers: 2}"), 8)
+    small = memory_plan(plan_recipe(name, "engine.zero_stage=3", "model.config_overrides={num_hidden_layers: 2}"), 8)
     norms = 2 * spec.norms_per_layer * h + h
     assert small["bytes"]["gathered_weights"] == 2 * (small["params"] - norms)  # every partitioned parameter
     # Gemma 2 (tied embeddings): the output layer is the embedding (2.4e9 bytes, past 1e9 elements alone); a layer's
@@ -359,7 +348,7 @@ def test_zero3_rest_holds_the_partition_and_the_reduce_bucket_and_the_update_gat
     g_layer = 2 * g.hidden_size * (g.q_dim + g.kv_dim) + 3 * g.hidden_size * g.intermediate_size
     assert gemma["gathered_weights_logits"] == 2 * g.vocab_size * g.hidden_size
     assert gemma["gathered_weights_layers"] == 2 * 2 * g_layer
-    one = memory_plan(_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
+    one = memory_plan(plan_recipe(name, "engine.zero_stage=3", "cluster.gpus_per_node=1"), 1)["bytes"]
     assert one["reduce_buckets"] == one["gathered_weights"] == 0 and one["weights_at_rest"] == one["weights"]
 
 
@@ -368,7 +357,7 @@ def test_megatron_cpu_path_steps_the_compute_dtype_shards_without_a_master_copy(
     compute dtype per parameter, no float32 master copy; the GPU path keeps 12 bytes (bf16) per parameter."""
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
     for precision, per_param in (("bf16", 4), ("fp32", 8)):
-        recipe = _recipe(name, "engine.name=megatron", "engine.zero_stage=0", "parallel.tp=2", "parallel.pp=2",
+        recipe = plan_recipe(name, "engine.name=megatron", "engine.zero_stage=0", "parallel.tp=2", "parallel.pp=2",
                          f"engine.precision={precision}")
         cpu = memory_plan(recipe, 8, distributed_optimizer=False, megatron_gpu=False)
         assert cpu["bytes"]["optimizer"] == per_param * cpu["params_per_rank"]

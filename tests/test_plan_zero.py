@@ -3,9 +3,9 @@ ZeRO-1/2 reduce bucket within the backward, ZeRO-2's gradient buffer per rank, Z
 
 import pytest
 
+from helpers import plan_recipe
 from hl_core.models.specs import MODEL_SPECS
 from hl_core.preflight.plan import memory_plan
-from test_plan import _recipe
 
 
 def test_zero12_over_ranks_counts_the_reduce_bucket_within_the_backward():
@@ -13,7 +13,7 @@ def test_zero12_over_ranks_counts_the_reduce_bucket_within_the_backward():
     fp32) adds to the backward's side of the peak over more than one rank; not at rest, not on one rank."""
     name = "meta-llama/Meta-Llama-3-8B-Instruct"
     for stage in (1, 2):
-        recipe = _recipe(name, f"engine.zero_stage={stage}", "model.gradient_checkpointing=true")
+        recipe = plan_recipe(name, f"engine.zero_stage={stage}", "model.gradient_checkpointing=true")
         by = memory_plan(recipe, 8)["bytes"]
         assert by["backward_bucket"] == 2 * 5e8 and by["reduce_buckets"] == 0
         # the bucket exists from the first gradient that is ready to the end of each backward: in a layer's backward
@@ -23,7 +23,7 @@ def test_zero12_over_ranks_counts_the_reduce_bucket_within_the_backward():
         peak = by["resident"] + by["backward_gradients"] + max(by["phase_layers"], by["phase_logits"],
                                                                by["step_gradients"])
         assert by["total"] == pytest.approx(peak)
-        one = memory_plan(_recipe(name, f"engine.zero_stage={stage}", "cluster.gpus_per_node=1"), 1)["bytes"]
+        one = memory_plan(plan_recipe(name, f"engine.zero_stage={stage}", "cluster.gpus_per_node=1"), 1)["bytes"]
         assert one["backward_bucket"] == 0
 
 
@@ -35,7 +35,7 @@ def test_zero2_gradient_buffer_holds_the_overlapping_parameters_whole_and_tied_o
     name = "Qwen/Qwen2.5-1.5B-Instruct"
     spec = MODEL_SPECS[name]
     V, h, P = spec.vocab_size, spec.hidden_size, spec.num_params()
-    recipe = _recipe(name, "engine.zero_stage=2", "model.gradient_checkpointing=true")
+    recipe = plan_recipe(name, "engine.zero_stage=2", "model.gradient_checkpointing=true")
     rank0 = memory_plan(recipe, 8, dp_rank=0)["bytes"]
     assert V * h > P / 8  # 233M > 193M: rank 0's range lies inside the embedding
     # plus its overlap of the other group (norms and biases, no weight decay): 1/8 of them, cut at a tensor's end
@@ -52,7 +52,7 @@ def test_zero2_gradient_buffer_holds_the_overlapping_parameters_whole_and_tied_o
                                               for r in range(8))
     assert rank0["phase_layers"] == pytest.approx(rank0["backward_bucket"] + rank0["activations_checkpointed"]
                                                   + 2 * V * h)  # the tied output layer's gradient
-    untied = memory_plan(_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=2",
+    untied = memory_plan(plan_recipe("Qwen/Qwen2.5-7B-Instruct", "engine.zero_stage=2",
                                  "model.gradient_checkpointing=true"),
                          8, dp_rank=0)["bytes"]
     assert untied["phase_layers"] == pytest.approx(untied["backward_bucket"] + untied["activations_checkpointed"])
@@ -72,9 +72,9 @@ def test_zero3_step_holds_one_sub_groups_flat_copies():
     assert zero3_largest_sub_group(spec, 8, 1e12) == whole  # one sub-group: the whole partition of the matrices
     sub_group = zero3_largest_sub_group(spec, 8, 1e9)
     assert 1e9 <= sub_group < 1e9 + max(partitions) and sub_group <= whole
-    bf16 = memory_plan(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.zero_stage=3"), 8)
+    bf16 = memory_plan(plan_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.zero_stage=3"), 8)
     assert bf16["bytes"]["step_gradients"] == 6 * sub_group
     assert bf16["bytes"]["master_gradients"] == 4 * bf16["params"] / 8  # the whole partition's, the CPU step's base
-    fp32 = memory_plan(_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.zero_stage=3", "engine.precision=fp32"),
-                       8)
+    fp32 = memory_plan(plan_recipe("meta-llama/Meta-Llama-3-8B-Instruct", "engine.zero_stage=3",
+                                   "engine.precision=fp32"), 8)
     assert fp32["bytes"]["step_gradients"] == 4 * sub_group

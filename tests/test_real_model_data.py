@@ -12,9 +12,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from real_model import REFERENCE, missing_reason
+from real_model import REFERENCE
 
-pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+pytestmark = pytest.mark.usefixtures("real_model")  # a skip without the package; under CI=true a failure
 
 PROMPT = "Describe the road."
 CHOSEN, REJECTED = "The road is warm and wide.", "It is a cold road."

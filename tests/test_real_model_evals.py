@@ -12,10 +12,9 @@ import math
 import pytest
 
 from helpers import REPO
-from real_model import missing_reason, real_model_dir
+from real_model import real_model_dir
 
-pytestmark = [pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason())),
-              pytest.mark.usefixtures("no_network")]
+pytestmark = pytest.mark.usefixtures("real_model", "no_network")
 FIXTURES = REPO / "tests" / "fixtures" / "real"
 FACTS = {"capital of France": ("paris",), "largest planet": ("jupiter",), "color is the sky": ("blue",),
          "days are in a week": ("seven", "7"), "opposite of hot": ("cold",), "says meow": ("cat",)}

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from helpers import REPO, run_torchrun
-from real_model import missing_reason, real_model_dir
+from real_model import real_model_dir
 
-pytestmark = pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+pytestmark = pytest.mark.usefixtures("real_model")  # a skip without the package; under CI=true a failure
 DPO = REPO / "recipes/real/smollm2_humanline_dpo.yaml"
 
 

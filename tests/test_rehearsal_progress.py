@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from helpers import TINY_HUMANLINE
+from helpers import TINY_HUMANLINE, rehearse
 from hl_core.rehearsal.inputs import DEFAULT_CPU_MICRO_BATCHES, micro_batch_cap
 from hl_core.rehearsal.run import micro_batch_words, progress_line
-from test_rehearsal import _rehearse
 
 
 @pytest.mark.parametrize("requested, on_cpu, pp, cap", [
@@ -33,12 +32,12 @@ def test_cpu_default_runs_four_micro_batches_scaled_and_says_so(tmp_path):
     overrides = ("engine.zero_stage=2", "cluster.gpus_per_node=4", "train.global_batch_size=256")
     for name in ("default", "all"):
         (tmp_path / name).mkdir()
-    result, stdout = _rehearse(tmp_path / "default", TINY_HUMANLINE, 1, *overrides)
+    result, stdout = rehearse(tmp_path / "default", TINY_HUMANLINE, 1, *overrides)
     assert (result["micro_batches"], result["accumulation"]) == (4, 8), result
     assert "gradient accumulation 8 -> 4 micro-batches per update" in stdout
     assert "`--rehearse-micro-batches all` runs all 8" in stdout
     assert "rehearsal rank 1 of 4: building the engine" in stdout
     for line in ("update 1 of 3 (warm-up), micro-batch 4 of 4", "update 2 of 3 (measured), micro-batch 4 of 4"):
         assert f"rehearsal rank 1 of 4: {line}" in stdout, stdout[-3000:]
-    full, stdout = _rehearse(tmp_path / "all", TINY_HUMANLINE, 1, *overrides, "--rehearse-micro-batches", "all")
+    full, stdout = rehearse(tmp_path / "all", TINY_HUMANLINE, 1, *overrides, "--rehearse-micro-batches", "all")
     assert (full["micro_batches"], full["accumulation"]) == (8, 8) and "micro-batch 8 of 8" in stdout

@@ -122,7 +122,9 @@ def test_bootstrap_rejects_empty():
     ((0.4, 0.5), (0.5, 0.6), "not resolved"),  # touching: a.hi == b.lo
 ])
 def test_verdict(a, b, expected):
-    as_ci = lambda lo_hi: {"mean": sum(lo_hi) / 2, "lo": lo_hi[0], "hi": lo_hi[1], "n": 3}
+    def as_ci(lo_hi):
+        return {"mean": sum(lo_hi) / 2, "lo": lo_hi[0], "hi": lo_hi[1], "n": 3}
+
     assert verdict(as_ci(a), as_ci(b)) == expected
 
 

@@ -165,7 +165,9 @@ def test_resume_never_in_a_used_directory_is_refused_or_overwrites(tmp_path, cap
     proc = run_recipe(TINY_HUMANLINE, [*common, "checkpoint.overwrite=true", *FAST])
     assert "`checkpoint.overwrite`: deleted the other run's step_10, final" in proc.stdout
     assert sorted(p.name for p in (out / "checkpoints").glob("step_*")) == ["step_2", "step_3"]  # rotation: its own
-    assert proc.stdout.strip().splitlines()[-1] == f"outputs: {out}/metrics.jsonl, checkpoints/"  # no final/
+    outputs, plot = proc.stdout.strip().splitlines()[-2:]
+    assert outputs == f"outputs: {out}/metrics.jsonl, checkpoints/"  # no final/
+    assert plot == f"plot: python -m eval.report {out} -o {out}/report"
     summary = json.loads((out / "summary.json").read_text())
     assert summary["version"] and len(summary["git_commit"] or "") == 40 and summary["exit_code"] == 0
 

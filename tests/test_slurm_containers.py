@@ -15,13 +15,8 @@ from pathlib import Path
 import pytest
 
 from helpers import REPO
-
-sys.path.insert(0, str(REPO / "launchers"))
-import slurm  # noqa: E402
-
-sys.path.pop(0)
-
 from hl_core.errors import UserError  # noqa: E402
+from launchers import slurm  # noqa: E402
 from launchers.containers import IMAGE_HOME, parse_image  # noqa: E402
 
 SLURM_PY = REPO / "launchers" / "slurm.py"

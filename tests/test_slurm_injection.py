@@ -11,13 +11,8 @@ import sys
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, start_model_overrides
-
-sys.path.insert(0, str(REPO / "launchers"))
-import slurm  # noqa: E402
-
-sys.path.pop(0)
-
 from hl_core.errors import UserError  # noqa: E402
+from launchers import slurm  # noqa: E402
 
 SLURM_PY = REPO / "launchers" / "slurm.py"
 

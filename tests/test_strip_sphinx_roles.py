@@ -7,11 +7,7 @@ import subprocess
 import sys
 
 from helpers import REPO
-
-sys.path.insert(0, str(REPO / "tools"))
-import strip_sphinx_roles as strip  # noqa: E402
-
-sys.path.pop(0)
+from tools import strip_sphinx_roles as strip  # noqa: E402
 
 ROLE, FUNC, METH = ":" + "class:", ":" + "func:", ":" + "meth:"  # (split: this file's own text holds no role)
 

@@ -32,13 +32,9 @@ from pathlib import Path
 
 import pytest
 
+from capabilities import missing, require
 from helpers import REPO, TINY_HUMANLINE, _env, assert_same_rows, read_jsonl, run_recipe
 from slurm_cluster import LocalSlurm, ensure_slurm_installed
-
-pytestmark = pytest.mark.skipif(
-    os.geteuid() != 0 or any(shutil.which(tool) is None for tool in ("ip", "unshare", "nsenter")),
-    reason="two network hosts need root, iproute2 (`ip netns`) and util-linux (`unshare`, `nsenter`)",
-)
 
 TIMING = {"step_time_s", "sync_time_s", "tokens_per_s", "train_time_s", "rollout_time_s"}
 OVERRIDES = ["engine.zero_stage=3", "train.max_steps=3", "eval.every=null", "checkpoint.save_every=null",
@@ -114,9 +110,10 @@ def _namespaces_refused() -> str:
 
 @pytest.fixture(scope="module")
 def two_hosts():
-    refused = _namespaces_refused()
-    if refused:
-        pytest.skip(f"two network hosts need namespaces: {refused}")
+    if os.geteuid() != 0 or any(shutil.which(tool) is None for tool in ("ip", "unshare", "nsenter")):
+        missing("network namespaces", "two network hosts need root, iproute2 (`ip netns`) and util-linux "
+                "(`unshare`, `nsenter`)")
+    require("network namespaces", _namespaces_refused())
     hosts = TwoHosts()
     try:
         yield hosts.open()

@@ -9,6 +9,7 @@ Per page it reports:
 - ``inline_lists``: a paragraph holding a Markdown list item that did not become a list (``... - **refused** ...``);
 - ``console``: console errors, uncaught exceptions, failed loads;
 - ``wide_code``: code blocks wider than their column (content cut off, or a horizontal scroll bar);
+- ``broken_code``: inline code wrapped inside a token (a line break between two non-space characters);
 - ``argument_tables``: how many parameter tables an API page renders; ``nav``: the pages the navigation links to.
 
 Usage: ``python tools/docs_browser.py SITE_DIR OUT_DIR [PAGE ...]`` (pages relative to the site, e.g.
@@ -56,6 +57,26 @@ PROBE = r"""
       return code.scrollWidth > code.clientWidth + 1 || pre.scrollWidth > pre.clientWidth + 1;
     }).map(pre => ({width: (pre.querySelector("code") || pre).scrollWidth, column: pre.clientWidth,
                     first: pre.textContent.split("\n").sort((a, b) => b.length - a.length)[0].slice(0, 100)}));
+  const brokenAt = (code) => {  // where the line wraps inside a token: between two non-space characters
+    if (code.getClientRects().length < 2) return null;
+    const text = code.textContent, range = document.createRange();
+    let top = null, offset = 0;
+    const walker = document.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    for (let n = walker.nextNode(); n; n = walker.nextNode()) {
+      for (let i = 0; i < n.length; i++, offset++) {
+        range.setStart(n, i);
+        range.setEnd(n, i + 1);
+        const rect = range.getClientRects()[0];
+        if (!rect || !rect.width) continue;
+        if (top !== null && rect.top > top + 1 && /\S/.test(text[offset - 1] || " ") && /\S/.test(text[offset]))
+          return text.slice(Math.max(0, offset - 30), offset) + "|" + text.slice(offset, offset + 30);
+        top = rect.top;
+      }
+    }
+    return null;
+  };
+  const broken = [...article.querySelectorAll("code")].filter(c => !c.closest("pre")).map(brokenAt)
+    .filter(Boolean);
   const nav = [...document.querySelectorAll("nav.md-nav--primary a.md-nav__link[href]")]
     .map(a => new URL(a.getAttribute("href"), location.href).pathname);
   return {
@@ -63,6 +84,7 @@ PROBE = r"""
     raw: around(/:(py:)?(class|func|meth|attr|mod|data|exc|obj):/g).concat(around(/\*\*/g)),
     inline_lists: inline,
     wide_code: wide,
+    broken_code: broken,
     argument_tables: article.querySelectorAll("table.field-list, .doc-section-parameters, table").length &&
       [...article.querySelectorAll("table")].filter(t => /Name/.test(t.querySelector("th")?.textContent || "")
         && /Description/.test(t.textContent)).length,

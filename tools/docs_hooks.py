@@ -6,7 +6,11 @@
   to the 4 columns Python-Markdown needs, so a table, code block or second paragraph inside an item stays in it and
   the next item is not run into the previous paragraph (GitHub renders both forms alike);
 - a fenced code block whose lines all share extra indentation (a snippet cut out of a function body) is dedented,
-  so it starts at the column's left edge instead of running off its right one."""
+  so it starts at the column's left edge instead of running off its right one;
+
+and one HTML rewrite after it is rendered: each space-free run of inline code (outside code blocks) is kept on one
+line (``<span class="nobreak">``), so inline code wraps only where it has a space, never inside a token.
+(The API pages' signatures are code blocks, formatted one argument a line by ruff.)"""
 
 from __future__ import annotations
 
@@ -90,6 +94,29 @@ def dedent_fences(markdown: str) -> str:
         out += lines[end:end + 1]  # the closing fence
         i = end + 1
     return "\n".join(out)
+
+
+_INLINE_CODE = re.compile(r"<code>([^<]*)</code>")  # inline code holds text only; code blocks hold highlighting spans
+_PRE = re.compile(r"<pre[\s>].*?</pre>", re.S)
+
+
+def unbreakable_tokens(html: str) -> str:
+    """``html`` with every space-free run of inline code inside ``<span class="nobreak">`` (CSS: no wrapping
+    inside it); code blocks (``<pre>``) unchanged."""
+    def inline(match):
+        tokens = re.split(r"(\s+)", match.group(1))
+        return "<code>" + "".join(t if not t or t.isspace() else f'<span class="nobreak">{t}</span>'
+                                  for t in tokens) + "</code>"
+
+    pieces, start = [], 0
+    for block in _PRE.finditer(html):
+        pieces += [_INLINE_CODE.sub(inline, html[start:block.start()]), block.group(0)]
+        start = block.end()
+    return "".join(pieces) + _INLINE_CODE.sub(inline, html[start:])
+
+
+def on_page_content(html, page=None, config=None, files=None, **_):
+    return unbreakable_tokens(html)
 
 
 def on_page_markdown(markdown, page=None, config=None, files=None, **_):

@@ -12,11 +12,15 @@ are available) the length-controlled win rate.
 * Judging (`eval.alpaca.judges`): ``alpaca_eval.main.evaluate`` with an API annotator config, or with
   a local annotator wrapping a reward model (e.g. ArmoRM) or a Python callable.
 * Metrics: alpaca_eval's ``get_winrate`` (``win_rate`` in percent, ``standard_error``,
-  ``discrete_win_rate``, counts) always; ``get_length_controlled_winrate`` when its GLM inputs are
-  available: the ``df_gamed.csv`` table of the ``tatsu-lab/alpaca_eval`` hub repo (downloaded or cached, or
-  given with ``lc_data``) and an instruction set of the size that table covers (it indexes instructions by
-  position: the full 805). Otherwise ``length_controlled_winrate`` is null and ``length_controlled_note``
-  says why; ``headline`` names the number that was computed.
+  ``discrete_win_rate``, counts) always; ``get_length_controlled_winrate`` when its GLM can be fitted on these
+  annotations (`eval.alpaca.length_control`): the ``df_gamed.csv`` table of the ``tatsu-lab/alpaca_eval`` hub repo
+  (downloaded or cached, or given with ``lc_data``), and annotations of one model against one baseline with an output
+  and a preference for every instruction of the set the table covers, once each, in its order (the GLM reads an
+  instruction's difficulty by its row). Otherwise ``length_controlled_winrate`` is null and
+  ``length_controlled_reasons`` holds one sentence per cause (also logged; ``length_controlled_note`` joins them);
+  ``headline`` names the number that was computed.
+* Given outputs (``model_outputs``): an instruction without an output is left out of the win rate and named in
+  ``generation.missing_outputs`` (and in the length-controlled rate's reasons).
 
 Writes ``alpaca_eval.json`` (the result), ``alpaca_model_outputs.json`` (alpaca_eval's model-outputs
 format) and ``alpaca_annotations.json`` under ``output_dir``.
@@ -24,24 +28,22 @@ format) and ``alpaca_annotations.json`` under ``output_dir``.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from .._common import EvalError, is_offline, looks_local, read_rows, seed_everything, version_of, write_json
 from .judges import DEFAULT_API_JUDGE, ApiJudge, LocalAnnotator, make_judge
+from .length_control import HUB_REPO, InstructionSet, make_metric_fn
+
+__all__ = ["run_alpaca_eval", "make_metric_fn", "InstructionSet", "load_instructions", "judge_outputs"]
 
 log = logging.getLogger(__name__)
 
-HUB_REPO = "tatsu-lab/alpaca_eval"
 HUB_CONFIG = "alpaca_eval_gpt4_baseline"
-LC_FILE = "df_gamed.csv"
 DEFAULT_JUDGE = f"api:{DEFAULT_API_JUDGE}"
-LC_MODES = ("auto", "off")
 
 
 # --------------------------------------------------------------------------------------------- data
@@ -173,86 +175,6 @@ def generate_outputs(
 # --------------------------------------------------------------------------------------------- metrics
 
 
-def _lc_table(lc_data: Optional[str]) -> Tuple[Optional[str], str]:
-    if lc_data is not None:
-        if not os.path.isfile(lc_data):
-            return None, f"not computed: lc_data `{lc_data}` does not exist"
-        return lc_data, ""
-    try:
-        from huggingface_hub import hf_hub_download
-
-        path = hf_hub_download(repo_id=HUB_REPO, filename=LC_FILE, repo_type="dataset", local_files_only=is_offline())
-        return path, ""
-    except Exception as exc:
-        return None, (
-            f"not computed: the length-control GLM inputs ({HUB_REPO}/{LC_FILE}) are not available "
-            f"({type(exc).__name__}); offline runs need a cached copy or lc_data=PATH"
-        )
-
-
-@contextlib.contextmanager
-def _local_hub_file(module, path: str):
-    """Make ``module.hf_hub_download`` return ``path`` (alpaca_eval's GLM reads df_gamed.csv through it)."""
-    saved = module.hf_hub_download
-    module.hf_hub_download = lambda *a, **k: path
-    try:
-        yield
-    finally:
-        module.hf_hub_download = saved
-
-
-def make_metric_fn(length_controlled: str = "auto", lc_data: Optional[str] = None):
-    """``fn(annotations) -> metrics`` for ``alpaca_eval.main.evaluate(fn_metric=...)``; ``fn.info`` records
-    whether the length-controlled win rate was computed and why not."""
-    import pandas as pd
-    from alpaca_eval import metrics as ae_metrics
-
-    if length_controlled not in LC_MODES:
-        raise EvalError(f"length_controlled `{length_controlled}` is not known; use one of {', '.join(LC_MODES)}.")
-    info: Dict[str, Any] = {"computed": False, "note": ""}
-
-    def fn(annotations) -> Dict[str, Any]:
-        df = pd.DataFrame(list(annotations)) if not isinstance(annotations, pd.DataFrame) else annotations
-        df = df.reset_index(drop=True)
-        out = dict(ae_metrics.get_winrate(df))
-        out["length_controlled_winrate"] = None
-        out["lc_standard_error"] = None
-        if length_controlled == "off":
-            info["note"] = "not computed: length_controlled=off"
-            return out
-        path, note = _lc_table(lc_data)
-        if path is None:
-            info["note"] = note
-            return out
-        try:
-            n_lc = int(pd.read_csv(path)["index"].nunique())
-        except Exception as exc:
-            info["note"] = f"not computed: cannot read the GLM table {path} ({exc})"
-            return out
-        if len(df) != n_lc:
-            info["note"] = (
-                f"not computed: the length-control GLM's instruction-difficulty table covers {n_lc} instructions "
-                f"(by position) and this run has {len(df)}; LC needs the full AlpacaEval set in its order"
-            )
-            return out
-        try:
-            from alpaca_eval.metrics import glm_winrate
-
-            with _local_hub_file(glm_winrate, path):
-                lc = glm_winrate.get_length_controlled_winrate(df, save_weights_dir=None)
-        except Exception as exc:  # the GLM fit can fail on degenerate inputs
-            info["note"] = f"not computed: alpaca_eval's GLM failed ({type(exc).__name__}: {exc})"
-            return out
-        out["length_controlled_winrate"] = lc["length_controlled_winrate"]
-        out["lc_standard_error"] = lc["lc_standard_error"]
-        info["computed"] = True
-        info["note"] = f"computed with alpaca_eval's length_controlled_v1 GLM ({path})"
-        return out
-
-    fn.info = info
-    return fn
-
-
 # --------------------------------------------------------------------------------------------- run
 
 
@@ -265,8 +187,10 @@ def judge_outputs(
     length_controlled: str = "auto",
     lc_data: Optional[str] = None,
     cache_path: Optional[str] = None,
+    instructions: Optional[InstructionSet] = None,
 ) -> Tuple[Dict[str, Any], List[Dict[str, Any]], Dict[str, Any]]:
-    """``(metrics, annotations, lc_info)`` from ``alpaca_eval.main.evaluate``."""
+    """``(metrics, annotations, lc_info)`` from ``alpaca_eval.main.evaluate``; ``instructions``: the set the run
+    evaluates, which the length-controlled rate's guard checks the annotations against (`length_control`)."""
     import pandas as pd
 
     from .compat import import_alpaca_eval
@@ -274,7 +198,7 @@ def judge_outputs(
     import_alpaca_eval()
     from alpaca_eval import main as ae_main
 
-    metric_fn = make_metric_fn(length_controlled, lc_data)
+    metric_fn = make_metric_fn(length_controlled, lc_data, instructions)
     kwargs: Dict[str, Any] = dict(
         model_outputs=pd.DataFrame(model_outputs),
         reference_outputs=pd.DataFrame(reference_outputs),
@@ -338,7 +262,11 @@ def run_alpaca_eval(
     """
     t0 = time.time()
     out_dir = Path(output_dir) if output_dir is not None else None
-    rows, data_label = load_instructions(data, hub_config, limit)
+    all_rows, data_label = load_instructions(data, hub_config)
+    rows = all_rows[: int(limit)] if limit is not None else all_rows
+    if not rows:
+        raise EvalError(f"{data_label}: `limit={limit}` leaves no AlpacaEval instruction. Fix: a limit of at least 1.")
+    instruction_set = InstructionSet(tuple(r["instruction"] for r in all_rows), f"`{data_label}`", limit)
     refs = attach_references(rows, reference_outputs)
     generator = generator_name or default_generator_name(model if model is not None else "model")
 
@@ -348,6 +276,7 @@ def run_alpaca_eval(
     judge_obj = None if loads_a_model else make_judge(judge, **judge_args)  # an API judge's credentials, first
     if model_outputs is not None:
         outputs, generation = _given_outputs(rows, model_outputs, generator)
+        refs = [ref for ref in refs if ref["instruction"] in {o["instruction"] for o in outputs}]
     else:
         if model is None:
             raise EvalError("AlpacaEval needs a model to generate with, or model_outputs.")
@@ -363,7 +292,7 @@ def run_alpaca_eval(
     cache = str(out_dir / "alpaca_annotator_cache.json") if out_dir is not None else None
     metrics, annotations, lc_info = judge_outputs(
         outputs, refs, judge_obj, generator=generator, length_controlled=length_controlled, lc_data=lc_data,
-        cache_path=cache,
+        cache_path=cache, instructions=instruction_set,
     )
     result = _result(metrics, lc_info, generator=generator, model=model, data_label=data_label, rows=rows,
                      limit=limit, refs=refs, judge=judge_obj.describe(), generation=generation)
@@ -377,17 +306,26 @@ def run_alpaca_eval(
 
 
 def _given_outputs(rows: List[Dict[str, Any]], model_outputs: str, generator: str) -> Tuple[list, Dict[str, Any]]:
-    """The model's outputs read from ``model_outputs`` (one per instruction, matched by its text)."""
-    by_instr = {r["instruction"]: r for r in read_rows(model_outputs)}
-    missing = [r["instruction"] for r in rows if r["instruction"] not in by_instr]
+    """The model's outputs read from ``model_outputs`` (matched to the instructions by their text). Instructions
+    without an output string are judged without it: the win rate covers the others, ``generation.missing_outputs``
+    names them, and the length-controlled rate says why it is not computed."""
+    given = {r.get("instruction"): r.get("output") for r in read_rows(model_outputs) if isinstance(r, dict)}
+    outputs, missing = [], []
+    for i, r in enumerate(rows):
+        output = given.get(r["instruction"])
+        if isinstance(output, str):
+            outputs.append({"instruction": r["instruction"], "output": output, "generator": generator,
+                            "dataset": r.get("dataset", "")})
+        else:
+            missing.append({"position": i + 1, "instruction": r["instruction"]})
+    if not outputs:
+        raise EvalError(f"{model_outputs}: no model output (an `output` string) for any of the {len(rows)} "
+                        f"instructions. Fix: one row per instruction with `instruction` (its exact text) and `output`.")
     if missing:
-        raise EvalError(f"{model_outputs}: no model output for {len(missing)} instruction(s).")
-    outputs = [
-        {"instruction": r["instruction"], "output": str(by_instr[r["instruction"]]["output"]),
-         "generator": generator, "dataset": r.get("dataset", "")}
-        for r in rows
-    ]
-    return outputs, {"source": str(model_outputs)}
+        log.warning("AlpacaEval: %s has no model output for %d of the %d instructions (#%s); they are left out of "
+                    "the win rate.", model_outputs, len(missing), len(rows),
+                    ", #".join(str(m["position"]) for m in missing[:10]))
+    return outputs, {"source": str(model_outputs), "missing_outputs": missing}
 
 
 def _generate(model, rows: List[Dict[str, Any]], generator: str, sampling: Dict[str, Any], *, backend: str,
@@ -434,5 +372,6 @@ def _result(metrics: Dict[str, Any], lc_info: Dict[str, Any], *, generator: str,
         "computed": computed,
         "headline": computed[-1],
         "length_controlled_note": lc_info["note"],
+        "length_controlled_reasons": lc_info["reasons"],
         "alpaca_eval_version": version_of("alpaca_eval"),
     }

@@ -10,10 +10,14 @@ Result (``math500.json``)::
 
     {"task": "math500", "pass@1": 0.55, "pass@1_std": 0.02, "pass@1_per_sample": [...], "pass@n": 0.7,
      "n_problems": 500, "n_samples": 4, "sampling": {...}, "prompt": "r1", "chat_template": true,
-     "backend": "hf", "model": "...", "data": {...}, "scorer": "math-verify 0.9.0", ...}
+     "backend": "hf", "model": "...", "data": {...}, "scorer": "hl_math500 answer rule + math-verify 0.9.0",
+     "scorer_versions": {"math-verify": "0.9.0", "latex2sympy2_extended": "1.11.0",
+                         "antlr4-python3-runtime": "4.13.2", "sympy": "1.14.0"}, ...}
 
 ``pass@1_std`` is the population std (ddof 0) across the n samples of each sample's pass@1 (0 for n = 1).
-Per-problem completions and verdicts go to ``math500_samples.jsonl``.
+Per-problem completions and verdicts go to ``math500_samples.jsonl``. Answers are checked by the rule of
+``tasks/answer.py`` (the last boxed answer or answer tag, in normal form) and math-verify, with the LaTeX parser
+runtime pinned (``tasks/utils.py``: another one is refused, `check_scorer_runtime`).
 """
 
 from __future__ import annotations
@@ -156,6 +160,7 @@ def run_math500(
     from ..lm import check_generation_room, make_lm
 
     t0 = time.time()
+    check_scorer_runtime()
     cfg = task_config(data, split, n_samples, temperature, top_p, max_new_tokens, prompt)
     lm = make_lm(model, backend, batch_size=batch_size, dtype=dtype, seed=seed, backend_kwargs=backend_kwargs)
     backend_used = _backend_label(lm)
@@ -194,7 +199,8 @@ def run_math500(
             "split": split if not (data and looks_local(data)) else "test",
             "limit": limit,
         },
-        "scorer": f"math-verify {version_of('math-verify')}",
+        "scorer": f"hl_math500 answer rule + math-verify {version_of('math-verify')}",
+        "scorer_versions": utils.scorer_versions(),
         "lm_eval_version": version_of("lm_eval"),
         "wall_s": round(time.time() - t0, 3),
     }
@@ -205,6 +211,16 @@ def run_math500(
         result["files"] = {"samples": "math500_samples.jsonl"}
         write_json(out_dir / "math500.json", result)
     return result
+
+
+def check_scorer_runtime() -> None:
+    """`EvalError` (one paragraph: which runtime, the fix) unless the pinned LaTeX parser runtime is installed; before
+    anything imports math_verify (latex2sympy2_extended picks its parser by the runtime's version at import)."""
+    from .tasks import utils
+
+    problem = utils.parser_runtime_problem()
+    if problem is not None:
+        raise EvalError(problem)
 
 
 def _uses_chat_template(lm, chat_template: Union[str, bool], prompt: str) -> bool:

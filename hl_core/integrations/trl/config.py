@@ -113,17 +113,17 @@ class HumanlineArguments:
 
 @dataclass
 class HumanlineDPOConfig(HumanlineArguments, DPOConfig):
-    __doc__ = f"TRL's `DPOConfig` with humanline's fields.\n{HumanlineArguments.__doc__}"
+    """TRL's `DPOConfig` with humanline's fields (`HumanlineArguments`)."""
 
 
 @dataclass
 class HumanlineKTOConfig(HumanlineArguments, KTOConfig):
-    __doc__ = f"TRL's `KTOConfig` with humanline's fields.\n{HumanlineArguments.__doc__}"
+    """TRL's `KTOConfig` with humanline's fields (`HumanlineArguments`)."""
 
 
 @dataclass
 class HumanlineGRPOConfig(HumanlineArguments, GRPOConfig):
-    __doc__ = f"TRL's `GRPOConfig` with humanline's fields.\n{HumanlineArguments.__doc__}"
+    """TRL's `GRPOConfig` with humanline's fields (`HumanlineArguments`)."""
 
 
 CONFIGS = {"DPOTrainer": HumanlineDPOConfig, "KTOTrainer": HumanlineKTOConfig, "GRPOTrainer": HumanlineGRPOConfig}

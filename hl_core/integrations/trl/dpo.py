@@ -19,7 +19,9 @@ TOKEN_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 
 class HumanlineDPOTrainer(HumanlineMixin, DPOTrainer):
-    """TRL's ``DPOTrainer`` with humanline clipping (``transform``) and syncing (``schedule``).
+    """TRL's ``DPOTrainer`` with humanline clipping and syncing: set by ``HumanlineDPOConfig``'s fields (with
+    ``humanline=False``, TRL's own trainer), or with TRL's ``DPOConfig`` by ``transform=`` and ``schedule=``
+    (``HumanlineMixin``).
 
     A training set that already holds ``prompt_ids``, ``chosen_ids`` and ``rejected_ids`` is used as is (no chat
     template, no EOS added), so the same token ids can be fed to TRL and to another trainer.

@@ -53,7 +53,9 @@ def _scores_in_the_data(completions, **kwargs):
 
 
 class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
-    """TRL's ``GRPOTrainer`` with humanline clipping (``transform``) and syncing (``schedule``).
+    """TRL's ``GRPOTrainer`` with humanline clipping and syncing: set by ``HumanlineGRPOConfig``'s fields (with
+    ``humanline=False``, TRL's own trainer), or with TRL's ``GRPOConfig`` by ``transform=`` and ``schedule=``
+    (``HumanlineMixin``).
 
     Extra keyword arguments: ``ref_model`` (the reference; default: a copy of the policy) and ``advantage_eps``
     (offline groups' advantages, default 1e-4). Offline groups need no reward function (``reward_funcs=[]``).

@@ -6,6 +6,7 @@ same resume with the reference shards left out when the sync state is loaded (th
 weights) gives other losses, so the comparison can fail."""
 
 import math
+import shutil
 
 import pytest
 import torch
@@ -13,6 +14,8 @@ import torch
 from trl_common import STEPS, trl_run
 
 pytest.importorskip("trl")
+
+from hl_core.integrations.trl.checkpoint import digest  # noqa: E402
 
 K, SAVE, NPROC = 3, 4, 2
 ZERO3 = ("--zero", "3", "--persist-below", "1000", "--save-steps", str(SAVE))
@@ -84,6 +87,17 @@ def test_dpo_resumed_under_zero3_gives_the_uninterrupted_losses_and_the_control_
     for w, c in zip(whole, control):  # each rank's reference is back to its initial partition
         assert c["restores"][0]["ref_checksum"] == pytest.approx(w["hooks"][0]["ref_begin"], abs=1e-9)
     assert gap(whole, control, slice(SAVE, SAVE + 2)) > 1e-4, (losses(whole), losses(control))
+
+    damaged = tmp_path / "damaged"  # a NaN in rank 1's shards only: both ranks refuse, neither trains on alone
+    shutil.copytree(checkpoint, damaged)
+    sync_file = damaged / "humanline_sync_rank1.pt"
+    payload = torch.load(sync_file, weights_only=True)
+    del payload["checksum"]
+    next(iter(payload["sync"]["reference_shards"].values())).view(-1)[0] = float("nan")
+    torch.save({**payload, "checksum": digest(payload)}, sync_file)
+    refusals = [report["refused"] for report in run("dpo", weights, tmp_path, "damaged", damaged, "--expect-refusal")]
+    assert "NaN or inf" in refusals[1] and "rank(s) [1] refused it" in refusals[0], refusals
+    assert all("\n" not in message for message in refusals)
 
 
 @pytest.mark.parametrize("kind", ["kto", "grpo"])

@@ -53,6 +53,8 @@ parser.add_argument("--lora-seed", type=int, default=None, help="a LoRA policy, 
 parser.add_argument("--save-steps", type=int, default=None)
 parser.add_argument("--resume", default=None)
 parser.add_argument("--batch", type=int, default=None, help="rows per process per update (default: the trainer's)")
+parser.add_argument("--expect-refusal", action="store_true",
+                    help="the resume is to be refused: write the refusal (a UserError's message) to the report")
 parser.add_argument("--initial-reference", action="store_true",
                     help="the control: resume without the checkpoint's reference shards (the initial reference)")
 args = parser.parse_args()
@@ -186,6 +188,16 @@ trainer = build(args.trainer, Path(args.model), args.steps, transform,
                 SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out, save_steps=args.save_steps,
                 lr=args.lr, lora_seed=args.lora_seed, batch=args.batch)
 trainer.add_callback(probe)
+if args.expect_refusal:
+    from hl_core.errors import UserError
+
+    try:
+        trainer.train(resume_from_checkpoint=args.resume)
+        refusal = None
+    except UserError as exc:
+        refusal = str(exc)
+    Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"refused": refusal}))
+    sys.exit(0)
 trainer.train(resume_from_checkpoint=args.resume)
 Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,
                                                               "hooks": probe.rows, "restores": restores}))

@@ -88,10 +88,28 @@ class HumanlineMixin:
                     f"({self.args.output_dir}). Fix: point `resume_from_checkpoint` at a checkpoint folder, or leave "
                     "it unset for a fresh run.")
         if resume_from_checkpoint not in (None, False):
-            resume = ckpt.read_resume(self, resume_from_checkpoint)
+            resume = self._agreed(lambda: ckpt.read_resume(self, resume_from_checkpoint), resume_from_checkpoint)
             if self.humanline_sync is not None:
                 self.humanline_sync.restore(resume)
         return super().train(resume_from_checkpoint or None, *args, **kwargs)
+
+    def _agreed(self, read, checkpoint):
+        """``read()`` on every rank; a refusal on any rank refuses on all (one gather), so no rank trains on alone
+        and waits for the others forever."""
+        try:
+            result, refusal = read(), None
+        except HumanlineTrlSettingError as exc:
+            result, refusal = None, exc
+        if self.args.world_size > 1:
+            refused = self.accelerator.gather(torch.tensor([refusal is not None], device=self.accelerator.device))
+            ranks = [rank for rank, flag in enumerate(refused.tolist()) if flag]
+            if refusal is None and ranks:
+                refusal = HumanlineTrlSettingError(
+                    f"cannot resume from `{checkpoint}`: rank(s) {ranks} refused it (their message names the file and "
+                    "why). Nothing was loaded. Fix: the one their message names.")
+        if refusal is not None:
+            raise refusal
+        return result
 
     def create_scheduler(self, *args, **kwargs):
         """TRL's; then, under DeepSpeed, the engine's checkpoint loads made weights-only (transformers prepares the

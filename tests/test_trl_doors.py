@@ -252,6 +252,32 @@ def test_a_damaged_checkpoint_is_refused_in_one_paragraph_and_nothing_changes(da
     assert snapshot(trainer) == before
 
 
+@pytest.fixture(scope="module")
+def trained_sampling(weights, tmp_path_factory):
+    """As ``trained``, with humanline sampling: its checkpoint holds the generators' state."""
+    out = tmp_path_factory.mktemp("trained_sampling")
+    trainer = dpo(weights, out, schedule=SyncSchedule(every=K), transform=SampleTransform(seed=3),
+                  args={"max_steps": SAVE, "save_strategy": "steps", "save_steps": SAVE})
+    trainer.train()
+    return trainer, out / "out" / f"checkpoint-{SAVE}"
+
+
+@pytest.mark.parametrize("state, says", [
+    (lambda cpu: {"meta": cpu}, "generator state for device `meta`"),
+    (lambda cpu: {"cpu": cpu[:100]}, "generator state for `cpu` that is no such state"),
+    (lambda cpu: {"cpu": cpu.float()}, "generator state for `cpu` that is no such state"),
+], ids=["other-device", "cut-short", "other-dtype"])
+def test_a_generator_state_this_process_cannot_restore_is_refused(state, says, trained_sampling, tmp_path):
+    trainer, checkpoint = trained_sampling
+    planted = copy_of(checkpoint, tmp_path)
+    rewrite_sync(planted / "humanline_sync_rank0.pt", lambda p: p.update(transform=state(p["transform"]["cpu"])))
+    before = snapshot(trainer), trainer.humanline_transform.state_dict()["cpu"].clone()
+    with pytest.raises(HumanlineTrlSettingError) as info:
+        trainer.train(resume_from_checkpoint=str(planted))
+    one_paragraph(info, says)
+    assert snapshot(trainer) == before[0] and torch.equal(trainer.humanline_transform.state_dict()["cpu"], before[1])
+
+
 @pytest.mark.parametrize("keywords, says", [
     ({"schedule": SyncSchedule(every=2)}, "with the sync schedule {'every': 3, 'offset': 0, 'mix': 1.0}"),
     ({"transform": NoTransform(-0.05, 0.05)}, "`transform` = 'ClipTransform(log_eps_P=-0.05, log_eps_R=0.05)'"),

@@ -217,6 +217,8 @@ def size_problem(checkpoint: Path, model) -> Optional[str]:
     saved_config = checkpoint / "config.json"
     if saved_config.is_file():
         saved, mine = json.loads(saved_config.read_text()), _config_of(model)
+        if not isinstance(saved, dict):
+            return f"its `config.json` holds a {type(saved).__name__}, not a model's config"
         for key in SIZE_KEYS:
             if key in saved and key in mine and saved[key] != mine[key]:
                 return (f"its model has `{key}: {saved[key]}` in `config.json` where the model being trained has "
@@ -294,14 +296,31 @@ def _check_sync(checkpoint: Path, name: str, sync, expected: Dict[str, torch.Ten
                           "or start a fresh run")
 
 
+def _generator_problem(device: str, state) -> Optional[str]:
+    """Why ``state`` cannot be a generator state on ``device`` here, or None."""
+    try:
+        generator = torch.Generator(device=torch.device(device))
+    except (RuntimeError, TypeError, ValueError) as exc:
+        return f"a generator state for device `{device}`, which this process cannot use ({str(exc)[:80]})"
+    expected = generator.get_state()
+    if not isinstance(state, torch.Tensor) or state.dtype != torch.uint8 or state.shape != expected.shape:
+        return f"a generator state for `{device}` that is no such state ({getattr(state, 'shape', type(state))})"
+    return None
+
+
 def _check_transform(checkpoint: Path, name: str, saved, transform) -> None:
+    """The transform's saved state (``SampleTransform``'s generators, per device) against this trainer's."""
     stateful = callable(getattr(transform, "state_dict", None))
     if saved is None and not stateful:
         return
-    if not stateful or not isinstance(saved, dict) or not all(
-            isinstance(k, str) and isinstance(v, torch.Tensor) and v.dtype == torch.uint8 for k, v in saved.items()):
+    if not stateful or not isinstance(saved, dict):
         raise _refuse(checkpoint, f"`{name}` holds a transform state ({type(saved).__name__}) that this trainer's "
                       f"transform ({type(transform).__name__}) does not keep")
+    for device, state in saved.items():
+        problem = _generator_problem(str(device), state)
+        if problem:
+            raise _refuse(checkpoint, f"`{name}` holds {problem}", "resume on the kind of device that saved the "
+                          "checkpoint, from an intact checkpoint, or start a fresh run")
 
 
 def _check_rows(checkpoint: Path, rows, settings: dict) -> None:
@@ -312,6 +331,8 @@ def _check_rows(checkpoint: Path, rows, settings: dict) -> None:
     checksum = rows.pop("checksum")
     if rows["format"] != FORMAT or checksum != digest(rows):
         raise _refuse(checkpoint, f"`{STATE_FILE}` fails its checksum: its bytes changed after it was written")
+    if not isinstance(rows["settings"], dict):
+        raise _refuse(checkpoint, f"`{STATE_FILE}` holds settings of type {type(rows['settings']).__name__}")
     for key in sorted(set(rows["settings"]) | set(settings)):
         if rows["settings"].get(key) != settings.get(key):
             raise _refuse(checkpoint, f"it was trained with `{key}` = {rows['settings'].get(key)!r} and this trainer "
@@ -328,7 +349,8 @@ def _global_step(checkpoint: Path) -> int:
     if not path.is_file():
         raise _refuse(checkpoint, "it holds no `trainer_state.json` (not a checkpoint a Trainer wrote)",
                       "point `resume_from_checkpoint` at a `checkpoint-N` folder")
-    step = json.loads(path.read_text()).get("global_step")
+    state = json.loads(path.read_text())
+    step = state.get("global_step") if isinstance(state, dict) else None
     if not _is_count(step):
         raise _refuse(checkpoint, f"`trainer_state.json` holds `global_step: {step!r}`")
     return step

@@ -214,8 +214,8 @@ def _allocated_gib(engine):
 def _measure(trainer, recipe, run: dict) -> dict:
     import torch
 
+    from hl_core.config import reference_mode
     from hl_core.models.specs import resolve_spec
-    from hl_core.objectives import reference_mode
     from hl_core.preflight.plan import memory_plan
 
     engine = trainer.engine

@@ -40,7 +40,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, str(REPO))
     import torch
 
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, sampling
     from hl_core.engines import build_engine
     from hl_core.models.loading import load_tokenizer
     from hl_core.rollout.generation import HFSampler, prompt_seed
@@ -56,7 +56,7 @@ def main(argv=None) -> int:
     prompts = [tokenizer.encode(f"{a}+{b}=") for a, b in zip(range(11, 999, 37), range(93, 999, 53))][:args.prompts]
     seeds = [prompt_seed(recipe.train.seed, p) for p in range(len(prompts))]
     hf = HFSampler(engine, tokenizer, recipe.rollout)
-    vllm = VLLMSampler(engine, tokenizer, recipe)
+    vllm = VLLMSampler(engine, tokenizer, sampling(recipe))
     vllm.push_weights()
     rows = []
     try:

@@ -1,9 +1,11 @@
 """What the examples share: their command line (``parser``), the model (``load_model``), and ``launch``, which
 starts ``main(args)`` on ``nproc`` local processes (gloo on CPU) when the script was not started by a launcher; under
 torchrun / deepspeed / srun (``RANK`` set) it runs in the calling process. The processes die with this one: each asks
-the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path. On CPU, DeepSpeed
-is told not to JIT-compile its shared-memory all-reduce (``no_shm_compile``): gloo's collectives serve, and a first
-run needs no compiler. The guard that names a missing extra is in ``_extras.py``."""
+the kernel for SIGKILL when its parent dies, and every one still alive is killed on any exit path. A refusal of the
+humanline API (a bad argument, a checkpoint file that is damaged or would run code: ``hl_core.errors.UserError``) is
+printed as its one paragraph by the process that met it, which exits 2 (a non-finite log-prob: 3), as the launcher
+does. On CPU, DeepSpeed is told not to JIT-compile its shared-memory all-reduce (``no_shm_compile``): gloo's
+collectives serve, and a first run needs no compiler. The guard that names a missing extra is in ``_extras.py``."""
 
 import argparse
 import ctypes
@@ -17,9 +19,9 @@ import torch
 import torch.multiprocessing as mp
 from transformers import AutoConfig, AutoModelForCausalLM, PrinterCallback
 
+from hl_core.errors import NonFiniteLogRatioError, UserError
+
 TINY = Path(__file__).resolve().parent.parent / "tests" / "fixtures" / "tiny"
-
-
 
 
 def no_shm_compile() -> None:
@@ -36,10 +38,10 @@ def no_shm_compile() -> None:
 
 
 def load_model(path, seed):
-    """The model's weights, fp32; a directory with only a config (the tiny model) gets a seeded random init."""
+    """The model's weights, fp32 (a directory with only a config: a seeded random init)."""
     if any(Path(path).glob("*.safetensors")) or not Path(path).is_dir():
         return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
-    torch.manual_seed(seed)  # the tiny model ships as a config: a random init, the same on every rank
+    torch.manual_seed(seed)  # the tiny model ships as a config: the same random init on every rank
     return AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(path), dtype=torch.float32)
 
 
@@ -73,13 +75,24 @@ def parser(doc: str) -> argparse.ArgumentParser:
     return p
 
 
+def _refusals_as_paragraphs(main, args) -> None:
+    """``main(args)``; a refusal is printed as its one paragraph and ends this process with its exit code."""
+    try:
+        main(args)
+    except (UserError, NonFiniteLogRatioError) as exc:
+        rank = os.environ.get("RANK", "0")
+        print(f"error{f' (rank {rank})' if os.environ.get('WORLD_SIZE', '1') != '1' else ''}: {exc}",
+              file=sys.stderr, flush=True)
+        sys.exit(exc.exit_code)
+
+
 def _rank_main(rank, main, args, nproc, port):
     if sys.platform.startswith("linux"):
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: end with the parent, even on its SIGKILL
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(nproc), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))
     no_shm_compile()
-    main(args)
+    _refusals_as_paragraphs(main, args)
 
 
 def launch(main, args, nproc: int) -> None:
@@ -90,12 +103,14 @@ def launch(main, args, nproc: int) -> None:
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
         no_shm_compile()
-        return main(args)
+        return _refusals_as_paragraphs(main, args)
     context = mp.start_processes(_rank_main, (main, args, nproc, _free_port()), nprocs=nproc, join=False,
                                  start_method="spawn")
     try:
         while not context.join():
             pass
+    except mp.ProcessExitedException as exc:  # a rank refused (its paragraph is printed) or failed: end like it
+        sys.exit(exc.exit_code if exc.exit_code and exc.exit_code > 0 else 1)
     finally:
         for process in context.processes:
             if process.is_alive():

@@ -1,5 +1,6 @@
 """Humanline DPO in a Megatron-core loop: your model chunks, your forward step, loss function and optimizer; humanline
-adds a clip on the per-token log-ratios and a shard-local sync of each rank's TP/PP slices before the step.
+adds a clip on the per-token log-ratios (or humanline sampling, ``--sample``) and a shard-local sync of each rank's
+TP/PP slices before the step; its checkpoint is read weights-only.
 
     python examples/megatron_dpo.py                   # 2 CPU processes, tensor parallel 2, the tiny model and pairs
     torchrun --nproc_per_node 8 examples/megatron_dpo.py --tp 8 --model DIR --data pairs.jsonl   # on GPUs
@@ -26,7 +27,15 @@ from megatron.core import parallel_state as ps, tensor_parallel
 from transformers import AutoTokenizer
 
 from hl_core.data import collate_preference, load_preference_records, tokenize_preference
-from hl_core.humanline import ClipTransform, ReferenceSync, SyncSchedule, pair_parameters
+from hl_core.humanline import (
+    ClipTransform,
+    ReferenceSync,
+    SampleTransform,
+    SyncSchedule,
+    check_checkpoint_files,
+    load_checkpoint_file,
+    pair_parameters,
+)
 from hl_core.mcore import causal_mask, gpt_chunk_from_hf, use_cpu
 
 warnings.filterwarnings("ignore", category=FutureWarning)
@@ -48,8 +57,9 @@ def forward_step(chunks, batch):
 
 
 def clip_grad_norm_(params, max_norm):
-    """The global gradient norm over the TP group (duplicated parameters counted once), then clipping."""
-    squares = sum(p.grad.pow(2).sum() for p in params if tensor_parallel.param_is_not_tensor_parallel_duplicate(p))
+    """The global gradient norm over the TP group (duplicates counted once), then clipping."""
+    counted = [p for p in params if tensor_parallel.param_is_not_tensor_parallel_duplicate(p)]
+    squares = sum(p.grad.pow(2).sum() for p in counted)
     torch.distributed.all_reduce(squares, group=ps.get_model_parallel_group())
     coef = max_norm / (squares.sqrt() + 1e-6)
     if coef < 1.0:
@@ -74,22 +84,27 @@ def main(args):
     optimizer = torch.optim.AdamW(params, lr=args.lr)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda n: min(1.0, (n + 1) / args.warmup))
 
-    # humanline: clip each token's log-ratio, and sync each rank's slices every k updates (no collective)
-    clip = ClipTransform(*args.clip)
+    # humanline: clip (or sample) each token's log-ratio; sync each rank's slices every k updates
+    dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
+    if args.sample:
+        transform = SampleTransform(seed=args.seed + dp_rank)  # TP peers draw alike
+    else:
+        transform = ClipTransform(*args.clip)
     sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=args.sync_every))
 
     start, saved = 0, Path(args.checkpoint or "none") / f"rank{rank}.pt"
-    if saved.exists():  # resume: this rank's chunks, optimizer and LR schedule, and its sync state (reference slices)
-        state = torch.load(saved, weights_only=True)
+    if saved.exists():  # resume: this rank's chunks, optimizer, LR schedule, sync and draws
+        check_checkpoint_files(saved.parent)  # every rank, every file: a bad one refused alike
+        state = load_checkpoint_file(saved)  # weights only: a crafted file is refused
         for chunk, weights in zip(policy, state["policy"]):
             chunk.load_state_dict(weights)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         sync.load_state_dict(state["sync"])
+        transform.load_state_dict(state["transform"])
         start = state["updates_done"]
     stop, binding = min(args.steps, args.stop_after or args.steps), []
 
-    dp_rank, dp = ps.get_data_parallel_rank(), ps.get_data_parallel_world_size()
     for update in range(start, stop):
         first = (update * dp + dp_rank) * args.batch  # TP peers take the same pairs
         batch = collate_preference(pairs[first:first + args.batch], tokenizer.pad_token_id)
@@ -97,12 +112,13 @@ def main(args):
         policy_logps = forward_step(policy, batch)
         with torch.no_grad():
             ref_logps = forward_step(reference, batch)
-        log_ratios, metrics = clip(policy_logps, ref_logps, mask)
+        log_ratios, metrics = transform(policy_logps, ref_logps, mask)
         half = log_ratios.shape[0] // 2
-        loss = -F.logsigmoid(args.beta * (log_ratios[:half].sum(-1) - log_ratios[half:].sum(-1))).mean()
+        margin = args.beta * (log_ratios[:half].sum(-1) - log_ratios[half:].sum(-1))
+        loss = -F.logsigmoid(margin).mean()
         loss.backward()
         clip_grad_norm_(params, 1.0)
-        synced = sync.before_optimizer_step(update).synced  # after backward and clipping, before the step
+        synced = sync.before_optimizer_step(update).synced  # after backward, clipping; before step
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
@@ -113,7 +129,8 @@ def main(args):
     if args.checkpoint and stop < args.steps:  # stopped early: what the resume above reads, one file per rank
         Path(args.checkpoint).mkdir(parents=True, exist_ok=True)
         torch.save({"policy": [chunk.state_dict() for chunk in policy], "optimizer": optimizer.state_dict(),
-                    "scheduler": scheduler.state_dict(), "sync": sync.state_dict(), "updates_done": stop}, saved)
+                    "scheduler": scheduler.state_dict(), "sync": sync.state_dict(),
+                    "transform": transform.state_dict(), "updates_done": stop}, saved)
     if rank == 0:
         print(f"the clip bound at updates {binding} (bounds {tuple(args.clip)})", flush=True)
     ps.destroy_model_parallel()
@@ -123,6 +140,7 @@ def main(args):
 if __name__ == "__main__":
     parser = example_parser(__doc__)
     parser.add_argument("--tp", type=int, default=2)
+    parser.add_argument("--sample", action="store_true", help="humanline sampling instead of the clip")
     parser.set_defaults(clip=(-0.05, 0.05))  # bounds that bind once the policy moves (the paper's +-1.5 bind later)
     args = parser.parse_args()
     launch(main, args, args.nproc)

@@ -5,16 +5,17 @@ state it may read, shaped like Megatron-Bridge's ``CallbackContext``) and return
 they fire in an update (``docs/concepts/callbacks.md`` has the table):
 
 * ``before_optimizer_step(ctx)``: after the update's last backward and the guard's reduction, after the reference's
-  sync (``ctx.sync``), before the optimizer step (gradient clipping runs inside the step). A skipped (non-finite)
-  update runs none;
+  sync (what it did: ``ctx.sync``), before the optimizer step (gradient clipping runs inside the step). A skipped
+  (non-finite) update runs none;
 * ``after_update(ctx)``: after the optimizer step and the metrics row (``ctx.row``; ``ctx.updates_done`` counts it),
   before any evaluation or checkpoint of that update;
 * ``on_save(ctx)``: after every rank has written a checkpoint's files into ``ctx.checkpoint_dir`` and before rank 0
   marks it complete (a callback may add files to the checkpoint here).
 
 A recipe adds callbacks with ``train.callbacks`` (``package.module:Name`` and its keyword arguments); a script passes
-them to ``hl_core.trainer.run(recipe, callbacks=[...])``. Humanline's reference sync is not a callback: the trainer
-runs it itself, just before the callbacks' ``before_optimizer_step``.
+them to ``hl_core.trainer.run(recipe, callbacks=[...])``. Humanline's reference sync is not a callback: the trainer's
+training step runs it (``reference.before_optimizer_step``), then fans the event out to the callbacks with what the
+sync did; ``CallbackList`` only fans events out.
 """
 
 from __future__ import annotations
@@ -65,17 +66,15 @@ class LoopCallback:
 
 
 class CallbackList:
-    """The trainer's side of the seam: the reference's sync first (``reference.sync_before_step(ctx)``, which returns
-    the update's ``SyncRecord``), then the callbacks in order, each event's part of the context filled in."""
+    """The trainer's side of the seam: each event fanned out to the callbacks in order, its part of the context
+    filled in."""
 
-    def __init__(self, callbacks: Iterable[LoopCallback] = (), reference=None):
+    def __init__(self, callbacks: Iterable[LoopCallback] = ()):
         self.callbacks: List[LoopCallback] = list(callbacks)
-        self.reference = reference
 
-    def before_optimizer_step(self, ctx: CallbackContext) -> SyncRecord:
-        ctx.sync = self.reference.sync_before_step(ctx) if self.reference is not None else SyncRecord(False)
+    def before_optimizer_step(self, ctx: CallbackContext, sync: SyncRecord) -> None:
+        ctx.sync = sync
         self._fire("before_optimizer_step", ctx)
-        return ctx.sync
 
     def after_update(self, ctx: CallbackContext, row: Dict[str, Any]) -> None:
         ctx.row = row

@@ -4,12 +4,12 @@ Per optimizer update ``n`` (``n`` = updates already done):
 
     micro-batches: fixed or by token budget, each weighted by its share of the update (hl_core.loop.micro_batches)
     for each micro-batch:  policy/reference token log-probs -> humanline transform -> objective -> backward
-    humanline sync (n % k == 0), after the last backward and before the optimizer step
-    optimizer step (gradient clipping inside), metrics, periodic eval and checkpoint
+    the guard's reduction; unless skipped: humanline sync (n % k == 0: the reference's ``before_optimizer_step``),
+    the callbacks' ``before_optimizer_step``, optimizer step (clipping inside); metrics, periodic eval and checkpoint
 
-It knows nothing of DeepSpeed or Megatron internals: everything goes through ``hl_core.engines.Engine``. It is
-the one place that reads the whole recipe and hands each component the sections it needs; the machinery it
-drives (data order, guard, checkpoints, metrics, output) lives in ``hl_core.loop``.
+It knows nothing of DeepSpeed or Megatron internals: everything goes through ``hl_core.engines.Engine``. It reads
+the whole recipe and hands each component its section, or an answer ``hl_core.config.decisions`` drew from several;
+the machinery it drives (data order, guard, checkpoints, metrics, output) lives in ``hl_core.loop``.
 """
 
 from __future__ import annotations
@@ -22,29 +22,28 @@ from typing import Callable, Dict, List, Optional, Sequence
 import torch
 
 from .callbacks import CallbackContext, CallbackList, LoopCallback, build_callbacks
-from .config import Recipe, batch_layout, check_recipe, recipe_to_yaml
+from .config import Recipe, batch_layout, check_recipe, decide, recipe_to_yaml, reference_cache_fields
 from .config.checks import env_world_size
-from .data.build import build_datasets, data_plan, data_summary_fields, eval_batches, example_collate, held_out_reward
+from .data.build import build_datasets, data_summary_fields, eval_batches, example_collate
 from .engines import build_engine
 from .engines.base import check_launch_environment
 from .humanline import SyncRecord
 from .humanline.recipe import build_transform
 from .loop.guard import EXIT_INTERRUPTED, GuardFlags, SkipCounter, StopSignals, UpdateChecks
-from .loop.lifecycle import already_complete, begin_run
+from .loop.lifecycle import STOP_FILE, already_complete, begin_run
 from .loop.metrics import MetricMeans, declared_metric_keys
 from .loop.micro_batches import UpdateNormaliser, finish_metrics
 from .loop.post_training import announce, run_post_training
 from .loop.report import RunReport, StepTimes, configure_bars
+from .loop.run_record import run_record
 from .loop.safety import CheckpointParts, Progress, RunSafety, SafetySettings
 from .loop.sources import OfflineSource, data_order, epoch_steps
 from .models.loading import load_tokenizer
-from .objectives import OBJECTIVES, ObjectiveInputs, needs_old_logps, reference_mode
+from .objectives import OBJECTIVES, ObjectiveInputs
 from .reference import build_reference_logps, cache_location
 from .rollout import RolloutSource
 from .rollout.heldout import HeldOutReward
-from .storage import checkpoints as ckpt
-
-STOP_FILE = "STOP"  # created by a launcher (e.g. the SLURM time-limit trap): checkpoint and exit cleanly
+from .storage import checkpoints as ckpt, gguf_models
 
 
 class Trainer:
@@ -59,8 +58,10 @@ class Trainer:
     # ---------------------------------------------------------------------------------------- setup
     def setup(self) -> None:
         recipe = self.recipe
+        recipe.model = gguf_models.resolve_model(recipe.model)  # a gguf: model converted (once) as it is built
         self.signals = StopSignals().install()  # SIGTERM/SIGINT: checkpoint at the next update boundary
         check_recipe(recipe)
+        self.decided = decide(recipe)  # what several sections decide together, handed out below with the sections
         check_launch_environment()  # RANK, WORLD_SIZE, ...: refused before anything waits on them
         rank0 = os.environ.get("RANK", "0").strip() == "0"
         self.bars = configure_bars(recipe.logging.progress_bar, rank0)
@@ -71,8 +72,8 @@ class Trainer:
         self.tokenizer = load_tokenizer(recipe.model)
         # before the resume checks and the engine: `train.epochs` sets `train.max_steps`, the LR schedule's length
         layout = self._load_data(rank0)
-        # the output_dir's lock (rank 0), what to resume and whether it may be: refusals before any weights load
-        self.start = begin_run(recipe, env_world_size() or 1, 0 if rank0 else 1)
+        # this run's record, the output_dir's lock (rank 0), what to resume and whether it may: before any weights
+        self.start = begin_run(self.output_dir, recipe.checkpoint, run_record(recipe, env_world_size() or 1), rank0)
         self.engine = build_engine(recipe, self.tokenizer)
         if layout not in (None, (self.engine.dp_size, self.engine.gradient_accumulation_steps)):
             raise RuntimeError(f"`train.epochs` was derived for (dp, accumulation) = {layout}, but the engine has "
@@ -105,9 +106,8 @@ class Trainer:
         layout (returned, for the engine to confirm), set on the recipe in its place, and logged (``main``: rank 0 of
         the launch)."""
         recipe = self.recipe
-        self.plan = data_plan(recipe)
-        self.train_data, self.eval_data = build_datasets(recipe.data, self.plan, self.tokenizer, show_progress=main,
-                                                         bars=self.bars)
+        self.train_data, self.eval_data = build_datasets(recipe.data, self.decided.data, self.tokenizer,
+                                                         show_progress=main, bars=self.bars)
         if recipe.train.epochs is None:
             return None
         layout = batch_layout(recipe, env_world_size() or 1)
@@ -119,22 +119,22 @@ class Trainer:
 
     def _setup_data(self) -> None:
         """Where each update's micro-batches come from, and the held-out evaluation."""
-        recipe, engine, plan = self.recipe, self.engine, self.plan
+        recipe, engine, decided, plan = self.recipe, self.engine, self.decided, self.decided.data
         self.collate = self.train_data.collate
         order = data_order(self.train_data, recipe.train.seed, recipe.data.shuffle)
         self.logps_temperature = 1.0
         if recipe.rollout.every is not None:
             if self.objective.logps_at_sampling_temperature:
                 self.logps_temperature = recipe.rollout.temperature
-            self.source = RolloutSource(recipe, engine, self.tokenizer, self.train_data,
-                                        example_collate(plan, self.tokenizer), plan.example_kind, order,
-                                        needs_old_logps(recipe), self.logps_temperature)
+            self.source = RolloutSource(decided.sampling, recipe.train, self.output_dir, engine, self.tokenizer,
+                                        self.train_data, example_collate(plan, self.tokenizer), plan.example_kind,
+                                        order, decided.needs_old_logps, self.logps_temperature)
         else:
             self.source = OfflineSource(engine, recipe.train.micro_batch_size, self.train_data, order,
                                         recipe.train.max_tokens_per_micro_batch)
         self.held_out = None  # held-out evaluation by the reward of sampled completions (eval.held_out)
-        if self.eval_data is not None and held_out_reward(recipe):
-            self.held_out = HeldOutReward(recipe, engine, self.tokenizer, self.eval_data,
+        if self.eval_data is not None and decided.held_out_reward:
+            self.held_out = HeldOutReward(decided.sampling, self.output_dir, engine, self.tokenizer, self.eval_data,
                                           getattr(self.source, "sampler", None), getattr(self.source, "reward", None))
         self.metric_keys = declared_metric_keys(self.objective, self.transform, self.source.METRIC_KEYS)
         self.eval_metric_keys = declared_metric_keys(self.objective, self.transform,
@@ -143,15 +143,15 @@ class Trainer:
     def _setup_reference(self) -> None:
         """The reference's log-probs: its copy, or computed by the policy (cached before training, or at each sync)."""
         recipe = self.recipe
-        mode, reason = reference_mode(recipe)
+        mode, reason = self.decided.reference_mode
         loss_evals = self.eval_data is not None and self.held_out is None and recipe.eval.every is not None
         self.reference = build_reference_logps(
             mode, reason, recipe.humanline, recipe.train.max_steps, self.engine, self.source.batches,
             self._eval_batches if loss_evals else None, self._evaluates_at,
-            cache=cache_location(recipe, self.engine) if mode == "cached" else None, show_progress=self.is_main,
-            bars=self.bars,
+            cache=cache_location(self.output_dir, reference_cache_fields(recipe), self.engine) if mode == "cached"
+            else None, show_progress=self.is_main, bars=self.bars,
         )
-        self.callbacks = CallbackList([*build_callbacks(recipe.train.callbacks), *self.extra_callbacks], self.reference)
+        self.callbacks = CallbackList([*build_callbacks(recipe.train.callbacks), *self.extra_callbacks])
         self.report.print(f"reference log-probs: {self.reference.mode} ({self.reference.reason})")
 
     def _resume(self) -> None:
@@ -231,8 +231,7 @@ class Trainer:
     def train_step(self) -> Dict[str, float]:
         """One optimizer update: [rollout] -> micro-batches -> backward; humanline sync; optimizer step.
         Returns its metrics row."""
-        engine = self.engine
-        n = self.updates_done
+        engine, n = self.engine, self.updates_done
         step_start = time.perf_counter()
         rollout_metrics = self.source.before_step(n)
         acc, tokens = MetricMeans(self.metric_keys, self.objective.name), 0
@@ -260,8 +259,9 @@ class Trainer:
         self._stop_seen, self._signal_seen = bool(seen.stop_file or seen.signal), bool(seen.signal)
         nonfinite = seen.nonfinite()
         if nonfinite is None:
-            # after the last backward (gradient clipping happens inside step), before the optimizer step
-            sync = self.callbacks.before_optimizer_step(self.context())
+            # after the last backward (clipping is inside step), before the optimizer step: the sync, then callbacks
+            sync = self.reference.before_optimizer_step(n)
+            self.callbacks.before_optimizer_step(self.context(), sync)
             stepped = engine.step()
         else:  # no optimizer step, reference untouched (`stop` ends the run after logging this row)
             sync, stepped = SyncRecord(False, 0.0), engine.skip_step()

@@ -136,6 +136,8 @@ def main(argv=None) -> int:
     except UserError as exc:
         if rank == 0 or isinstance(exc, LaunchError):  # a bad RANK: no process knows that it is rank 0
             print(f"error: {exc}", file=sys.stderr, flush=True)
+        elif exc.rank_local:  # about this rank's own file: rank 0 may not have met it
+            print(f"error (rank {rank}): {exc}", file=sys.stderr, flush=True)
         return EXIT_USER_ERROR
     except NonFiniteStop as exc:
         if rank == 0:

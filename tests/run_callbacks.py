@@ -73,7 +73,10 @@ class RecordEvents(LoopCallback):
         self.path.write_text(json.dumps(events))
 
     def before_optimizer_step(self, ctx):
-        self._record(ctx, event="before_optimizer_step", synced=ctx.sync.synced, row=ctx.row is not None)
+        # a reference copy: how far it is from the policy now (0 when the sync ran and the optimizer has not)
+        gap = (max(float((p.detach() - r.detach()).abs().max()) for _, p, r in ctx.engine.reference_pairs())
+               if ctx.engine.reference is not None else None)
+        self._record(ctx, event="before_optimizer_step", synced=ctx.sync.synced, row=ctx.row is not None, gap=gap)
 
     def after_update(self, ctx):
         self._record(ctx, event="after_update", step=ctx.row["step"], synced=ctx.row["synced"])

@@ -11,10 +11,9 @@ import pytest
 import torch
 
 from helpers import REPO, run_worker
-from hl_core.config import load_recipe
+from hl_core.config import load_recipe, reference_mode
 from hl_core.config.checks import check_reference_free
 from hl_core.errors import RecipeError
-from hl_core.objectives import reference_mode
 from hl_core.objectives.dpo import dpo_loss
 from hl_core.objectives.dpo_losses import LOSS_TYPES, PAIR_LOSSES
 from launchers.run import main

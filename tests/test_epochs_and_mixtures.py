@@ -8,8 +8,8 @@ import random
 import pytest
 
 from helpers import REPO, run_worker
-from hl_core.config import load_recipe
-from hl_core.data.build import DataStats, SourcePart, TokenizedDataset, build_datasets, data_plan, data_summary_fields
+from hl_core.config import data_plan, load_recipe, reference_cache_fields
+from hl_core.data.build import DataStats, SourcePart, TokenizedDataset, build_datasets, data_summary_fields
 from hl_core.errors import DataError, RecipeError
 from hl_core.loop.sources import DataOrder, MixtureOrder, block_quotas, data_order, epoch_steps, updates_for_epochs
 from hl_core.models.loading import load_tokenizer
@@ -156,6 +156,7 @@ def test_epochs_recipe_derives_its_updates_in_the_real_trainer(tmp_path):
 
 
 def test_a_cached_reference_fingerprints_every_source_of_a_mixture():
-    fields = fingerprint(load_recipe(TINY / "mixture_dpo.yaml"), 1, 1, 1)
+    fields = fingerprint(reference_cache_fields(load_recipe(TINY / "mixture_dpo.yaml")), 1, 1, 1)
     assert {"data.train[0] file train.jsonl", "data.train[1] file extra.jsonl"} <= set(fields)
-    assert "data.train file train.jsonl" in fingerprint(load_recipe(TINY / "humanline_dpo.yaml"), 1, 1, 1)
+    single = fingerprint(reference_cache_fields(load_recipe(TINY / "humanline_dpo.yaml")), 1, 1, 1)
+    assert "data.train file train.jsonl" in single

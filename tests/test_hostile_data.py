@@ -134,7 +134,8 @@ def _cut_pairs(tmp_path):
 
 
 def test_truncation_is_counted_and_identical_pairs_dropped(tmp_path, capsys):
-    from hl_core.data.build import build_datasets, data_plan, data_summary_fields
+    from hl_core.config import data_plan
+    from hl_core.data.build import build_datasets, data_summary_fields
     from hl_core.models.loading import load_tokenizer
 
     path = _cut_pairs(tmp_path)
@@ -156,7 +157,8 @@ def test_truncation_is_counted_and_identical_pairs_dropped(tmp_path, capsys):
 
 
 def test_all_pairs_identical_after_truncation_is_an_error(tmp_path):
-    from hl_core.data.build import build_datasets, data_plan
+    from hl_core.config import data_plan
+    from hl_core.data.build import build_datasets
     from hl_core.models.loading import load_tokenizer
 
     path = _jsonl(tmp_path, [{"prompt": "Describe the sky.", "chosen": LONG + "good", "rejected": LONG + "bad"}])
@@ -167,7 +169,8 @@ def test_all_pairs_identical_after_truncation_is_an_error(tmp_path):
 
 
 def test_grpo_group_cut_to_identical_completions_is_dropped(tmp_path):
-    from hl_core.data.build import build_datasets, data_plan
+    from hl_core.config import data_plan
+    from hl_core.data.build import build_datasets
     from hl_core.models.loading import load_tokenizer
 
     path = _jsonl(tmp_path, [

@@ -156,5 +156,6 @@ def test_the_input_helpers_give_the_layout_the_transforms_take():
     mask = mask_from_labels(labels)
     assert mask.dtype == torch.float32 and torch.equal(mask, batch["completion_mask"].float())
     assert mask_from_labels(torch.zeros(1, 3, dtype=torch.long))[0].tolist() == [0.0, 1.0, 1.0]  # never position 0
-    assert ds_engine.fused_sequence_token_logps is fused_sequence_token_logps
-    assert logits_module.prefix_token_logps is prefix_token_logps  # what sequence_token_logps (the engine's) calls
+    # the public functions check their arguments, then call what the trainer's engine calls
+    assert ds_engine.fused_sequence_token_logps is fused_sequence_token_logps.__wrapped__
+    assert logits_module.prefix_token_logps is prefix_token_logps.__wrapped__  # what sequence_token_logps calls

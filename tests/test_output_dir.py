@@ -21,6 +21,7 @@ import os
 import socket
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -91,11 +92,16 @@ def test_a_requeued_slurm_job_retakes_its_lock(tmp_path, monkeypatch):
         OutputDirLock(tmp_path).acquire()
 
 
+def _begin(recipe, world_size: int = 1, main: bool = True):
+    """``begin_run`` as the trainer calls it: the recipe's ``output_dir`` and ``checkpoint`` section, its record."""
+    return begin_run(Path(recipe.output_dir), recipe.checkpoint, run_record(recipe, world_size), main)
+
+
 def test_only_rank_0_takes_the_lock(tmp_path):
     recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={tmp_path / 'run'}"])
-    other = begin_run(recipe, 2, rank=1)
+    other = _begin(recipe, 2, main=False)
     assert other.lock is None and not (tmp_path / "run" / LOCK_FILE).exists()
-    first = begin_run(recipe, 2, rank=0)
+    first = _begin(recipe, 2)
     assert first.lock.held and (tmp_path / "run" / LOCK_FILE).is_file()
     first.lock.release()
 
@@ -173,11 +179,11 @@ def test_a_model_known_by_name_only_is_compared_by_name(tmp_path):
     step = tmp_path / "checkpoints" / "step_2"
     step.mkdir(parents=True)
     ckpt.mark_complete(step, 2, {**record, "model": {**record["model"], "dims": None}})
-    assert check_resume_record(step, recipe, record).notices == []
+    assert check_resume_record(step, "auto", record).notices == []
     renamed = {**record, "model": {**record["model"], "dims": None, "name_or_path": "org/other-model"}}
     ckpt.mark_complete(step, 2, renamed)
     with pytest.raises(RecipeError, match="org/other-model"):
-        check_resume_record(step, recipe, record)
+        check_resume_record(step, "auto", record)
 
 
 # ------------------------------------------------------------------------------------- the reference cache
@@ -235,21 +241,21 @@ def test_a_symlinked_output_dir_is_said_in_one_line_and_a_dangling_one_refused(t
     real.mkdir(parents=True)
     link.symlink_to(real)
     recipe = load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={link}"])
-    start = begin_run(recipe, 1, rank=0)
+    start = _begin(recipe)
     assert (real / LOCK_FILE).is_file()  # the run's files go where the link points
     start.lock.release()
     assert start.notices == [f"`output_dir: {link}` is a symbolic link to `{real}`: the run writes there."]
     relative = tmp_path / "relative"
     relative.symlink_to("scratch/run")
-    start = begin_run(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={relative}"]), 1, rank=0)
+    start = _begin(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={relative}"]))
     start.lock.release()
     assert start.notices == [f"`output_dir: {relative}` is a symbolic link to `scratch/run` (`{real}`): the run writes "
                              "there."]
-    start = begin_run(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={real}"]), 1, rank=0)
+    start = _begin(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={real}"]))
     start.lock.release()
     assert start.notices == []
     dangling = tmp_path / "dangling"
     dangling.symlink_to(tmp_path / "nowhere")
     with pytest.raises(RecipeError, match=f"is a symbolic link to `{tmp_path / 'nowhere'}`, which is not a directory"):
-        begin_run(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={dangling}"]), 1, rank=0)
+        _begin(load_recipe(REPO / "recipes/tiny/humanline_dpo.yaml", [f"output_dir={dangling}"]))
     assert not (tmp_path / "nowhere").exists()

@@ -96,17 +96,45 @@ def test_the_docs_page_shows_lines_of_the_scripts_that_run():
 
 
 def test_the_plain_torch_snippets_pasted_in_order_are_the_script_in_its_order():
-    """The plain PyTorch section's snippets (but its last, the DDP/FSDP2 lines of ``api_sync.py``) are lines of
-    ``examples/torch_dpo.py`` in the script's own order, indentation included: the resumable loop, pasted in order."""
+    """The plain PyTorch section's snippets of ``examples/torch_dpo.py`` (the others: ``load_model`` from
+    ``examples/_launch.py``, the DDP/FSDP2 lines of ``api_sync.py``) are lines of it in the script's own order,
+    indentation included: the resumable loop, pasted in order."""
     page = (REPO / "docs" / "howto" / "own-loop.md").read_text()
     section = page.split("## A plain PyTorch loop")[1].split("\n## ")[0]
     snippets = re.findall(r"```python\n(.*?)```", section, re.S)
-    assert len(snippets) >= 6
     script = (EXAMPLES / "torch_dpo.py").read_text().splitlines()
+    own = [snippet for snippet in snippets if all(line in script for line in filter(str.strip, snippet.splitlines()))]
+    assert len(own) >= 6 and len(snippets) - len(own) == 2
     at = 0
-    for line in filter(str.strip, "".join(snippets[:-1]).splitlines()):
+    for line in filter(str.strip, "".join(own).splitlines()):
         assert line in script[at:], f"not in examples/torch_dpo.py after line {at}: {line}"
         at = script.index(line, at) + 1
     for needed in ("sync.attach(optimizer)", 'sync.load_state_dict(state["sync"])', '"sync": sync.state_dict()',
-                   "prefix_token_logps(", "mask_from_labels(labels)"):
+                   "prefix_token_logps(", "mask_from_labels(labels)", "load_checkpoint_file(saved)",
+                   'transform.load_state_dict(state["transform"])', "def load_model("):
         assert needed in section
+
+
+def test_the_page_defines_or_imports_what_it_calls_and_fits_the_page():
+    """Every function the page's Python calls is imported or defined on the page (or assigned there, or a builtin;
+    ``hl_core.data`` and ``hl_core.humanline`` are on API pages), and no code line is longer than 100 characters."""
+    import builtins
+
+    page = (REPO / "docs" / "howto" / "own-loop.md").read_text()
+    code = "".join(re.findall(r"```python\n(.*?)```", page, re.S))
+    assert max(len(line) for line in code.splitlines()) <= 100
+    known = set(dir(builtins))
+    known |= set(re.findall(r"^\s*def (\w+)\(", code, re.M))
+    known |= set(re.findall(r"^\s*(?:import|from \S+ import) (\w+)", code, re.M))
+    known |= set(re.findall(r"^\s+(\w+),$", code, re.M))  # the names of a parenthesised import
+    known |= set(re.findall(r"import [\w.]+ as (\w+)", code))
+    known |= {n.strip() for line in re.findall(r"^from \S+ import ([\w, ]+)$", code, re.M) for n in line.split(",")}
+    known |= {n.strip() for line in re.findall(r"^\s*([\w, ]+?) = ", code, re.M) for n in line.split(",")}
+    called = set(re.findall(r"(?<![\w.])([A-Za-z_]\w*)\(", code))
+    assert called - known == set(), sorted(called - known)
+    for module in ("hl_core.data", "hl_core.humanline"):
+        imported = re.findall(rf"^from {re.escape(module)} import \(?([^)]*?)\)?$", code, re.M | re.S)
+        assert imported, module
+    api = (REPO / "docs" / "reference" / "api.md").read_text()
+    for name in ("collate_preference", "load_preference_records", "tokenize_preference"):
+        assert f"::: hl_core.data.{name}" in api

@@ -1,4 +1,4 @@
-"""The reference without a second copy of the weights (``objectives.reference_mode``): look-ahead syncing and a
+"""The reference without a second copy of the weights (``hl_core.config.reference_mode``): look-ahead syncing and a
 cached frozen reference give the same per-update losses, grad norms, metrics and evaluations as a reference
 copy, within 1e-6 (fp32, CPU), on the real engines: one process, two ZeRO-3 processes, megatron tp=2 and pp=2
 (``tests/distributed/reference_parity.py``). The choice and its refusals; the cache on disk (fingerprint,
@@ -11,8 +11,7 @@ import json
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE, TINY_OFFLINE, assert_same_rows, read_jsonl, run_recipe, run_worker
-from hl_core.config import load_recipe
-from hl_core.objectives import reference_mode
+from hl_core.config import load_recipe, reference_cache_fields, reference_mode
 from launchers.run import main
 
 WORKER = REPO / "tests" / "distributed" / "reference_parity.py"
@@ -153,20 +152,21 @@ def test_cache_is_fingerprinted_checked_and_rebuilt(tmp_path):
 def test_cache_fingerprint_names_a_changed_data_file(tmp_path):
     from hl_core.reference.cache import changed_fields, fingerprint
 
+    def fields(*overrides, world=1, dp=1):
+        recipe = load_recipe(TINY_OFFLINE, [f"data.train.path={data}", *overrides])
+        return fingerprint(reference_cache_fields(recipe), world, dp, 1)
+
     data = tmp_path / "train.jsonl"
     data.write_text((REPO / "tests/fixtures/tiny/prefs/train.jsonl").read_text())
-    recipe = load_recipe(TINY_OFFLINE, [f"data.train.path={data}"])
-    before = fingerprint(recipe, 1, 1, 1)
+    before = fields()
     rows = data.read_text().splitlines()
     row = json.loads(rows[0])
     row["chosen"][-1]["content"] += " indeed"  # one completion changes
     data.write_text("\n".join([json.dumps(row), *rows[1:]]) + "\n")
-    after = fingerprint(recipe, 1, 1, 1)
+    after = fields()
     assert changed_fields(before, after) == ["data.train file train.jsonl"]
-    assert changed_fields(after, fingerprint(recipe, 2, 2, 1)) == ["data-parallel size", "world size"]
-    assert changed_fields(before,
-                          fingerprint(load_recipe(TINY_OFFLINE, [f"data.train.path={data}", "data.max_length=48"]),
-                                              1, 1, 1)) == ["data.max_length", "data.train file train.jsonl"]
+    assert changed_fields(after, fields(world=2, dp=2)) == ["data-parallel size", "world size"]
+    assert changed_fields(before, fields("data.max_length=48")) == ["data.max_length", "data.train file train.jsonl"]
 
 
 def test_resume_across_reference_modes(tmp_path):

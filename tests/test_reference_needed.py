@@ -1,14 +1,13 @@
 """Runs that never read the reference build none: SFT, DPO's reference-free SimPO, and standard rollout GRPO without
 a KL term; nor do runs whose reference log-probs the policy computes (look-ahead syncing, a cached frozen reference).
-The rule (``hl_core.objectives.reference_needed``), the real engines that follow it, and the plan's memory."""
+The rule (``hl_core.config.reference_needed``), the real engines that follow it, and the plan's memory."""
 
 import json
 
 import pytest
 
 from helpers import REPO, run_torchrun
-from hl_core.config import load_recipe
-from hl_core.objectives import reference_needed
+from hl_core.config import load_recipe, reference_needed
 
 TINY = REPO / "recipes" / "tiny"
 WARMUP = REPO / "recipes" / "repro" / "warmup.yaml"

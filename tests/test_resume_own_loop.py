@@ -3,7 +3,10 @@ updates, a save (policy, optimizer, schedule, ``ReferenceSync.state_dict()``: th
 fresh objects, a load and 6 more, in per-update losses (1e-6) and in the updates that sync. Run for the plain-torch
 example (``attach(optimizer)``, one process), the DeepSpeed example (ZeRO-3, 2 processes) and the Megatron-core
 example (tp 2). Without the restored sync state (the same example with its ``sync.load_state_dict`` line removed)
-the plain-torch comparison fails: the syncs move and the losses differ."""
+the plain-torch comparison fails: the syncs move and the losses differ. With humanline sampling (``--sample``) the
+resumed losses equal the uninterrupted ones exactly (gap 0.0: the transform's generators are in the checkpoint), for
+the plain-torch and the DeepSpeed example (ZeRO-3, each rank its own draws); without the restored draws they
+differ."""
 
 import re
 import shutil
@@ -17,6 +20,7 @@ TINY = REPO / "tests" / "fixtures" / "tiny"  # named: a copy of examples/ elsewh
 K, STEPS, STOP = 3, 10, 4  # a stop at an update that is not a multiple of k
 LINE = re.compile(r"^update (\d+)  loss (\S+)  clipped (\S+)  synced (True|False)$", re.M)
 RESTORE_LINE = 'sync.load_state_dict(state["sync"])'
+DRAWS_LINE = 'transform.load_state_dict(state["transform"])'
 
 
 def _rows(stdout):
@@ -49,6 +53,16 @@ def _differences(whole, resumed):
             [r[3] for r in whole] == [r[3] for r in resumed])
 
 
+def _without(tmp_path, example: str, line: str):
+    """A copy of ``examples/`` whose ``example`` lacks the one line holding ``line``."""
+    copy = tmp_path / "without"
+    shutil.copytree(EXAMPLES, copy, ignore=shutil.ignore_patterns("__pycache__"))
+    lines = (copy / example).read_text().splitlines()
+    assert sum(line in text for text in lines) == 1
+    (copy / example).write_text("\n".join(text for text in lines if line not in text) + "\n")
+    return copy / example
+
+
 def test_plain_torch_resumes_exactly_and_not_without_the_sync_state(tmp_path):
     script = EXAMPLES / "torch_dpo.py"
     whole, out = _run(script, 1)
@@ -60,12 +74,7 @@ def test_plain_torch_resumes_exactly_and_not_without_the_sync_state(tmp_path):
     print(f"plain torch: max |loss - uninterrupted| {gap:.2e}")
     assert gap <= 1e-6 and same_syncs, (whole, resumed)
 
-    copy = tmp_path / "no_restore"
-    shutil.copytree(EXAMPLES, copy, ignore=shutil.ignore_patterns("__pycache__"))
-    lines = (copy / "torch_dpo.py").read_text().splitlines()
-    assert sum(RESTORE_LINE in line for line in lines) == 1
-    (copy / "torch_dpo.py").write_text("\n".join(line for line in lines if RESTORE_LINE not in line) + "\n")
-    forgetful = _stopped_and_resumed(copy / "torch_dpo.py", 1, tmp_path / "ckpt2")
+    forgetful = _stopped_and_resumed(_without(tmp_path, "torch_dpo.py", RESTORE_LINE), 1, tmp_path / "ckpt2")
     gap, same_syncs = _differences(whole, forgetful)
     print(f"plain torch without the sync state: max |loss - uninterrupted| {gap:.2e}, same syncs {same_syncs}")
     assert gap > 1e-6 and not same_syncs
@@ -84,3 +93,23 @@ def test_distributed_example_resumes_exactly(tmp_path, example, args):
     gap, same_syncs = _differences(whole, resumed)
     print(f"{example}: max |loss - uninterrupted| {gap:.2e}")
     assert gap <= 1e-6 and same_syncs, (whole, resumed)
+
+
+@pytest.mark.parametrize("example, nproc, args", [
+    ("torch_dpo.py", 1, []),
+    ("deepspeed_dpo.py", 2, ["--zero", "3", "--persist-below", "1000"]),
+])
+def test_sampling_resumes_with_a_gap_of_zero_and_not_without_the_draws(tmp_path, example, nproc, args):
+    script = EXAMPLES / example
+    whole, out = _run(script, nproc, "--sample", *args)
+    assert [r[0] for r in whole] == list(range(STEPS)), out[-2000:]
+    assert max(r[2] for r in whole) > 0.05  # tokens were rejected: the draws matter to the loss
+    resumed = _stopped_and_resumed(script, nproc, tmp_path / "ckpt", "--sample", *args)
+    gap, same_syncs = _differences(whole, resumed)
+    print(f"{example} --sample: max |loss - uninterrupted| {gap:.2e}")
+    assert gap == 0.0 and same_syncs, (whole, resumed)
+    forgetful = _stopped_and_resumed(_without(tmp_path, example, DRAWS_LINE), nproc, tmp_path / "ckpt2", "--sample",
+                                     *args)
+    gap, _ = _differences(whole, forgetful)
+    print(f"{example} --sample without the restored draws: max |loss - uninterrupted| {gap:.2e}")
+    assert gap > 1e-6

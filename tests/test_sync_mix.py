@@ -8,11 +8,10 @@ import pytest
 import torch
 
 from helpers import REPO, run_worker
-from hl_core.config import check_recipe, load_recipe
+from hl_core.config import check_recipe, load_recipe, reference_mode
 from hl_core.errors import RecipeError
 from hl_core.humanline import ParameterPairs, ReferenceSync, SyncSchedule
 from hl_core.humanline.functional import mix_into
-from hl_core.objectives import reference_mode
 from launchers.run import main
 
 TINY = REPO / "recipes" / "tiny"

@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from helpers import REPO
-from hl_core.config import load_recipe
+from hl_core.config import load_recipe, sampling
 from hl_core.config.sections_run import VLLMRolloutConfig
 from hl_core.errors import RecipeError
 from hl_core.rollout.generation import prompt_seed
@@ -21,25 +21,28 @@ from hl_core.rollout.vllm_sampler import SUPPORTED_VLLM, check_vllm_version, llm
 DIGITS = REPO / "recipes/tiny/online_grpo_digits.yaml"
 
 
-def _recipe(*overrides):
-    return load_recipe(DIGITS, ["rollout.backend=vllm", *overrides])
+def _sampling(*overrides):
+    """What the sampler reads of the digits recipe (``hl_core.config.sampling``)."""
+    return sampling(load_recipe(DIGITS, ["rollout.backend=vllm", *overrides]))
 
 
 def test_every_vllm_key_reaches_the_engine():
-    default = llm_kwargs(_recipe(), 1, on_gpu=False)
+    default = llm_kwargs(_sampling(), 1, on_gpu=False)
     assert default["dtype"] == "float32" and default["enforce_eager"] is True and "max_model_len" not in default
     assert default["load_format"] == "dummy" and "distributed_executor_backend" not in default  # random init, 1 rank
     assert default["kv_cache_memory_bytes"] == 8 * 2**30 and default["enable_prefix_caching"] is True
-    changed = llm_kwargs(_recipe("rollout.vllm.kv_cache_memory_gb=0.5", "rollout.vllm.kv_cache_dtype=fp8",
+    changed = llm_kwargs(_sampling("rollout.vllm.kv_cache_memory_gb=0.5", "rollout.vllm.kv_cache_dtype=fp8",
                                  "rollout.vllm.dtype=bfloat16", "rollout.vllm.max_model_len=300",
                                  "rollout.vllm.enforce_eager=false", "model.random_init=false"), 2, on_gpu=False)
     assert changed["kv_cache_memory_bytes"] == 2**29 and changed["kv_cache_dtype"] == "fp8"
     assert changed["dtype"] == "bfloat16" and changed["max_model_len"] == 300 and changed["enforce_eager"] is False
     assert "load_format" not in changed and changed["distributed_executor_backend"] == "external_launcher"
-    assert llm_kwargs(_recipe("engine.precision=bf16"), 1, on_gpu=True)["dtype"] == "bfloat16"
-    assert llm_kwargs(_recipe(), 1, on_gpu=True)["enforce_eager"] is False  # CUDA graphs on a GPU
-    # bucket_mb is read by the push (VLLMSampler.bucket_bytes; its effect: tests/vllm_cpu's ZeRO-3 bucket test)
-    source = (REPO / "hl_core/rollout/vllm_sampler.py").read_text()
+    assert llm_kwargs(_sampling("engine.precision=bf16"), 1, on_gpu=True)["dtype"] == "bfloat16"
+    assert llm_kwargs(_sampling(), 1, on_gpu=True)["enforce_eager"] is False  # CUDA graphs on a GPU
+    # bucket_mb is read by the push (VLLMSampler.bucket_bytes; its effect: tests/vllm_cpu's ZeRO-3 bucket test);
+    # dtype's `auto` is resolved with the training precision (hl_core.config.sampling)
+    source = "".join((REPO / path).read_text() for path in ("hl_core/rollout/vllm_sampler.py",
+                                                           "hl_core/config/decisions.py"))
     for key in VLLMRolloutConfig.model_fields:
         assert f"vcfg.{key}" in source or f"vllm.{key}" in source, f"rollout.vllm.{key} is read nowhere"
 

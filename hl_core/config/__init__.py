@@ -12,6 +12,9 @@ The package, by concern:
 * ``sections.py`` / ``sections_run.py``: the groups (training; evaluation, logging, rollout, cluster);
   ``schema.py``: ``Recipe``, the top level;
 * ``checks.py``: cross-field checks (``check_recipe``) and the batch layout for a world size;
+* ``decisions.py``: the decisions that combine several sections (the reference mode, what the data splits hold, what
+  generation reads; ``decide``: all at once), so that each component receives its own section and these answers,
+  never the whole recipe;
 * ``load.py``: YAML, ``defaults:`` inheritance, overrides and the wording of validation errors;
 * ``keys_doc.py``: the generator of ``docs/recipe-keys.md`` (``python -m hl_core.config``).
 """
@@ -19,6 +22,21 @@ The package, by concern:
 from pathlib import Path
 
 from .checks import batch_layout, check_recipe, pipeline_microbatches
+from .decisions import (
+    DataPlan,
+    Decisions,
+    Sampling,
+    data_plan,
+    decide,
+    held_out_reward,
+    lookahead_blocker,
+    needs_old_logps,
+    reference_cache_fields,
+    reference_mode,
+    reference_model_needed,
+    reference_needed,
+    sampling,
+)
 from .keys_doc import recipe_keys_markdown
 from .load import apply_overrides, deep_merge, load_recipe, parse_override, recipe_to_yaml, validate_recipe_dict
 from .schema import Recipe
@@ -61,4 +79,7 @@ __all__ = [
     "TrainConfig",
     "CheckpointConfig", "Math500EvalConfig", "AlpacaEvalConfig", "DataQualityEvalConfig", "EvalConfig",
     "WandbConfig", "LoggingConfig", "RewardConfig", "RolloutConfig", "ClusterConfig",
+    "DataPlan", "Decisions", "Sampling", "data_plan", "decide", "held_out_reward", "lookahead_blocker",
+    "needs_old_logps", "reference_cache_fields", "reference_mode", "reference_model_needed", "reference_needed",
+    "sampling",
 ]

@@ -9,8 +9,10 @@ from pathlib import Path
 from typing import Optional, Tuple
 
 from ..errors import RecipeError
-from ..objectives import OBJECTIVES, lookahead_blocker, reference_needed
+from ..objectives import OBJECTIVES
+from ..storage import gguf_models
 from ..storage.text import non_regular_file
+from .decisions import lookahead_blocker, reference_needed
 from .resume import check_resume
 from .schema import Recipe
 from .sections_run import POST_TRAINING_EVALS
@@ -380,6 +382,8 @@ def check_output_dir(output_dir: str) -> None:
 
 
 def _looks_local(name: str) -> bool:
+    if gguf_models.is_gguf_reference(name):  # checked when the recipe was read
+        return False
     return name.startswith((".", "/", "~")) or name.count("/") != 1 or Path(name).exists()
 
 

@@ -16,13 +16,19 @@ checkpoint may also be named directly (``.../step_N``).
 
 from __future__ import annotations
 
-import json
 import re
 from pathlib import Path
 from typing import List
 
 from ..errors import RecipeError
-from ..storage.checkpoints import COMPLETE_MARKER, is_complete, newest_complete, read_marker, step_dirs
+from ..storage.checkpoints import (
+    COMPLETE_MARKER,
+    is_complete,
+    newest_complete,
+    read_marker,
+    read_megatron_layout,
+    step_dirs,
+)
 
 MEGATRON_LAYOUT_FILE = "megatron_layout.json"  # hl_core.engines.megatron_checkpoint.LAYOUT_FILE
 _ZERO_OPTIM = re.compile(r"zero_pp_rank_(\d+)_mp_rank_\d+_optim_states\.pt")
@@ -104,7 +110,7 @@ def _check_layout(path: Path, recipe, world_size: int, where: str) -> None:
             f"Fix: set `engine.name={saved}`, or {FRESH}."
         )
     if megatron:
-        layout = json.loads((path / MEGATRON_LAYOUT_FILE).read_text())
+        layout = read_megatron_layout(path / MEGATRON_LAYOUT_FILE)
         tp, pp = recipe.parallel.tp, recipe.parallel.pp
         if (layout.get("tp"), layout.get("pp")) != (tp, pp):
             raise RecipeError(

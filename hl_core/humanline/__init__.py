@@ -18,30 +18,44 @@ builds a loop from these names, and ``docs/reference/humanline-api.md`` says whi
   state (``state_dict``).
 * **The arithmetic** under the classes (the clamp, the rejection draws, the elementwise mix) is in
   ``hl_core.humanline.functional``.
+* **Checkpoint files** read weights-only: ``load_checkpoint_file`` (one file), ``check_checkpoint_files`` (a whole
+  directory, on every rank before any loads), ``weights_only_checkpoints`` (a DeepSpeed engine's ``load_checkpoint``).
+* **Refusals**, each one paragraph naming the argument and the fix: ``HumanlineUsageError`` (a bad argument; every
+  entry point checks its own before any tensor is touched: ``hl_core/humanline/contract.py``),
+  ``HumanlineStateError`` (a refused load, nothing changed), ``SyncUsageError`` (a sync that would not sync once per
+  update: driven two ways, a second sync on one reference, parameters replaced since pairing) and
+  ``NonFiniteLogRatioError`` (a non-finite log-prob where the mask counts: the update is refused).
 """
 
-from ..logprobs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
+from ..errors import HumanlineStateError, HumanlineUsageError, NonFiniteLogRatioError, SyncUsageError
 from . import functional
-from .attach import SyncUsageError
+from .files import check_checkpoint_files, load_checkpoint_file, weights_only_checkpoints
 from .hooks import ReferenceSync, SyncRecord
+from .inputs import fused_sequence_token_logps, mask_from_labels, prefix_token_logps
 from .schedule import SyncSchedule
 from .sync import ParameterPairs, pair_lora_adapters, pair_parameters
 from .transforms import ClipTransform, LogRatioTransform, NoTransform, SampleTransform
 
 __all__ = [
     "ClipTransform",
+    "HumanlineStateError",
+    "HumanlineUsageError",
     "LogRatioTransform",
     "NoTransform",
+    "NonFiniteLogRatioError",
     "ParameterPairs",
     "ReferenceSync",
     "SampleTransform",
     "SyncRecord",
     "SyncSchedule",
     "SyncUsageError",
+    "check_checkpoint_files",
     "functional",
     "fused_sequence_token_logps",
+    "load_checkpoint_file",
     "mask_from_labels",
     "pair_lora_adapters",
     "pair_parameters",
     "prefix_token_logps",
+    "weights_only_checkpoints",
 ]

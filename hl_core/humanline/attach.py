@@ -21,13 +21,12 @@ from typing import Callable
 
 import torch
 
-
-class SyncUsageError(RuntimeError):
-    """``ReferenceSync`` driven two ways at once (attached and called by hand), or attached twice."""
+from ..errors import SyncUsageError  # noqa: F401 (its home before 0.1.x; hl_core.humanline exports it)
+from .contract import refuse
 
 
 def optimizer_kind(target) -> str:
-    """``"torch"``, ``"deepspeed"`` or ``"megatron"``; a ``TypeError`` for anything else."""
+    """``"torch"``, ``"deepspeed"`` or ``"megatron"``; a ``HumanlineUsageError`` for anything else."""
     if isinstance(target, torch.optim.Optimizer):
         return "torch"
     # a DeepSpeed engine or a Megatron optimizer exists only once its package is imported: read the class from
@@ -38,10 +37,10 @@ def optimizer_kind(target) -> str:
     megatron_optimizer = sys.modules.get("megatron.core.optimizer")
     if megatron_optimizer is not None and isinstance(target, megatron_optimizer.MegatronOptimizer):
         return "megatron"
-    raise TypeError(
-        f"ReferenceSync.attach takes a torch optimizer, a DeepSpeed engine or a Megatron-core optimizer, got a "
-        f"{type(target).__name__}. Fix: pass the object whose step() ends the update, or call "
-        "sync.before_optimizer_step(updates_done) yourself between the update's last backward and its step.")
+    raise refuse(
+        "ReferenceSync.attach", "target", "a torch optimizer, a DeepSpeed engine or a Megatron-core optimizer", target,
+        "pass the object whose step() ends the update, or call sync.before_optimizer_step(updates_done) yourself "
+        "between the update's last backward and its step")
 
 
 class Attachment:

@@ -1,5 +1,8 @@
 """Humanline sampling's random draws: two-sided token rejection with Beta-distributed thresholds, every draw from a
-caller's ``torch.Generator`` (reproducible), in log space (``Beta(0.01, 1)`` draws underflow float32)."""
+caller's ``torch.Generator`` (reproducible), in log space (``Beta(0.01, 1)`` draws underflow float32).
+
+The functions here take checked arguments; the public ones, which check them, are ``log_beta_sample`` and
+``rejection_mask`` in ``hl_core.humanline.functional``."""
 
 from __future__ import annotations
 
@@ -49,28 +52,10 @@ def _log_standard_gamma(shape, alpha: float, generator, device) -> torch.Tensor:
     return out.reshape(tuple(shape))
 
 
-def log_beta_sample(
-    shape, a: float, b: float, generator: Optional[torch.Generator] = None, device=None
-) -> torch.Tensor:
-    """``log u`` with ``u ~ Beta(a, b)``: float64, reproducible through ``generator``.
-
-    ``torch.distributions.Beta`` takes no generator, so the draws are made here from uniforms and
-    normals of ``generator``: for ``b == 1`` by the exact inverse CDF ``u = V**(1/a)``; otherwise as
-    ``X / (X + Y)`` with ``X ~ Gamma(a)``, ``Y ~ Gamma(b)`` (Marsaglia-Tsang), all in log space
-    (``Beta(0.01, 1)`` draws are below 1e-38 about 40% of the time).
-
-    Args:
-        shape: the draws' shape.
-        a: the Beta parameters (``> 0``).
-        b: the Beta parameters (``> 0``).
-        generator: where the draws come from and live.
-        device: where the draws come from and live.
-
-    Returns:
-        ``log u``, float64, of ``shape``.
-    """
-    if not (a > 0 and b > 0):
-        raise ValueError(f"Beta parameters must be > 0, got ({a}, {b})")
+def draw_log_beta(shape, a: float, b: float, generator: Optional[torch.Generator] = None,
+                  device=None) -> torch.Tensor:
+    """``log u`` with ``u ~ Beta(a, b)`` (``hl_core.humanline.functional.log_beta_sample`` on checked arguments:
+    ``a`` and ``b`` finite and ``> 0``, else the Gamma draws would never finish)."""
     if b == 1.0:
         return _log_uniform(shape, generator, device) / a
     log_x = _log_standard_gamma(shape, float(a), generator, device)
@@ -78,50 +63,26 @@ def log_beta_sample(
     return log_x - torch.logaddexp(log_x, log_y)
 
 
-def rejection_mask(
-    policy_logps: torch.Tensor,
-    ref_logps: torch.Tensor,
-    mask: torch.Tensor,
-    gamma_P: float = DEFAULT_GAMMA_P,
-    gamma_R: float = DEFAULT_GAMMA_R,
-    beta_P: float = DEFAULT_BETA_P,
-    beta_R: float = DEFAULT_BETA_R,
-    generator: Optional[torch.Generator] = None,
-) -> torch.Tensor:
-    """Humanline two-sided token rejection; ``True`` = rejected. Fresh draws on every call.
+def _masked_max(values: torch.Tensor, counted: torch.Tensor) -> torch.Tensor:
+    """The largest counted value (float64, 0-dim); -inf when nothing counts, an empty batch included."""
+    neg_inf = torch.full((1,), float("-inf"), dtype=values.dtype, device=values.device)
+    return torch.cat([torch.where(counted, values, neg_inf).reshape(-1), neg_inf]).max()
 
-    Per non-masked token, with ``M_R = max exp(lp_ref - lp_pol)`` and ``M_P = max exp(lp_pol - lp_ref)``
-    over the non-masked tokens of the micro-batch, ``u_R ~ Beta(gamma_R, beta_R)`` and
-    ``u_P ~ Beta(gamma_P, beta_P)``: reject if ``exp(lp_ref - lp_pol) < M_R * u_R`` OR
-    ``exp(lp_pol - lp_ref) < M_P * u_P`` (compared in log space). Masked tokens are never rejected.
-    ``u_R`` is drawn before ``u_P``, both from ``generator`` (the global RNG when ``None``).
 
-    Args:
-        policy_logps: per-token log-probs of the two models.
-        ref_logps: per-token log-probs of the two models.
-        mask: 1 on tokens that count.
-        gamma_P: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
-        gamma_R: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
-        beta_P: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
-        beta_R: the Beta parameters (method defaults 0.5, 0.01, 1, 1).
-        generator: where the draws come from.
-
-    Returns:
-        A boolean tensor, True on rejected tokens.
-
-    Shape:
-        all ``[B, T]``.
-    """
+def draw_rejections(policy_logps: torch.Tensor, ref_logps: torch.Tensor, counted: torch.Tensor, gamma_P: float,
+                    gamma_R: float, beta_P: float, beta_R: float,
+                    generator: Optional[torch.Generator] = None) -> torch.Tensor:
+    """``hl_core.humanline.functional.rejection_mask`` on checked arguments (``counted``: a bool mask). Positions
+    whose log-ratio is not finite count for neither ``M`` nor a rejection; the draws are one per position whatever
+    the mask, so the generator advances alike for any values."""
     with torch.no_grad():
-        mask_b = mask.bool()
         device = policy_logps.device
         log_ratio = (policy_logps.detach() - ref_logps.detach()).to(torch.float64)
-        neg_inf = torch.tensor(float("-inf"), dtype=torch.float64, device=device)
-        # max over non-masked tokens; -inf (so nothing is rejected) when every token is masked
-        log_M_R = torch.where(mask_b, -log_ratio, neg_inf).max()
-        log_M_P = torch.where(mask_b, log_ratio, neg_inf).max()
-        log_u_R = log_beta_sample(log_ratio.shape, gamma_R, beta_R, generator, device)
-        log_u_P = log_beta_sample(log_ratio.shape, gamma_P, beta_P, generator, device)
+        counted = counted & torch.isfinite(log_ratio)
+        log_M_R = _masked_max(-log_ratio, counted)
+        log_M_P = _masked_max(log_ratio, counted)
+        log_u_R = draw_log_beta(log_ratio.shape, gamma_R, beta_R, generator, device)
+        log_u_P = draw_log_beta(log_ratio.shape, gamma_P, beta_P, generator, device)
         rejected_R = -log_ratio < log_M_R + log_u_R
         rejected_P = log_ratio < log_M_P + log_u_P
-        return (rejected_R | rejected_P) & mask_b
+        return (rejected_R | rejected_P) & counted

@@ -181,24 +181,8 @@ def to_prefix_layout(next_logps: torch.Tensor) -> torch.Tensor:
 
 def mask_from_labels(labels: torch.Tensor, ignore_index: int = -100,
                      dtype: torch.dtype = torch.float32) -> torch.Tensor:
-    """The token mask the transforms take, from Hugging Face style labels (``ignore_index`` on the prompt and the
-    padding, the token id on every completion token).
-
-    ``mask[b, t] = 1`` where ``labels[b, t] != ignore_index``, else 0; position 0 is always 0 (no log-prob there:
-    ``prefix_token_logps``). Equal to our collators' ``completion_mask`` (prompt 0, completion and its EOS 1,
-    padding 0) for labels built the same way.
-
-    Args:
-        labels: unshifted labels, aligned with ``input_ids`` (as passed to a Hugging Face model's ``labels=``).
-        ignore_index: the value that marks a token that does not count.
-        dtype: the mask's dtype (the log-probs' float dtype: the transforms multiply by it).
-
-    Returns:
-        A 0/1 mask.
-
-    Shape:
-        ``labels`` and the output: ``[B, T]``.
-    """
+    """``hl_core.humanline.mask_from_labels`` without its argument checks (its docstring says what it computes):
+    ``1`` where ``labels != ignore_index``, 0 elsewhere and at position 0; ``[B, T] -> [B, T]``."""
     mask = (labels != ignore_index).to(dtype)
     mask[:, 0] = 0
     return mask

@@ -3,8 +3,8 @@
 * the directory's lock (``storage.run_lock``: one run per ``output_dir``), taken by rank 0 first of all; an
   ``output_dir`` that is a symbolic link is said in one line naming where it points (a link to nothing: refused);
 * a ``final/`` replacement that a kill interrupted is put back (``storage.checkpoints.recover_final``);
-* the checkpoint to resume and its run record (``run_record``): a refused change ends the run here, before any
-  weights are loaded;
+* the checkpoint to resume, its run record against this run's (``run_record``, which the trainer writes from the
+  recipe): a refused change ends the run here, before any weights are loaded;
 * another run's outputs in the directory: a run that starts afresh (``checkpoint.resume: never``, a checkpoint of
   another directory, or ``auto`` with nothing to resume beside an earlier run's ``final/``), or resumes an earlier
   checkpoint than the newest, would mix two runs (rotation deletes the new run's checkpoints as older than the
@@ -28,9 +28,11 @@ from typing import List, Optional
 from ..errors import RecipeError
 from ..storage import checkpoints as ckpt
 from ..storage.run_lock import OutputDirLock
-from .run_record import ResumeCheck, check_resume_record, run_record
+from .run_record import ResumeCheck, check_resume_record
 
-STOP_FILE = "STOP"  # the trainer's stop request file (``hl_core/trainer.py`` reads it at each update boundary)
+# the stop request a launcher writes (e.g. the SLURM time-limit trap): the trainer checkpoints at the next update
+# boundary and exits cleanly (``hl_core/trainer.py`` reads it)
+STOP_FILE = "STOP"
 _RUN_STARTED_AT: List[float] = []  # `note_run_start`: when the launcher's main() began (runs in a longer process)
 
 
@@ -72,19 +74,18 @@ def other_run(output_dir: Path, target: Optional[Path]) -> List[Path]:
     return found
 
 
-def check_other_run(recipe, target: Optional[Path]) -> List[Path]:
+def check_other_run(output_dir: Path, checkpoint, target: Optional[Path]) -> List[Path]:
     """Another run's outputs in ``output_dir`` that this run (resuming ``target``) would mix with: refused
-    (``RecipeError``) unless ``checkpoint.overwrite``; else the list of what to delete."""
-    found = other_run(Path(recipe.output_dir), target)
-    if found and not recipe.checkpoint.overwrite:
-        _refuse_other_run(recipe, found, target)
+    (``RecipeError``) unless ``checkpoint.overwrite`` (``checkpoint``: the recipe's section); else the list of
+    what to delete."""
+    found = other_run(output_dir, target)
+    if found and not checkpoint.overwrite:
+        _refuse_other_run(output_dir, checkpoint.resume, found, target)
     return found
 
 
-def _refuse_other_run(recipe, found: List[Path], target: Optional[Path]) -> None:
-    output_dir = Path(recipe.output_dir)
+def _refuse_other_run(output_dir: Path, resume: str, found: List[Path], target: Optional[Path]) -> None:
     names = ", ".join(f"`{p.relative_to(output_dir)}`" for p in found)
-    resume = recipe.checkpoint.resume
     if resume == "auto":
         why = ("holds the `final/` of a finished run but no complete checkpoint to continue it from (with "
                "`checkpoint.save_every: null` a run keeps none), so `checkpoint.resume: auto` would start afresh")
@@ -146,29 +147,30 @@ def symlink_notice(output_dir: Path) -> str:
     return f"`output_dir: {output_dir}` is a symbolic link to {shown}: the run writes there."
 
 
-def begin_run(recipe, world_size: int, rank: int) -> RunStart:
-    """Before the engine is built, on every rank (rank 0 alone takes the lock and changes the directory)."""
-    output_dir = Path(recipe.output_dir)
-    link = symlink_notice(output_dir) if rank == 0 else ""
-    lock = OutputDirLock(output_dir).acquire() if rank == 0 else None
+def begin_run(output_dir: Path, checkpoint, record: dict, main: bool) -> RunStart:
+    """Before the engine is built, on every rank (``main``: rank 0, which alone takes the lock and changes the
+    directory).
+    ``checkpoint``: the recipe's section (what to resume, whether another run's outputs may go); ``record``: this
+    run's record (``run_record``), which a resumed checkpoint's must allow."""
+    link = symlink_notice(output_dir) if main else ""
+    lock = OutputDirLock(output_dir).acquire() if main else None
     try:
         notices = [link, lock.notice] if lock is not None and lock.notice else [link]
-        if rank == 0:
+        if main:
             notices.append(ckpt.recover_final(output_dir))
             stop = output_dir / STOP_FILE
             mtime = stop.stat().st_mtime if stop.is_file() else None
             started = _RUN_STARTED_AT[0] if _RUN_STARTED_AT else process_started_at()
             notices.append(stale_stop_notice(mtime, started, bool(lock.notice), stop))
-        target, skipped = ckpt.resume_target(recipe.checkpoint.resume, output_dir)
+        target, skipped = ckpt.resume_target(checkpoint.resume, output_dir)
         notices.append(skipped)
-        found = check_other_run(recipe, target)
-        if found and rank == 0:
+        found = check_other_run(output_dir, checkpoint, target)
+        if found and main:
             for path in found:
                 shutil.rmtree(path)
             notices.append(f"`checkpoint.overwrite`: deleted the other run's {', '.join(p.name for p in found)} "
                            f"from {output_dir}.")
-        record = run_record(recipe, world_size)
-        check = check_resume_record(target, recipe, record) if target is not None else ResumeCheck()
+        check = check_resume_record(target, checkpoint.resume, record) if target is not None else ResumeCheck()
     except BaseException:
         if lock is not None:
             lock.release()

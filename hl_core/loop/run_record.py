@@ -171,14 +171,15 @@ def _shown(value) -> str:
     return json.dumps(value, sort_keys=True) if isinstance(value, (dict, list)) else str(value)
 
 
-def check_resume_record(checkpoint: Path, recipe, record: Dict[str, object]) -> ResumeCheck:
-    """Compare ``checkpoint``'s record with this run's ``record``; raises ``RecipeError`` on a refused change."""
+def check_resume_record(checkpoint: Path, resume: str, record: Dict[str, object]) -> ResumeCheck:
+    """Compare ``checkpoint`` (which ``checkpoint.resume: resume`` chose)'s record with this run's ``record``; raises
+    ``RecipeError`` on a refused change."""
     marker = read_marker(checkpoint)
-    where = f"`checkpoint.resume: {recipe.checkpoint.resume}` took `{checkpoint}`"
-    updates = marker.get("updates_done")
-    if isinstance(updates, int) and updates > recipe.train.max_steps:
+    where = f"`checkpoint.resume: {resume}` took `{checkpoint}`"
+    updates, max_steps = marker.get("updates_done"), record["max_steps"]
+    if isinstance(updates, int) and updates > max_steps:
         raise RecipeError(
-            f"{where}, which holds {updates} updates, more than this run's `train.max_steps: {recipe.train.max_steps}`:"
+            f"{where}, which holds {updates} updates, more than this run's `train.max_steps: {max_steps}`:"
             f" a run cannot be shortened. Fix: set `train.max_steps` to {updates} or more, point `checkpoint.resume` "
             "at an earlier `step_N`, or start afresh in another `output_dir`."
         )

@@ -50,8 +50,8 @@ class CheckpointParts:
     """What a checkpoint keeps beside the engine's files, and who hears that one is written.
 
     Args:
-        transform: the humanline transform; its ``state_dict()`` (when it has one: the sampling generators) goes
-            into the engine's client state.
+        transform: the humanline transform; its ``state_dict()`` (the sampling generators; empty for the others)
+            is saved per rank (``transform_rank<r>.pt``: each data-parallel rank draws from its own generator).
         source: the data source; its ``state_dict()`` (when it has one: the sparse-rollout buffer) per rank.
         reference: the reference log-probs (``hl_core.reference``); ``state_dict()`` is None or the look-ahead
             window's log-probs, per rank.
@@ -136,9 +136,10 @@ class RunSafety:
         state = {"updates_done": progress.updates_done, "eval_history": progress.eval_history,
                  "skipped": [progress.skips.in_a_row, progress.skips.total]}
         parts = self.parts
-        if hasattr(parts.transform, "state_dict"):
-            state["transform_state"] = parts.transform.state_dict()
         self.engine.save(str(ckpt_dir), tag, state)
+        transform_state = parts.transform.state_dict()
+        if transform_state:  # per rank: the engine's client state is rank 0's alone at ZeRO 0-2 and under Megatron
+            torch.save(transform_state, ckpt_dir / tag / ckpt.transform_file(self.engine.rank))
         if hasattr(parts.source, "state_dict"):
             # per rank: e.g. the sparse-rollout buffer of samples for the coming updates
             torch.save(parts.source.state_dict(), ckpt_dir / tag / f"source_rank{self.engine.rank:05d}.pt")
@@ -162,7 +163,10 @@ class RunSafety:
         history = [] if eval_changed else list(state.get("eval_history", []))
         progress = Progress(int(state.get("updates_done", 0)), skips, history)
         parts = self.parts
-        if hasattr(parts.transform, "load_state_dict") and "transform_state" in state:
+        transform_state = checkpoint / ckpt.transform_file(self.engine.rank)
+        if transform_state.exists():
+            parts.transform.load_state_dict(ckpt.safe_load(transform_state))
+        elif "transform_state" in state:  # an older version's checkpoint: rank 0's generators, in the client state
             parts.transform.load_state_dict(state["transform_state"])
         source_state = checkpoint / f"source_rank{self.engine.rank:05d}.pt"
         if hasattr(parts.source, "load_state_dict") and source_state.exists():

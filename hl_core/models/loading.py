@@ -13,6 +13,7 @@ import torch
 
 from ..errors import RecipeError
 from ..models.specs import resolve_spec
+from ..storage import gguf_models
 from .speed import apply_kernels, resolve_attention
 
 # Imports inside functions: transformers (seconds to import) loads when a model or tokenizer is built, so --plan and
@@ -60,6 +61,7 @@ def load_tokenizer(model_cfg):
     it has more tokens than the model's vocabulary (see `check_vocab`)."""
     from transformers import AutoTokenizer
 
+    model_cfg = gguf_models.resolve_model(model_cfg)  # a gguf: model: its converted directory (converted once)
     name = model_cfg.tokenizer or model_cfg.name_or_path
     key = "model.tokenizer" if model_cfg.tokenizer else "model.name_or_path"
     local = Path(name).expanduser()
@@ -289,6 +291,7 @@ def build_causal_lm(model_cfg, precision: str, seed: int, zero3_init_config: Opt
     """
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    model_cfg = gguf_models.resolve_model(model_cfg)  # a gguf: model: its converted directory (converted once)
     dtype = DTYPES[precision]
     kwargs = dict(trust_remote_code=model_cfg.trust_remote_code)
     attention = resolve_attention(model_cfg.attn_implementation, packing)

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Mapping, Optional
 
 from ..config import batch_layout
 from ..errors import RecipeError, did_you_mean
+from ..storage import gguf_models
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -277,7 +278,9 @@ def resolve_spec(model) -> ModelSpec:
     name = model if isinstance(model, str) else model.name_or_path
     overrides = {} if isinstance(model, str) else dict(model.config_overrides or {})
     local = _local_dir(name)
-    if local is not None:
+    if gguf_models.is_gguf_reference(name):  # its converted config.json, or before converting, the file's header
+        spec = spec_from_config(gguf_models.hf_config(name), name=name, source=name)
+    elif local is not None:
         cfg = local / "config.json"
         if not cfg.exists():
             raise RecipeError(

@@ -1,7 +1,9 @@
 """Objectives: pure functions over per-token log-ratios, each returning ``(loss, metrics)``.
 
-The registry maps the recipe's ``objective.name`` to an ``ObjectiveSpec`` (the loss function, the
-kind of data it consumes, the metric keys it reports). Humanline is never re-implemented here: the trainer hands each
+The registry maps an ``objective.name`` to an ``ObjectiveSpec`` (the loss function, the kind of data it consumes,
+the metric keys it reports). Each function reads the recipe's ``objective`` section at most; what a run decides from
+the objective together with other sections (whether it reads the reference, where the reference's log-probs come
+from) is decided in ``hl_core.config.decisions``. Humanline is never re-implemented here: the trainer hands each
 objective log-ratios already transformed by ``hl_core.humanline``.
 """
 
@@ -67,71 +69,12 @@ register_objective(ObjectiveSpec(
     "sft", sft_loss, "sft", sft_batch_loss, needs_reference=lambda cfg: False, metric_keys=sft.METRIC_KEYS,
     loss_share=sft.sft_loss_share, metric_weights=sft.sft_metric_weights, finish_metrics=sft.sft_finish_metrics))
 
-def needs_old_logps(recipe) -> bool:
-    """Rollouts: whether the objective's ratio is against the behaviour policy's log-probs, kept at sampling
-    time (standard GRPO); humanline GRPO takes the ratio against the synced reference instead."""
-    return OBJECTIVES[recipe.objective.name].uses_behaviour_logps and not recipe.humanline.enabled
-
-
-def reference_needed(recipe) -> bool:
-    """Whether anything reads the reference's log-probs, and so whether the engine builds a reference model.
-
-    Not for SFT or a reference-free DPO loss (SimPO), and not for standard rollout GRPO without a KL term: its ratio
-    is against the behaviour policy's log-probs kept at sampling time. Syncing implies humanline, which always needs
-    the reference (the checks refuse humanline with a reference-free objective).
-    """
-    if not OBJECTIVES[recipe.objective.name].needs_reference(recipe.objective):
-        return False
-    behaviour_ratio_only = recipe.rollout.every is not None and needs_old_logps(recipe)
-    return not (behaviour_ratio_only and getattr(recipe.objective, "beta_kl", 0.0) == 0)
-
-def lookahead_blocker(recipe) -> Optional[str]:
-    """Why look-ahead syncing cannot serve this run's reference log-probs (None when it can)."""
-    if recipe.humanline.sync_mix != 1.0:
-        return (f"`humanline.sync_mix: {recipe.humanline.sync_mix}` mixes the policy into the reference, and the "
-                "policy computing log-probs ahead holds its own weights, not the mixture")
-    if recipe.rollout.every is not None:
-        return ("its batches are rollouts (`rollout.every`), sampled after the sync from the updated policy, so "
-                "they are not known at the sync")
-    if recipe.train.on_nonfinite == "skip":
-        return ("`train.on_nonfinite: skip`: a skipped update does not sync, and the reference it keeps is one "
-                "whose log-probs were not computed ahead")
-    return None
-
-
-def reference_mode(recipe) -> Tuple[str, str]:
-    """Where the reference's log-probs come from, and why: ``none`` (nothing reads them), ``cached`` (frozen,
-    precomputed once: ``train.cache_reference_logps``), ``lookahead`` (synced, computed by the policy at each
-    sync for the batches up to the next: ``humanline.reference``) or ``copy`` (a second model)."""
-    if not reference_needed(recipe):
-        return "none", "nothing reads the reference's log-probs"
-    if recipe.train.cache_reference_logps:
-        return "cached", "frozen reference, log-probs precomputed once (`train.cache_reference_logps`)"
-    if recipe.humanline.sync_every is None:
-        return "copy", "frozen reference kept as a second model (`train.cache_reference_logps: true` drops it)"
-    if recipe.humanline.reference == "copy":
-        return "copy", "`humanline.reference: copy`"
-    blocker = lookahead_blocker(recipe)
-    if blocker is not None:
-        return "copy", f"look-ahead syncing does not apply: {blocker}"
-    return "lookahead", "offline data: each sync computes the log-probs of the batches up to the next sync"
-
-
-def reference_model_needed(recipe) -> bool:
-    """Whether the engine builds a second (reference) model."""
-    return reference_mode(recipe)[0] == "copy"
-
 
 __all__ = [
-    "lookahead_blocker",
-    "reference_mode",
-    "reference_model_needed",
     "ObjectiveInputs",
     "ObjectiveSpec",
     "OBJECTIVES",
     "register_objective",
-    "needs_old_logps",
-    "reference_needed",
     "dpo_loss",
     "kto_loss",
     "kto_reference_point",

@@ -82,6 +82,7 @@ LOSS_TYPES = tuple(PAIR_LOSSES)
 
 
 def sequence_score(values: torch.Tensor, mask: torch.Tensor, per_token_mean: bool) -> torch.Tensor:
-    """``[B, T] -> [B]``: the sum of ``values`` over the non-masked tokens, or their mean (an empty row: 0)."""
-    total = (values * mask.to(values.dtype)).sum(dim=-1)
+    """``[B, T] -> [B]``: the sum of ``values`` over the non-masked tokens, or their mean (an empty row: 0). Masked
+    positions are selected out, not multiplied by 0: whatever they hold (a NaN in padding) adds exactly 0."""
+    total = torch.where(mask.bool(), values, torch.zeros((), dtype=values.dtype, device=values.device)).sum(dim=-1)
     return total / mask.to(values.dtype).sum(dim=-1).clamp(min=1.0) if per_token_mean else total

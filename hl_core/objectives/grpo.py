@@ -199,7 +199,8 @@ def grpo_batch_loss(objective_cfg, inputs) -> Tuple[torch.Tensor, Dict[str, floa
     )
     with torch.no_grad():
         # reference-free: advantage-weighted mean per-token log-prob (rises as better completions gain mass)
-        per_token = (inputs.policy_logps * mask).sum(-1) / mask.sum(-1).clamp(min=1)
+        counted = torch.where(mask.bool(), inputs.policy_logps, torch.zeros_like(inputs.policy_logps))
+        per_token = counted.sum(-1) / mask.sum(-1).clamp(min=1)
         metrics["policy/adv_logp"] = (advantages.to(per_token.dtype) * per_token).mean()
     return loss, metrics
 

@@ -31,7 +31,7 @@ P' is the largest per-rank shard under tensor/pipeline parallelism: ``(layers/pp
 embedding on the first stage and the (untied, or tied copy with pp > 1) output layer on the last.
 The reference model has no gradients or optimizer: partitioned like the policy under ZeRO-3 (2P/N),
 sharded like the policy under Megatron (2P'), whole (2P) under ZeRO-0/1/2; 0 when the run builds none
-(SFT, and standard rollout GRPO without a KL term: ``hl_core.objectives.reference_needed``; look-ahead syncing
+(SFT, and standard rollout GRPO without a KL term: ``hl_core.config.reference_needed``; look-ahead syncing
 and a cached frozen reference: ``reference_mode``, whose log-probs live in CPU memory, noted).
 
 Activations (Korthikanti et al. 2022, "Reducing Activation Recomputation in Large Transformer Models",
@@ -74,11 +74,10 @@ import json
 from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
-from ..config import Recipe, batch_layout, pipeline_microbatches
-from ..data.build import data_plan, load_split_records
+from ..config import Recipe, batch_layout, data_plan, pipeline_microbatches, reference_mode
+from ..data.build import load_split_records
 from ..loop.sources import epoch_steps
 from ..models.specs import ModelSpec, check_layout, resolve_spec
-from ..objectives import reference_mode
 from .plan_peak import checkpointed_activations, deepspeed_phases, zero3_gathered_elements
 from .plan_states import (
     REDUCE_BUCKET,

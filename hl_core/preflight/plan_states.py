@@ -6,10 +6,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import List, Optional
 
-from ..config import Recipe
+from ..config import Recipe, reference_mode
 from ..config.checks import check_lora
 from ..models.specs import ModelSpec
-from ..objectives import reference_mode
 from .plan_lora import lora_terms
 from .plan_peak import zero2_gradient_elements, zero3_largest_sub_group
 from .plan_terms import megatron_cpu_step_bytes, megatron_gpu_step_bytes

@@ -19,8 +19,8 @@ from pathlib import Path
 from typing import Optional
 
 from ..callbacks import build_callbacks
-from ..config import batch_layout, check_recipe
-from ..data.build import build_datasets, data_plan, describe_data, load_split_records
+from ..config import batch_layout, check_recipe, data_plan
+from ..data.build import build_datasets, describe_data, load_split_records
 from ..engines.base import check_launch_environment
 from ..loop.lifecycle import check_other_run
 from ..loop.run_record import check_resume_record, run_record
@@ -28,6 +28,7 @@ from ..loop.sources import epoch_steps
 from ..models.loading import check_model_config, check_weights_load, load_tokenizer
 from ..models.specs import check_layout
 from ..models.speed import check_speed_options
+from ..storage import gguf_models
 from ..storage.checkpoints import resume_target
 
 
@@ -38,16 +39,18 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
     # RANK=abc, RANK >= WORLD_SIZE, ...: what training refuses at its start, after the recipe's checks as there
     check_launch_environment()
     check_layout(recipe, world)
-    check_model_config(recipe.model)
-    check_weights_load(recipe.model)  # a local model's config.json and safetensors headers (no weights read)
+    model = gguf_models.converted_model(recipe.model)  # a gguf: model: its converted directory if any (no converting)
+    check_model_config(model)
+    check_weights_load(model)  # a local model's config.json and safetensors headers (no weights read)
     target, _ = resume_target(recipe.checkpoint.resume, recipe.output_dir)
-    check_other_run(recipe, target)  # another run's outputs in output_dir
-    resume = check_resume_record(target, recipe, run_record(recipe, world)) if target is not None else None
+    check_other_run(Path(recipe.output_dir), recipe.checkpoint, target)  # another run's outputs in output_dir
+    resume = (check_resume_record(target, recipe.checkpoint.resume, run_record(recipe, world)) if target is not None
+              else None)
     check_speed_options(recipe)  # model.kernels and train.fused_logprobs against the model family and this machine
     build_callbacks(recipe.train.callbacks)  # train.callbacks: importable, built, LoopCallbacks
     tokenizer = None
-    if Path(recipe.model.tokenizer or recipe.model.name_or_path).expanduser().is_dir():
-        tokenizer = load_tokenizer(recipe.model)  # local: its files and its size against the model's vocabulary
+    if Path(model.tokenizer or model.name_or_path).expanduser().is_dir():
+        tokenizer = load_tokenizer(model)  # local: its files and its size against the model's vocabulary
     lines = [f"recipe `{recipe.name}` is valid"]
     if resume is not None:
         lines += [f"resumes `{target}`"] + resume.notices
@@ -59,6 +62,9 @@ def validate_recipe(recipe, world_size: Optional[int] = None) -> str:
         lines.append(f"data: {sum(map(len, train_parts))} train rows"
                      + (f" ({', '.join(str(len(p)) for p in train_parts)} per source)" if recipe.data.mixture else "")
                      + (f", {len(evaluation)} eval rows" if evaluation else "") + " checked")
+        if tokenizer is None and gguf_models.is_gguf_reference(model.tokenizer or model.name_or_path):
+            lines.append("tokenizer: inside the GGUF file, not converted yet: the rows are tokenized when training "
+                         "converts it (or run --validate again after that)")
         if tokenizer is not None:
             tokenized = build_datasets(recipe.data, plan, tokenizer, show_progress=False, records=records)
             lines.append("tokenized: " + describe_data(recipe.data, plan, *tokenized))

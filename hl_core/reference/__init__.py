@@ -1,4 +1,4 @@
-"""Where the reference's per-token log-probs come from (``objectives.reference_mode``).
+"""Where the reference's per-token log-probs come from (``hl_core.config.reference_mode``).
 
 * ``copy`` / ``none``: the engine's reference model (``hl_core.humanline.ReferenceSync`` overwrites it at each sync, or
   mixes the
@@ -31,7 +31,7 @@ def build_reference_logps(mode: str, reason: str, humanline, max_steps: int, eng
                           eval_batches: Optional[Callable[[], Iterable[dict]]], eval_at: Callable[[int], bool],
                           cache: Optional[CacheLocation] = None, show_progress: bool = False,
                           bars: bool = False) -> ReferenceLogps:
-    """The run's reference log-probs. ``mode`` and ``reason``: ``objectives.reference_mode``; ``humanline``: the
+    """The run's reference log-probs. ``mode`` and ``reason``: ``config.reference_mode``; ``humanline``: the
     recipe's section (the sync schedule); ``batches_of_update(n)``: this rank's micro-batches of update ``n``;
     ``eval_batches()``: its eval batches (None without a loss evaluation); ``eval_at(u)``: an evaluation runs
     after ``u`` updates; ``cache``: where a ``cached`` reference lives (``cache_location``); ``show_progress``: print

@@ -14,7 +14,8 @@ The fingerprint holds what the log-probs depend on: the model section and the co
 directory's files (SHA-256; size and modification time for files over 256 MiB), the data section and the
 content of its local files, the objective, precision and parallel layout, the batch layout (world size, seed,
 micro-batch, accumulation: which batches each rank computes), the evaluation settings and the temperature; not
-the number of updates (part files cover fixed update ranges).
+the number of updates (part files cover fixed update ranges). The recipe's part of it is read by
+``hl_core.config.reference_cache_fields``; the cache adds its format, the temperature and the engine's layout.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import torch
 
 from ..errors import DiskFull, RecipeError
 from ..storage.checkpoints import safe_load
-from ..storage.digests import file_digest, local_files
+from ..storage.digests import file_digest
 from ..storage.disk_full import is_disk_full
 from .sources import StoredReferenceLogps
 from .store import LogpStore
@@ -40,36 +41,13 @@ FORMAT = 1
 UPDATES_PER_PART = 32
 
 
-def fingerprint(recipe, world_size: int, dp_size: int, gradient_accumulation_steps: int,
+def fingerprint(recipe_fields: Dict[str, object], world_size: int, dp_size: int, gradient_accumulation_steps: int,
                 temperature: float = 1.0) -> Dict[str, object]:
-    """What the cached log-probs depend on (flat ``{field: value}``, JSON-serialisable)."""
-    data = recipe.data
-    fields: Dict[str, object] = {"format": FORMAT, "temperature": float(temperature)}
-    for key, value in recipe.model.model_dump(mode="json").items():
-        fields[f"model.{key}"] = value
-    for name, digest in local_files(recipe.model.name_or_path).items():
-        fields[f"model file {name}"] = digest
-    if recipe.model.tokenizer:
-        for name, digest in local_files(recipe.model.tokenizer).items():
-            fields[f"tokenizer file {name}"] = digest
-    for key, value in data.model_dump(mode="json").items():
-        fields[f"data.{key}"] = value
-    sources = [("train" if not data.mixture else f"train[{i}]", source) for i, source in enumerate(data.train_sources)]
-    for split, source in sources + [("eval", data.eval)]:
-        for name, digest in local_files(source.path if source is not None else None).items():
-            fields[f"data.{split} file {name}"] = digest
-    train = recipe.train
-    fields.update({
-        "objective.name": recipe.objective.name, "engine.name": recipe.engine.name,
-        "engine.precision": recipe.engine.precision, "parallel.tp": recipe.parallel.tp,
-        "parallel.pp": recipe.parallel.pp,
-        "world size": world_size, "data-parallel size": dp_size, "train.seed": train.seed,
-        "train.micro_batch_size": train.micro_batch_size, "gradient accumulation steps": gradient_accumulation_steps,
-        "train.logps_chunk_tokens": train.logps_chunk_tokens,
-        "eval.every": recipe.eval.every, "eval.batch_size": recipe.eval.batch_size,
-        "eval.max_batches": recipe.eval.max_batches,
-    })
-    return fields
+    """What the cached log-probs depend on (flat ``{field: value}``, JSON-serialisable): the cache's format, the
+    temperature, the recipe's fields (``hl_core.config.reference_cache_fields``) and the batch layout (which batches
+    each rank computes)."""
+    return {"format": FORMAT, "temperature": float(temperature), **recipe_fields, "world size": world_size,
+            "data-parallel size": dp_size, "gradient accumulation steps": gradient_accumulation_steps}
 
 
 def changed_fields(old: Dict[str, object], new: Dict[str, object]) -> List[str]:
@@ -267,10 +245,11 @@ class CacheLocation:
     fields: Dict[str, object]
 
 
-def cache_location(recipe, engine) -> CacheLocation:
-    """``<output_dir>/reference_cache/rank<r>`` and the recipe's fingerprint on this engine's layout."""
-    fields = fingerprint(recipe, engine.world_size, engine.dp_size, engine.gradient_accumulation_steps)
-    return CacheLocation(Path(recipe.output_dir) / "reference_cache" / f"rank{engine.rank:05d}", fields)
+def cache_location(output_dir: Path, recipe_fields: Dict[str, object], engine) -> CacheLocation:
+    """``<output_dir>/reference_cache/rank<r>`` and the fingerprint of the recipe's fields
+    (``hl_core.config.reference_cache_fields``) on this engine's layout."""
+    fields = fingerprint(recipe_fields, engine.world_size, engine.dp_size, engine.gradient_accumulation_steps)
+    return CacheLocation(Path(output_dir) / "reference_cache" / f"rank{engine.rank:05d}", fields)
 
 
 def cached_reference(location: CacheLocation, max_steps: int, engine, reason: str, batches_of_update,

@@ -9,7 +9,6 @@ from typing import Callable, Iterable, List, Optional
 
 import torch
 
-from ..callbacks import CallbackContext
 from ..errors import DataError
 from ..humanline import ReferenceSync, SyncRecord, SyncSchedule
 from ..storage.checkpoints import reference_logps_file, safe_load
@@ -33,8 +32,9 @@ class ReferenceLogps:
     """The engine's reference model (``copy``), or none (``none``); the base of the copy-free modes.
 
     ``logps(batch, temperature, policy_logps)`` serves the trainer, ``token_logps(batch, model)`` the objectives'
-    extra forwards (KTO's KL rows), and ``sync_before_step(ctx)`` keeps it current before each optimizer step:
-    humanline's ``ReferenceSync`` over the engine's ``reference_pairs()`` when ``schedule`` syncs, else nothing."""
+    extra forwards (KTO's KL rows), and ``before_optimizer_step(updates_done)``, which the trainer calls between an
+    update's last backward and its optimizer step, keeps it current: humanline's ``ReferenceSync`` over the engine's
+    ``reference_pairs()`` when ``schedule`` syncs, else nothing."""
 
     def __init__(self, engine, mode: str, reason: str, schedule: Optional[SyncSchedule] = None):
         self.engine, self.mode, self.reason = engine, mode, reason
@@ -42,9 +42,9 @@ class ReferenceLogps:
         if schedule is not None and schedule.every is not None:
             self.sync = ReferenceSync(engine.reference_pairs(), schedule)
 
-    def sync_before_step(self, ctx: CallbackContext) -> SyncRecord:
-        """The reference's part of update ``ctx.updates_done``, after its last backward and before its step."""
-        return self.sync.before_optimizer_step(ctx.updates_done) if self.sync is not None else SyncRecord(False)
+    def before_optimizer_step(self, updates_done: int) -> SyncRecord:
+        """The reference's part of update ``updates_done``, after its last backward and before its step."""
+        return self.sync.before_optimizer_step(updates_done) if self.sync is not None else SyncRecord(False)
 
     @property
     def available(self) -> bool:
@@ -104,7 +104,7 @@ class StoredReferenceLogps(ReferenceLogps):
 
 
 class LookaheadReference(StoredReferenceLogps):
-    """Look-ahead syncing: at each window start (``sync_before_step``) it replaces the stored log-probs
+    """Look-ahead syncing: at each window start (``before_optimizer_step``) it replaces the stored log-probs
     with the policy's for the batches up to the next sync (see the module docstring). A window is computed whole
     even where it reaches past ``max_steps`` (with the eval set), so a finished run extended to more updates
     continues exactly; a resume whose window the checkpoint does not cover starts a new window there."""
@@ -134,8 +134,8 @@ class LookaheadReference(StoredReferenceLogps):
         return (self.eval_batches is not None
                 and any(self.eval_at(u) for u in range(first, min(last, self.max_steps) + 1)))
 
-    def sync_before_step(self, ctx: CallbackContext) -> SyncRecord:
-        engine, updates_done = ctx.engine, ctx.updates_done
+    def before_optimizer_step(self, updates_done: int) -> SyncRecord:
+        engine = self.engine
         synced = self.schedule.due(updates_done)
         if not (synced or updates_done == 0 or self.policy_is_reference):  # a window starts at 0 or a resume
             return SyncRecord(False, 0.0)

@@ -157,7 +157,7 @@ class Phases:
         self.wrap(engine, "skip_step", lambda *a, **k: "step")
         original_mark = engine.mark_accumulation_boundary
         engine.mark_accumulation_boundary = lambda is_last: (boundary(is_last), original_mark(is_last))[1]
-        self.wrap(trainer.callbacks, "before_optimizer_step", lambda *a, **k: "sync")
+        self.wrap(trainer.reference, "before_optimizer_step", lambda *a, **k: "sync")
         self.wrap(trainer.source, "before_step", lambda *a, **k: "rollout")
 
     def reset(self) -> None:

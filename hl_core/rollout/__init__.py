@@ -26,6 +26,7 @@ from typing import Dict, List, Optional
 
 import torch
 
+from ..config.decisions import Sampling
 from ..loop.micro_batches import update_batches
 from .generation import build_sampler, prompt_seed
 from .heldout import check_prompts_have_references
@@ -38,28 +39,40 @@ def is_rollout_step(updates_done: int, every: Optional[int]) -> bool:
 
 
 class RolloutSource:
-    """Produces the training micro-batches of each update from fresh (or buffered) generations."""
+    """Produces the training micro-batches of each update from fresh (or buffered) generations.
+
+    Args:
+        sampling: what generation reads (``hl_core.config.Sampling``: the ``rollout`` section and more).
+        train: the recipe's ``train`` section (the run's last update, the micro-batch size or token budget).
+        output_dir: the run's directory (``rollout.log_samples`` writes under ``rollouts/``).
+        engine, tokenizer: the run's.
+        prompts: the train split, a ``TokenizedDataset`` of ``{"prompt_ids", "reference", "messages"}``.
+        collate, data_kind: the objective's examples (their collate function and ``DATA_KINDS`` key).
+        positions: position -> dataset index (the shared, seeded data order).
+        needs_old_logps: keep the behaviour policy's log-probs (``hl_core.config.needs_old_logps``).
+        logps_temperature: the temperature of those log-probs.
+    """
 
     # the metrics ``before_step`` reports (besides the ``rollout`` flag); held-out ones: ``heldout.HeldOutReward``
     METRIC_KEYS = ("rollout_time_s", "reward_mean", "reward_std", "gen_len_mean", "gen_len_max", "pairs_kept_frac")
 
-    def __init__(self, recipe, engine, tokenizer, prompts, collate, data_kind: str, positions, needs_old_logps: bool,
-                 logps_temperature: float):
-        self.recipe, self.engine, self.tokenizer = recipe, engine, tokenizer
-        self.cfg = recipe.rollout
-        self.prompts = prompts  # TokenizedDataset of {"prompt_ids", "reference", "messages"}
+    def __init__(self, sampling: Sampling, train, output_dir: Path, engine, tokenizer, prompts, collate,
+                 data_kind: str, positions, needs_old_logps: bool, logps_temperature: float):
+        self.train, self.engine, self.tokenizer = train, engine, tokenizer
+        self.cfg = sampling.rollout
+        self.prompts = prompts
         self.collate = collate
         self.data_kind = data_kind
-        self.positions = positions  # position -> dataset index (the shared, seeded data order)
+        self.positions = positions
         self.needs_old_logps = needs_old_logps
         self.logps_temperature = logps_temperature
         self.reward = build_reward(self.cfg.reward)
-        self.sampler = build_sampler(engine, tokenizer, recipe)
-        self.seed = self.cfg.seed if self.cfg.seed is not None else recipe.train.seed
+        self.sampler = build_sampler(engine, tokenizer, sampling)
+        self.seed = sampling.seed
         self.buffer: Dict[int, List[dict]] = {}
         self.sample_log = None
         if self.cfg.log_samples:
-            self.sample_log = Path(recipe.output_dir) / "rollouts" / f"rank{engine.rank:05d}.jsonl"
+            self.sample_log = Path(output_dir) / "rollouts" / f"rank{engine.rank:05d}.jsonl"
             self.sample_log.parent.mkdir(parents=True, exist_ok=True)
         check_prompts_have_references(prompts, self.cfg.reward.kind, "training")
 
@@ -71,9 +84,9 @@ class RolloutSource:
             return metrics
         start = time.perf_counter()
         self.sampler.push_weights()
-        last = min(step + self.cfg.every, self.recipe.train.max_steps)
+        train = self.train
+        last = min(step + self.cfg.every, train.max_steps)
         scores_all, lengths, kept = [], [], []
-        train = self.recipe.train
         for future in range(step, last):
             update_features = []
             for micro_index in range(self.engine.gradient_accumulation_steps):

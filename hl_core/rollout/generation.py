@@ -16,6 +16,8 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
+from ..config.decisions import Sampling
+
 # Imports inside functions: vLLM is optional, loaded only for `rollout.backend: vllm` (or `auto` on a GPU);
 # transformers only on the static-cache path.
 
@@ -237,12 +239,12 @@ def vllm_usable() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
-def build_sampler(engine, tokenizer, recipe):
-    """The recipe's sampler: `VLLMSampler` (one engine per rank, at any world
-    size) for ``rollout.backend: vllm``, or ``auto`` where vLLM is usable; else `HFSampler`."""
-    cfg = recipe.rollout
+def build_sampler(engine, tokenizer, sampling: Sampling):
+    """The run's sampler: `VLLMSampler` (one engine per rank, at any world size) for ``rollout.backend: vllm``, or
+    ``auto`` where vLLM is usable; else `HFSampler`."""
+    cfg = sampling.rollout
     if cfg.backend == "vllm" or (cfg.backend == "auto" and vllm_usable()):
         from .vllm_sampler import VLLMSampler
 
-        return VLLMSampler(engine, tokenizer, recipe)
+        return VLLMSampler(engine, tokenizer, sampling)
     return HFSampler(engine, tokenizer, cfg)

@@ -21,6 +21,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
+from ..config.decisions import Sampling
 from ..errors import DataError
 from .generation import build_sampler, prompt_seed
 from .rewards import build_reward, reward_needs_reference
@@ -49,19 +50,20 @@ def check_prompts_have_references(prompts, kind: str, split: str) -> None:
 
 
 class HeldOutReward:
-    """Samples and scores the held-out prompts; ``sampler``/``reward`` are shared with the rollout source
-    when there is one (one vLLM engine, one reward model)."""
+    """Samples and scores the held-out prompts (``sampling``: what generation reads, ``hl_core.config.Sampling``;
+    ``output_dir``: the run's, where the first evaluation's scores are kept); ``sampler``/``reward`` are shared with
+    the rollout source when there is one (one vLLM engine, one reward model)."""
 
     METRIC_KEYS = ("reward", "gen_len", "win_rate_vs_start")
 
-    def __init__(self, recipe, engine, tokenizer, eval_prompts, sampler=None, reward=None):
+    def __init__(self, sampling: Sampling, output_dir: Path, engine, tokenizer, eval_prompts, sampler=None,
+                 reward=None):
         self.engine, self.tokenizer = engine, tokenizer
-        self.sampler = sampler or build_sampler(engine, tokenizer, recipe)
-        self.reward = reward or build_reward(recipe.rollout.reward)
-        base = recipe.rollout.seed if recipe.rollout.seed is not None else recipe.train.seed
-        self.seed = base + EVAL_SEED_OFFSET
-        check_prompts_have_references(eval_prompts, recipe.rollout.reward.kind, "held-out")
-        self.start_file = Path(recipe.output_dir) / f"heldout_start_rank{engine.rank:05d}.json"
+        self.sampler = sampler or build_sampler(engine, tokenizer, sampling)
+        self.reward = reward or build_reward(sampling.rollout.reward)
+        self.seed = sampling.seed + EVAL_SEED_OFFSET
+        check_prompts_have_references(eval_prompts, sampling.rollout.reward.kind, "held-out")
+        self.start_file = Path(output_dir) / f"heldout_start_rank{engine.rank:05d}.json"
         self.start_scores: Optional[List[float]] = None
 
     def _baseline(self, scores: List[float], updates_done: int) -> List[float]:

@@ -4,12 +4,12 @@
   training process (no child processes to outlive it, and tensors reach the worker without serialisation). At
   world size > 1 the engine joins the ranks' existing process group (``distributed_executor_backend=
   "external_launcher"``): tensor parallel 1, each rank an engine of its own that samples its own prompts.
-* **Weights.** vLLM starts from the recipe's model directory; a ``model.random_init`` model starts from its shapes
-  (``load_format="dummy"``) and the first push sets its weights. ``push_weights`` streams the policy's parameters
-  (HF names) through ``llm.collective_rpc("reload_weights", ...)`` in checkpoint format: vLLM restores each layer's
-  checkpoint layout, loads, and repacks it (the CPU build prepacks linear weights, so the model's own
-  ``load_weights`` cannot be called on a running engine). Under ZeRO-3 the parameters are gathered one bucket of
-  ``rollout.vllm.bucket_mb`` at a time (`DeepSpeedEngine.weight_buckets`), never a whole second copy.
+* **Weights.** vLLM starts from the policy's model directory (``Sampling.model``); a ``model.random_init`` model starts
+  from its shapes (``load_format="dummy"``) and the first push sets its weights. ``push_weights`` streams the
+  policy's parameters (HF names) through ``llm.collective_rpc("reload_weights", ...)`` in checkpoint format: vLLM
+  restores each layer's checkpoint layout, loads, and repacks it (the CPU build prepacks linear weights, so the
+  model's own ``load_weights`` cannot be called on a running engine). Under ZeRO-3 the parameters are gathered one
+  bucket of ``rollout.vllm.bucket_mb`` at a time (`DeepSpeedEngine.weight_buckets`), never a whole second copy.
 * **Tied embeddings.** A push carries no LM head for a model with tied embeddings; vLLM's CPU build computes that
   head with a prepacked copy of the embedding, which the reload leaves stale, so every push rebuilds it
   (`refresh_tied_lm_heads`).
@@ -26,6 +26,7 @@ import hashlib
 import os
 from typing import List, Optional, Sequence, Tuple
 
+from ..config.decisions import Sampling
 from ..errors import RecipeError
 
 # Imports inside functions: vLLM only once a recipe asks for it (after VLLM_ENV is set, and it changes the importing
@@ -87,19 +88,12 @@ def request_seed(seed: int) -> int:
     return int.from_bytes(digest, "little") >> 2  # < 2**62: room for seed + n in a signed 64-bit integer
 
 
-def engine_dtype(recipe) -> str:
-    """``rollout.vllm.dtype``; ``auto``: float32 for an fp32 run, else bfloat16."""
-    dtype = recipe.rollout.vllm.dtype
-    if dtype != "auto":
-        return dtype
-    return "float32" if recipe.engine.precision == "fp32" else "bfloat16"
-
-
-def llm_kwargs(recipe, world_size: int, on_gpu: bool) -> dict:
-    """The ``vllm.LLM`` arguments of a recipe (every ``rollout.vllm`` key but ``bucket_mb``, which the push reads)."""
-    model, vcfg = recipe.model, recipe.rollout.vllm
+def llm_kwargs(sampling: Sampling, world_size: int, on_gpu: bool) -> dict:
+    """The ``vllm.LLM`` arguments of a run's ``Sampling`` (every ``rollout.vllm`` key but ``bucket_mb``, which the push
+    reads): the policy's model, in ``sampling.vllm_dtype``."""
+    model, vcfg = sampling.model, sampling.rollout.vllm
     kwargs = dict(
-        model=model.name_or_path, tokenizer=model.tokenizer or model.name_or_path, dtype=engine_dtype(recipe),
+        model=model.name_or_path, tokenizer=model.tokenizer or model.name_or_path, dtype=sampling.vllm_dtype,
         seed=0, kv_cache_memory_bytes=int(vcfg.kv_cache_memory_gb * 2**30), kv_cache_dtype=vcfg.kv_cache_dtype,
         enforce_eager=(not on_gpu) if vcfg.enforce_eager is None else vcfg.enforce_eager,
         enable_prefix_caching=True, trust_remote_code=model.trust_remote_code, tensor_parallel_size=1,
@@ -144,14 +138,14 @@ class VLLMSampler:
 
     name = "vllm"
 
-    def __init__(self, engine, tokenizer, recipe):
+    def __init__(self, engine, tokenizer, sampling: Sampling):
         import torch
 
         vllm = import_vllm()
-        self.engine, self.tokenizer, self.cfg = engine, tokenizer, recipe.rollout
+        self.engine, self.tokenizer, self.cfg = engine, tokenizer, sampling.rollout
         self.bucket_bytes = int(self.cfg.vllm.bucket_mb * 2**20)
         self.pushes = 0
-        self.llm = vllm.LLM(**llm_kwargs(recipe, engine.world_size, torch.cuda.is_available()))
+        self.llm = vllm.LLM(**llm_kwargs(sampling, engine.world_size, torch.cuda.is_available()))
 
     # ------------------------------------------------------------------------------------- sampling
     def _params(self, num: int, seed: int, greedy: bool, logprobs: bool):

@@ -23,12 +23,13 @@ import os
 import pickle
 import re
 import shutil
+import zipfile
 from pathlib import Path
-from typing import List, Optional, Tuple
+from typing import Callable, List, Optional, Tuple
 
 import torch
 
-from ..errors import RecipeError
+from ..errors import CheckpointFileError, RecipeError
 
 COMPLETE_MARKER = "complete.json"
 CHECKPOINT_PREFIX = "step_"
@@ -47,6 +48,12 @@ def reference_logps_file(rank: int) -> str:
 def rng_file(rank: int) -> str:
     """A rank's random generator states in a checkpoint (``Engine.rng_state``)."""
     return f"rng_rank{rank:05d}.pt"
+
+
+def transform_file(rank: int) -> str:
+    """A rank's humanline transform state in a checkpoint (``SampleTransform``'s generators; each data-parallel rank
+    draws from its own)."""
+    return f"transform_rank{rank:05d}.pt"
 
 
 def wrote_lookahead(checkpoint: Path) -> bool:
@@ -122,6 +129,19 @@ def read_marker(path: Path) -> dict:
     return marker
 
 
+def read_megatron_layout(path: Path) -> dict:
+    """A Megatron checkpoint's layout file (``{"tp", "pp", "world_size"}``, whole numbers); a damaged one is refused
+    (``CheckpointFileError``): it cannot say how the checkpoint is sharded."""
+    try:
+        layout = json.loads(Path(path).read_text(errors="replace"))
+        return {key: int(layout[key]) for key in ("tp", "pp", "world_size")}
+    except (ValueError, TypeError, KeyError):
+        raise CheckpointFileError(
+            f"Checkpoint file `{path}` is damaged: it should be the JSON object this pack writes (`tp`, `pp`, "
+            "`world_size`). Fix: point `checkpoint.resume` at an older `step_N`, or remove this one so that `auto` "
+            "takes the previous complete checkpoint.") from None
+
+
 def _write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     with open(tmp, "w") as fh:
@@ -189,35 +209,78 @@ def recover_final(output_dir: Path) -> str:
 
 
 # -------------------------------------------------------------------------------------------- loading
-def safe_load(path, map_location="cpu", allowed=()):
+CODE, DAMAGED = "code", "damaged"  # why a file is refused: it holds more than data, or it does not read
+
+
+def safe_load(path, map_location="cpu", allowed=(), refusal: Optional[Callable[[str, str, str], Exception]] = None,
+              mmap: bool = False):
     """``torch.load(weights_only=True)`` with ``allowed`` classes. A file holding anything else is refused with one
-    paragraph (``RecipeError``, exit code 2) and nothing in it is run; so is a damaged or truncated file."""
+    paragraph and nothing in it is run; so is a damaged or truncated file.
+
+    Args:
+        path: the file.
+        map_location: as ``torch.load``'s.
+        allowed: classes beyond tensors, numbers, strings and containers that the file may hold.
+        refusal: ``refusal(path, why, detail) -> exception`` (``why``: ``CODE`` or ``DAMAGED``), the error raised;
+            default: the launcher's ``RecipeError`` (exit code 2), whose fix names ``checkpoint.resume``.
+        mmap: map the tensors' storage instead of reading it (a zip-format file; an older one is read whole).
+    """
+    refusal = refusal or recipe_refusal
     try:
         with torch.serialization.safe_globals(list(allowed)):
+            if mmap and zipfile.is_zipfile(path):
+                return torch.load(path, map_location=map_location, weights_only=True, mmap=True)
             return torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
         if "weights only load failed" not in str(exc).lower():
-            raise _damaged(path, exc) from None
+            raise refusal(str(path), DAMAGED, _first_line(exc)) from None
         unsafe = [line.strip() for line in str(exc).splitlines() if "GLOBAL" in line or "Unsupported" in line][:1]
-        raise RecipeError(
-            f"Refused to load checkpoint file `{path}`: it holds objects outside what this pack's checkpoints contain "
-            "(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
-            f"Nothing from it was run. {' '.join(unsafe)} Fix: resume only from checkpoints this pack wrote, point "
-            "`checkpoint.resume` at another checkpoint, or use `checkpoint.resume=never`."
-        ) from None
+        raise refusal(str(path), CODE, " ".join(unsafe)) from None
     except (EOFError, OSError, RuntimeError, ValueError, TypeError, KeyError, IndexError) as exc:
         # torch.load only reads this file here: a truncated archive, a storage shorter than its tensors claim
         # ("record size ... does not match"), a tensor beyond its storage ("out of bounds"), a malformed pickle
-        raise _damaged(path, exc) from None
+        raise refusal(str(path), DAMAGED, _first_line(exc)) from None
 
 
-def _damaged(path, exc: Exception) -> RecipeError:
+def check_files(directory, allowed=(), refusal: Optional[Callable[[str, str, str], Exception]] = None) -> None:
+    """Every ``.pt`` file under ``directory`` read as ``safe_load`` would (its tensors mapped, not read), in sorted
+    order, before anything is loaded from it: every rank meets the same file first and refuses it alike, so no rank
+    loads while another has left (a collective would wait for it). Arguments as ``safe_load``'s."""
+    for path in sorted(Path(directory).rglob("*.pt")):
+        if path.is_file():
+            safe_load(path, allowed=allowed, refusal=refusal, mmap=True)
+
+
+def _first_line(exc: Exception) -> str:
     why = str(exc).strip().splitlines()[0][:120] if str(exc).strip() else "empty or cut short"
-    return RecipeError(
-        f"Checkpoint file `{path}` cannot be read ({type(exc).__name__}: {why}): "
-        "it is damaged or truncated although its checkpoint was marked complete. Fix: point `checkpoint.resume` at "
-        "an older `step_N`, or remove this one so that `auto` takes the previous complete checkpoint."
-    )
+    return f"{type(exc).__name__}: {why}"
+
+
+def refused_code(path: str, detail: str) -> str:
+    """The sentence every refusal of a file with more than data in it starts with."""
+    return (f"Refused to load checkpoint file `{path}`: it holds objects outside what this pack's checkpoints contain "
+            "(tensors, numbers, strings, containers and DeepSpeed's own state classes), so loading it could run code. "
+            f"Nothing from it was run. {detail}")
+
+
+def refusal(error: Callable[[str], Exception], code_fix: str, damaged_fix: str) -> Callable[[str, str, str], Exception]:
+    """A ``safe_load`` refusal: ``error(paragraph)`` for a file with more than data in it (``code_fix``) or a damaged
+    one (``damaged_fix``)."""
+    def refuse(path: str, why: str, detail: str) -> Exception:
+        if why == CODE:
+            return error(f"{refused_code(path, detail)} Fix: {code_fix}")
+        return error(f"Checkpoint file `{path}` cannot be read ({detail}): {damaged_fix}")
+
+    return refuse
+
+
+# the launcher's (``safe_load``'s default)
+recipe_refusal = refusal(
+    CheckpointFileError,
+    "resume only from checkpoints this pack wrote, point `checkpoint.resume` at another checkpoint, or use "
+    "`checkpoint.resume=never`.",
+    "it is damaged or truncated although its checkpoint was marked complete. Fix: point `checkpoint.resume` at an "
+    "older `step_N`, or remove this one so that `auto` takes the previous complete checkpoint.")
 
 
 def resume_target(resume: str, output_dir) -> Tuple[Optional[Path], str]:

@@ -64,10 +64,10 @@ def synced_run(report):
         reference_trainable=any(r.requires_grad for _, _, r in lora.pairs),
     )
     records, pending = [], {}
-    original_step, original_sync = engine.step, trainer.callbacks.before_optimizer_step
+    original_step, original_sync = engine.step, trainer.reference.before_optimizer_step
 
-    def sync(ctx):
-        record = original_sync(ctx)
+    def sync(updates_done):
+        record = original_sync(updates_done)
         pending["sync_bytes"] = record.bytes
         return record
 
@@ -88,7 +88,7 @@ def synced_run(report):
                                                     "policy") - pending["policy_logps"]).abs().max().item()))
         return out
 
-    engine.step, trainer.callbacks.before_optimizer_step = step, sync
+    engine.step, trainer.reference.before_optimizer_step = step, sync
     trainer.train()
     final_policy = logps(engine, batch, "policy")
     trainer.close(destroy_process_group=False)

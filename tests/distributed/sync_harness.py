@@ -41,21 +41,21 @@ class CountCollectives:
 
 def record_sync_steps(trainer, engine, gather_policy: Callable[[], Dict], gather_reference: Callable[[], Dict],
                       modules=(dist,)) -> List[dict]:
-    """Wrap the trainer's before-optimizer-step callbacks (the sync) and ``engine.step``; returns the list the records
-    are appended to: per update
+    """Wrap the trainer's reference sync (``trainer.reference.before_optimizer_step``) and ``engine.step``; returns the
+    list the records are appended to: per update
     ``n``, whether it synced, the collectives issued during the sync, and max-abs differences of the
     reference against the pre-update policy / pre-sync reference / the soft update of the two (``torch.lerp`` of
     the gathered weights by ``humanline.sync_mix``), and how far the policy moved."""
     records: List[dict] = []
     pending: dict = {}
     mix = trainer.recipe.humanline.sync_mix
-    original_hook, original_step = trainer.callbacks.before_optimizer_step, engine.step
+    original_hook, original_step = trainer.reference.before_optimizer_step, engine.step
 
-    def hook(ctx):
+    def hook(updates_done):
         pending["pre_policy"], pending["pre_ref"] = gather_policy(), gather_reference()
         with CountCollectives(modules) as counter:
-            result = original_hook(ctx)
-        pending.update(n=ctx.updates_done, synced=result.synced, sync_collectives=counter.count)
+            result = original_hook(updates_done)
+        pending.update(n=updates_done, synced=result.synced, sync_collectives=counter.count)
         return result
 
     def step():
@@ -74,6 +74,6 @@ def record_sync_steps(trainer, engine, gather_policy: Callable[[], Dict], gather
             })
         return out
 
-    trainer.callbacks.before_optimizer_step = hook
+    trainer.reference.before_optimizer_step = hook
     engine.step = step
     return records

@@ -30,7 +30,7 @@ def main(argv) -> int:
     no_reset_last = "--no-reset-last" in argv
     import torch
 
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, sampling
     from hl_core.engines import build_engine
     from hl_core.models.loading import load_tokenizer
     from hl_core.rollout.generation import prompt_seed, sample_groups
@@ -43,7 +43,7 @@ def main(argv) -> int:
     ])
     tokenizer = load_tokenizer(recipe.model)
     engine = build_engine(recipe, tokenizer)
-    sampler = VLLMSampler(engine, tokenizer, recipe)
+    sampler = VLLMSampler(engine, tokenizer, sampling(recipe))
     rank, world = engine.rank, engine.world_size
     special = {tokenizer.pad_token_id, tokenizer.eos_token_id, tokenizer.bos_token_id}
     vocab = [t for t in range(len(tokenizer)) if t not in special]

@@ -124,7 +124,7 @@ def main(argv) -> int:
     began = time.monotonic()
     import torch
 
-    from hl_core.config import load_recipe
+    from hl_core.config import load_recipe, sampling
     from hl_core.engines import build_engine
     from hl_core.models.loading import load_tokenizer
     from hl_core.rollout.generation import prompt_seed
@@ -139,7 +139,7 @@ def main(argv) -> int:
     tokenizer = load_tokenizer(recipe.model)
     engine = build_engine(recipe, tokenizer)
     started = time.monotonic()
-    sampler = VLLMSampler(engine, tokenizer, recipe)
+    sampler = VLLMSampler(engine, tokenizer, sampling(recipe))
     report = {"load_s": started - began, "engine_start_s": time.monotonic() - started, "phases": []}
     prompts = prompts_of(tokenizer)
     seeds = [prompt_seed(recipe.train.seed, p) for p in range(len(prompts))]

@@ -146,7 +146,7 @@ def test_two_sync_callbacks_on_one_stock_trainer_are_refused_when_training_start
     before = checksum(trainer.ref_model)
     with pytest.raises(HumanlineTrlSettingError) as info:
         trainer.train()
-    one_paragraph(info, "already synced by the HumanlineSyncCallback", "sync it twice")
+    one_paragraph(info, "already synced by another HumanlineSyncCallback or ReferenceSync", "sync it twice")
     assert checksum(trainer.ref_model) == before  # refused before any update
 
 

@@ -33,8 +33,10 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from hl_core.errors import UserError
+from hl_core.humanline import SampleTransform
 from hl_core.humanline.sync import _unwrap
+from hl_core.storage.checkpoints import refusal
+from hl_core.storage.deepspeed_checkpoints import deepspeed_safe_globals, safe_checkpoint_engine
 
 from .compat import HumanlineTrlSettingError
 
@@ -119,10 +121,8 @@ def save(folder: str, rank: int, sync_state, transform_state, rows: Optional[dic
 # ------------------------------------------------------------------------------------------- files a resume reads
 def _deepspeed_globals() -> list:
     """The classes DeepSpeed's checkpoint files hold besides tensors and containers (its loss scaler, ZeRO enums and
-    fragment addresses: ``hl_core.engines.deepspeed_engine.deepspeed_safe_globals``): nothing with code to run."""
+    fragment addresses: ``hl_core.storage.deepspeed_checkpoints.deepspeed_safe_globals``): nothing with code to run."""
     try:
-        from hl_core.engines.deepspeed_engine import deepspeed_safe_globals
-
         return deepspeed_safe_globals()
     except ImportError:  # no DeepSpeed: its files cannot be in a checkpoint this environment resumes
         return []
@@ -309,13 +309,16 @@ def _generator_problem(device: str, state) -> Optional[str]:
 
 
 def _check_transform(checkpoint: Path, name: str, saved, transform) -> None:
-    """The transform's saved state (``SampleTransform``'s generators, per device) against this trainer's."""
-    stateful = callable(getattr(transform, "state_dict", None))
-    if saved is None and not stateful:
+    """The transform's saved state (``SampleTransform``'s generators, per device; ``{}`` or None for a transform
+    that keeps none) against this trainer's transform."""
+    if not isinstance(transform, SampleTransform):
+        if saved:
+            raise _refuse(checkpoint, f"`{name}` holds a transform state ({type(saved).__name__}) that this "
+                          f"trainer's transform ({type(transform).__name__}) does not keep")
         return
-    if not stateful or not isinstance(saved, dict):
-        raise _refuse(checkpoint, f"`{name}` holds a transform state ({type(saved).__name__}) that this trainer's "
-                      f"transform ({type(transform).__name__}) does not keep")
+    if not isinstance(saved, dict):
+        raise _refuse(checkpoint, f"`{name}` holds no generator state for this trainer's SampleTransform (it holds "
+                      f"{type(saved).__name__})", "resume from a checkpoint written with humanline sampling")
     for device, state in saved.items():
         problem = _generator_problem(str(device), state)
         if problem:
@@ -379,7 +382,7 @@ def read_resume(trainer, checkpoint) -> Optional[Resume]:
     schedule, transform = trainer.humanline_sync.schedule, trainer.humanline_transform
     syncing = schedule is not None and schedule.every is not None
     if not sync_path.is_file():
-        if syncing or callable(getattr(transform, "state_dict", None)):
+        if syncing or isinstance(transform, SampleTransform):
             raise _refuse(checkpoint, f"it holds no `{sync_path.name}`: the moved reference, the sync's counts and "
                           "the transform's state this rank needs (the checkpoint was written by a trainer without "
                           "humanline, or by fewer processes), so the run would resume against the initial reference "
@@ -404,22 +407,17 @@ def read_resume(trainer, checkpoint) -> Optional[Resume]:
 
 
 # --------------------------------------------------------------------------------------- DeepSpeed's own loads
+_ENGINE_REFUSAL = refusal(
+    HumanlineTrlSettingError,
+    "resume from a checkpoint this trainer wrote (an earlier `checkpoint-N`), or start a fresh run.",
+    "DeepSpeed's file is damaged or cut short. Fix: resume from an earlier `checkpoint-N`, or copy this one again.")
+
+
 def install_safe_engine(engine) -> None:
-    """Give the DeepSpeed ``engine`` a checkpoint engine whose loads are weights-only (the pack's, with DeepSpeed's
-    allowlist), refusing anything else in the adapter's one paragraph."""
-    from hl_core.engines.deepspeed_engine import safe_checkpoint_engine
-
-    safe = safe_checkpoint_engine(engine._config)
-
-    class AdapterCheckpointEngine(type(safe)):
-        def load(self, path, map_location=None):
-            try:
-                return super().load(path, map_location=map_location)
-            except UserError as exc:
-                raise _refuse(Path(path).parent.parent, f"DeepSpeed's `{Path(path).name}` was refused: {exc}") \
-                    from None
-
-    engine.checkpoint_engine = AdapterCheckpointEngine(engine._config)
+    """Give the DeepSpeed ``engine`` a checkpoint engine whose loads are weights-only (the pack's,
+    ``hl_core.storage.deepspeed_checkpoints``, with DeepSpeed's allowlist), refusing anything else in one paragraph
+    (``HumanlineTrlSettingError``)."""
+    engine.checkpoint_engine = safe_checkpoint_engine(engine._config, refusal=_ENGINE_REFUSAL)
 
 
 def expected_local(param, zero3_pending: bool) -> Optional[torch.Tensor]:

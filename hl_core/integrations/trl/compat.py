@@ -12,7 +12,7 @@ from typing import Optional
 import trl
 from packaging.version import InvalidVersion, Version
 
-from hl_core.errors import UserError
+from hl_core.errors import HumanlineUsageError, UserError
 
 from . import internals
 
@@ -25,8 +25,10 @@ class UnsupportedTrlError(UserError):
     """The installed TRL is outside the supported releases, or lacks an internal the adapter overrides or reads."""
 
 
-class HumanlineTrlSettingError(UserError, ValueError):
-    """A TRL setting, keyword or checkpoint the humanline adapter cannot honour (the message names it and the fix)."""
+class HumanlineTrlSettingError(HumanlineUsageError):
+    """A TRL setting, keyword or checkpoint the humanline adapter cannot honour (the message names it and the fix):
+    the humanline API's ``HumanlineUsageError`` (a ``ValueError``, a ``TypeError`` and a ``UserError``) at the TRL
+    adapter's door."""
 
 
 def fused_head_available() -> bool:

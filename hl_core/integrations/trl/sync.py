@@ -22,29 +22,17 @@ callback syncs (two trainers sharing one reference), is refused; each update wou
 
 from __future__ import annotations
 
-import weakref
 from typing import Dict, List, Optional
 
 import torch
 from transformers import TrainerCallback
 
-from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule
+from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule, SyncUsageError
 from hl_core.humanline.sync import _unwrap
 
 from .checkpoint import Resume, expected_local
 from .compat import HumanlineTrlSettingError
 from .lora import reference_pairs
-
-# id(reference tensor) -> (that tensor, the callback syncing it), both weakly: one sync per reference
-_DRIVEN: Dict[int, tuple] = {}
-
-
-def _driver(tensor) -> Optional["HumanlineSyncCallback"]:
-    """The live callback syncing ``tensor``, or None."""
-    entry = _DRIVEN.get(id(tensor))
-    if entry is None or entry[0]() is not tensor:
-        return None
-    return entry[1]()
 
 
 class HumanlineSyncCallback(TrainerCallback):
@@ -98,33 +86,31 @@ class HumanlineSyncCallback(TrainerCallback):
         restored, self._restored = self._restored, None
         if self.schedule is not None and self.schedule.every is not None:
             pairs = reference_pairs(trainer.model_wrapped, trainer.ref_model)
-            self._claim(pairs)
-            self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
+            if self.sync is not None:  # a train() before this one: its sync lets go of the reference
+                self.sync.close()
+            self.sync = self._reference_sync(pairs, state.global_step)
             if restored is not None and restored.sync is not None:  # the moved reference and the counts
                 self._load(restored.sync)
             if trainer.is_deepspeed_enabled:
                 self._attach_engine(trainer.model_wrapped)
         if restored is not None:
-            if restored.transform is not None:
+            if restored.transform:  # a SampleTransform's generators (checked by checkpoint.read_resume)
                 trainer.humanline_transform.load_state_dict(restored.transform)
             if restored.rows is not None:
                 self.synced_updates = [int(n) for n in restored.rows["synced_updates"]]
                 self.history = [dict(row) for row in restored.rows["history"]]
 
-    def _claim(self, pairs) -> None:
-        """Refuse a reference another live callback syncs; then mark this one's (one sync per reference)."""
-        for key in [key for key, (tensor, callback) in _DRIVEN.items() if tensor() is None or callback() is None]:
-            del _DRIVEN[key]  # entries whose tensor or callback is gone
-        for _, _, reference in pairs:
-            other = _driver(reference)
-            if other is not None and other is not self and other.sync is not None:
-                raise HumanlineTrlSettingError(
-                    f"the reference of {type(self.trainer).__name__} is already synced by the HumanlineSyncCallback "
-                    f"of {type(other.trainer).__name__} (the two trainers share a reference model), so every update "
-                    "would sync it twice. Fix: give each trainer its own reference model, or sync it from one "
-                    "trainer only (`schedule=None` on the others).")
-        for _, _, reference in pairs:
-            _DRIVEN[id(reference)] = (weakref.ref(reference), weakref.ref(self))
+    def _reference_sync(self, pairs, updates_done: int) -> ReferenceSync:
+        """The sync of these pairs; a reference another live ``ReferenceSync`` drives (another callback's, two
+        trainers sharing one reference) is refused in the adapter's words."""
+        try:
+            return ReferenceSync(pairs, self.schedule, updates_done=updates_done)
+        except SyncUsageError as exc:
+            raise HumanlineTrlSettingError(
+                f"the reference of {type(self.trainer).__name__} is already synced by another HumanlineSyncCallback "
+                f"or ReferenceSync (two callbacks on one trainer, or two trainers sharing a reference model), so "
+                f"every update would sync it twice ({exc}). Fix: give each trainer its own reference model, or sync "
+                f"it from one place only (`schedule=None` on the others).") from None
 
     def expected_shards(self) -> Dict[str, Optional[torch.Tensor]]:
         """Name -> this rank's reference shard as the sync will save it (None where ZeRO-3 partitions it only when
@@ -193,7 +179,5 @@ class HumanlineSyncCallback(TrainerCallback):
         if self._attachment is not None:
             self._attachment.remove()
             self._attachment = None
-        if self.sync is not None:
-            for _, _, reference in self.sync.pairs:
-                if _driver(reference) is self:
-                    del _DRIVEN[id(reference)]
+        if self.sync is not None:  # training ended: the reference is free for another sync
+            self.sync.close()

@@ -137,3 +137,21 @@ def _environment_put_back():
     if os.environ != saved:
         os.environ.clear()
         os.environ.update(saved)
+
+
+@pytest.fixture(scope="module")
+def weights(tmp_path_factory):
+    """The tiny model (``tests/fixtures/tiny/model``) with saved random weights (seed 0), its tokenizer beside them:
+    what the pack (``model.random_init=false``), the own-loop examples and the TRL adapter's tests load."""
+    import shutil
+
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    out = tmp_path_factory.mktemp("model")
+    tiny = Path(__file__).resolve().parent / "fixtures" / "tiny" / "model"
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny), dtype=torch.float32).save_pretrained(out)
+    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
+        shutil.copy(tiny / name, out / name)
+    return out

@@ -9,8 +9,6 @@ import re
 import shutil
 
 import pytest
-import torch
-from transformers import AutoConfig, AutoModelForCausalLM
 
 from helpers import REPO, TINY_HUMANLINE, read_jsonl, run_recipe, run_torchrun
 
@@ -21,18 +19,6 @@ CLIP = (-0.05, 0.05)  # tight enough to bind on well over 5% of tokens once the 
 STEPS, K = 8, 2
 SYNC_LINE = "        synced = sync.before_optimizer_step(update).synced"
 LINE = re.compile(r"^update (\d+)  loss (\S+)  clipped (\S+)  synced (True|False)$", re.M)
-
-
-@pytest.fixture(scope="module")
-def weights(tmp_path_factory):
-    """The tiny model with saved random weights: the pack (``model.random_init=false``) and the examples load them."""
-    out = tmp_path_factory.mktemp("model")
-    tiny = REPO / "tests/fixtures/tiny/model"
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(tiny), dtype=torch.float32).save_pretrained(out)
-    for name in ("tokenizer.json", "tokenizer_config.json", "chat_template.jinja"):
-        shutil.copy(tiny / name, out / name)
-    return out
 
 
 def _pack_losses(weights, tmp_path, *overrides):

@@ -8,13 +8,12 @@ engine's step."""
 import pytest
 
 from helpers import REPO, TINY_HUMANLINE
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
 from trl_common import check_equal, max_diff, pack_losses, trl_run
 
 pytest.importorskip("trl")
 
 
-def test_dpo_equals_the_pack_and_only_with_the_sync_before_the_step(weights, tmp_path):  # noqa: F811
+def test_dpo_equals_the_pack_and_only_with_the_sync_before_the_step(weights, tmp_path):
     pack = pack_losses(TINY_HUMANLINE, weights, tmp_path)
     reports = trl_run("dpo", weights, tmp_path)
     check_equal(reports, pack, "dpo, one process")
@@ -25,7 +24,7 @@ def test_dpo_equals_the_pack_and_only_with_the_sync_before_the_step(weights, tmp
     assert max_diff(late, pack) > 1e-4, "a sync after the optimizer step must not match"
 
 
-def test_dpo_under_zero3_through_accelerate_equals_the_pack_without_collectives(weights, tmp_path):  # noqa: F811
+def test_dpo_under_zero3_through_accelerate_equals_the_pack_without_collectives(weights, tmp_path):
     pack = pack_losses(TINY_HUMANLINE, weights, tmp_path, "engine.zero_stage=3",
                        "engine.zero3_param_persistence_threshold=1000", nproc=2)
     reports = trl_run("dpo", weights, tmp_path, "--zero", "3", "--persist-below", "1000", nproc=2)
@@ -39,7 +38,7 @@ def test_dpo_under_zero3_through_accelerate_equals_the_pack_without_collectives(
             assert len(hooks) > 1 and hooks[0] == row["begin"] and hooks[-1] != row["begin"]
 
 
-def test_dpo_with_humanline_sampling_equals_the_pack(weights, tmp_path):  # noqa: F811
+def test_dpo_with_humanline_sampling_equals_the_pack(weights, tmp_path):
     """``SampleTransform`` (seed 0, as the pack's rank 0) draws for the same positions: the adapter hands it TRL's
     log-probs in the layout of ``input_ids``, so the rejected tokens, and so the losses, are the pack's."""
     pack = pack_losses(REPO / "recipes" / "tiny" / "humanline_sample_dpo.yaml", weights, tmp_path)

@@ -6,12 +6,11 @@ within 1e-5 on one CPU process: the same completions fed as offline groups (TRL 
 import pytest
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
 from trl_common import check_equal, pack_losses, trl_run
 
 pytest.importorskip("trl")
 
 
-def test_grpo_on_offline_groups_equals_the_pack(weights, tmp_path):  # noqa: F811
+def test_grpo_on_offline_groups_equals_the_pack(weights, tmp_path):
     pack = pack_losses(REPO / "recipes" / "tiny" / "humanline_grpo.yaml", weights, tmp_path)
     check_equal(trl_run("grpo", weights, tmp_path), pack, "grpo, one process")

@@ -5,12 +5,11 @@ chosen then rejected completion), the same mismatched KL completions, z0 from th
 import pytest
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
 from trl_common import check_equal, pack_losses, trl_run
 
 pytest.importorskip("trl")
 
 
-def test_kto_equals_the_pack(weights, tmp_path):  # noqa: F811
+def test_kto_equals_the_pack(weights, tmp_path):
     pack = pack_losses(REPO / "recipes" / "tiny" / "humanline_kto.yaml", weights, tmp_path)
     check_equal(trl_run("kto", weights, tmp_path), pack, "kto, one process")

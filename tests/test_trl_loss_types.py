@@ -11,13 +11,11 @@ import pytest
 import torch
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from test_trl_trainer_paths import grpo, settings
+from trl_common import grpo, settings
 
 trl = pytest.importorskip("trl")
 
-from trl_data import dpo_rows, load  # noqa: E402
-
+from distributed.trl_data import dpo_rows, load  # noqa: E402
 from hl_core.humanline import ClipTransform, NoTransform  # noqa: E402
 from hl_core.integrations.trl import HumanlineDPOTrainer, HumanlineKTOTrainer  # noqa: E402
 
@@ -26,7 +24,7 @@ DPO_TYPES = ["sigmoid", "hinge", "ipo", "exo_pair", "nca_pair", "robust", "bco_p
              "aot_unpaired", "apo_zero", "apo_down", "discopop", "sft", "sigmoid_norm"]
 
 
-def perturbed(weights, seed=1, scale=0.05):  # noqa: F811
+def perturbed(weights, seed=1, scale=0.05):
     """The tiny model with its weights moved a little: a reference the policy differs from."""
     model = load(weights)
     generator = torch.Generator().manual_seed(seed)
@@ -40,7 +38,7 @@ def close(a, b):
     return abs(a - b) <= 1e-6 * max(1.0, abs(a), abs(b))
 
 
-def dpo_eval_loss(cls, weights, tmp_path, data, extra, **kw):  # noqa: F811
+def dpo_eval_loss(cls, weights, tmp_path, data, extra, **kw):
     from transformers import AutoTokenizer
     from trl import DPOConfig
 
@@ -55,7 +53,7 @@ def dpo_eval_loss(cls, weights, tmp_path, data, extra, **kw):  # noqa: F811
     {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0, 0.5]}, {"f_divergence_type": "js_divergence"},
     {"f_divergence_type": "alpha_divergence", "f_alpha_divergence_coef": 0.5}, {"ld_alpha": 0.5},
     {"use_weighting": True}], ids=lambda e: "-".join(f"{k}={v}" for k, v in e.items()))
-def test_dpo_with_no_transform_gives_trls_loss(extra, weights, tmp_path):  # noqa: F811
+def test_dpo_with_no_transform_gives_trls_loss(extra, weights, tmp_path):
     from datasets import Dataset
     from trl import DPOTrainer
 
@@ -70,7 +68,7 @@ def test_dpo_with_no_transform_gives_trls_loss(extra, weights, tmp_path):  # noq
 
 
 @pytest.mark.parametrize("loss_type", ["kto", "apo_zero_unpaired"])
-def test_kto_with_no_transform_gives_trls_loss(loss_type, weights, tmp_path):  # noqa: F811
+def test_kto_with_no_transform_gives_trls_loss(loss_type, weights, tmp_path):
     from datasets import Dataset
     from transformers import AutoTokenizer
     from trl import KTOConfig, KTOTrainer
@@ -111,7 +109,7 @@ FORMULAS = {  # TRL's per-pair losses on the summed (clipped) log-ratios c, r an
 
 
 @pytest.mark.parametrize("loss_type", sorted(FORMULAS))
-def test_dpo_with_clipping_is_trls_formula_on_the_clipped_log_ratios(loss_type, weights, tmp_path):  # noqa: F811
+def test_dpo_with_clipping_is_trls_formula_on_the_clipped_log_ratios(loss_type, weights, tmp_path):
     from transformers import AutoTokenizer
 
     bounds = (-0.05, 0.05)
@@ -129,7 +127,7 @@ def test_dpo_with_clipping_is_trls_formula_on_the_clipped_log_ratios(loss_type, 
 
 
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo", "cispo", "sapo", "luspo"])
-def test_every_grpo_loss_type_trains(loss_type, weights, tmp_path):  # noqa: F811
+def test_every_grpo_loss_type_trains(loss_type, weights, tmp_path):
     trainer = grpo(weights, tmp_path, args={"max_steps": 2, "loss_type": loss_type, "max_completion_length": 64})
     trainer.train()
     assert all(math.isfinite(row["loss"]) for row in trainer.humanline_history)

@@ -11,26 +11,21 @@ adapter, ``ref``, synced from the policy's adapter (``pair_lora_adapters``), not
 """
 
 import shutil
-import sys
 
 import pytest
 import torch
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
-from trl_common import check_equal, max_diff, pack_losses, trl_run
+from trl_common import check_equal, conversational, max_diff, pack_losses, settings, trl_run
 
 pytest.importorskip("trl")
 peft = pytest.importorskip("peft")
-sys.path.insert(0, str(REPO / "tests" / "distributed"))
 
-from trl_data import dpo_rows, load  # noqa: E402
-
+from distributed.trl_data import dpo_rows, load  # noqa: E402
 from hl_core.errors import UserError  # noqa: E402
 from hl_core.humanline import SyncSchedule  # noqa: E402
 from hl_core.integrations.trl import HumanlineSyncCallback, HumanlineTrlSettingError  # noqa: E402
 from hl_core.integrations.trl.lora import REFERENCE_ADAPTER  # noqa: E402
-from test_trl_trainer_paths import settings  # noqa: E402
 
 TINY = REPO / "recipes" / "tiny"
 LORA = ("model.lora.r=8", "model.lora.alpha=16", "model.lora.dropout=0.0",
@@ -41,7 +36,7 @@ LR = "0.01"  # the LoRA recipe's: the adapter moves enough for the clip to bind
 @pytest.mark.parametrize("kind, recipe", [("dpo", "humanline_dpo_lora.yaml"),
                                           ("kto", "humanline_kto.yaml"),
                                           ("grpo", "humanline_grpo.yaml")])
-def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_path):  # noqa: F811
+def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_path):
     pack = pack_losses(TINY / recipe, weights, tmp_path, *LORA, f"train.lr={LR}")
     reports = trl_run(kind, weights, tmp_path, "--lora-seed", "0", "--lr", LR)
     check_equal(reports, pack, f"{kind}, LoRA, one process")
@@ -50,7 +45,7 @@ def test_lora_through_trl_equals_the_packs_lora_path(kind, recipe, weights, tmp_
         assert max_diff(late[0]["history"], pack) > 1e-4, "a sync after the optimizer step must not match"
 
 
-def trainer_with_peft_config(weights, tmp_path, config, **extra):  # noqa: F811
+def trainer_with_peft_config(weights, tmp_path, config, **extra):
     from transformers import AutoTokenizer
     from trl import DPOConfig
 
@@ -62,7 +57,7 @@ def trainer_with_peft_config(weights, tmp_path, config, **extra):  # noqa: F811
                                processing_class=tok, peft_config=config, **extra)
 
 
-def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_path):  # noqa: F811
+def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_path):
     config = peft.LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "v_proj"], lora_dropout=0.0)
     trainer = trainer_with_peft_config(weights, tmp_path, config, schedule=SyncSchedule(every=1))
     model = trainer.model
@@ -83,7 +78,7 @@ def test_peft_config_gets_a_ref_adapter_synced_from_the_policys(weights, tmp_pat
     assert all(torch.isfinite(p).all() for p in reference.values())
 
 
-def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path):  # noqa: F811
+def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path):
     config = peft.PromptTuningConfig(task_type=peft.TaskType.CAUSAL_LM, num_virtual_tokens=4)
     with pytest.raises(HumanlineTrlSettingError) as info:
         trainer_with_peft_config(weights, tmp_path, config)
@@ -91,11 +86,10 @@ def test_a_prompt_learning_policy_is_refused_in_one_paragraph(weights, tmp_path)
     assert isinstance(info.value, UserError) and "\n" not in message and "LoraConfig" in message
 
 
-def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_path):  # noqa: F811
+def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_path):
     from transformers import AutoTokenizer
     from trl import DPOConfig, DPOTrainer
 
-    from test_trl_resume import conversational  # TRL's own trainer takes rows, not token ids
 
     tok = AutoTokenizer.from_pretrained(weights)
     data = conversational("dpo").select(range(8))
@@ -116,13 +110,13 @@ def test_the_callback_syncs_trls_ref_adapter_on_a_stock_trainer(weights, tmp_pat
     assert "\n" not in str(info.value) and "ref_model" in str(info.value)
 
 
-def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path):  # noqa: F811
+def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path, monkeypatch):
     """k = 3, 8 updates, resumed from checkpoint 4: the checkpoint holds the moved ``ref`` adapter (synced at update
     3) and the sync's state; TRL restores the ``default`` adapter and the optimizer."""
     from transformers import AutoTokenizer
     from trl import DPOConfig
-    from trl_data import lora_policy
 
+    from distributed.trl_data import lora_policy
     from hl_core.humanline import ClipTransform
     from hl_core.integrations.trl import HumanlineDPOTrainer
 
@@ -140,14 +134,14 @@ def test_a_resumed_lora_run_gives_the_uninterrupted_losses(weights, tmp_path):  
     whole = run(tmp_path / "whole")
     saved = tmp_path / "whole" / "out" / "checkpoint-4"
     assert (saved / REFERENCE_ADAPTER).is_dir()  # transformers saves and reloads every adapter of the PeftModel...
-    ours, control = tmp_path / "ours", tmp_path / "control"
-    for copy in (ours, control):
-        shutil.copytree(saved, copy)
-        shutil.rmtree(copy / REFERENCE_ADAPTER)  # ...so without it the moved reference comes from our file only
-    state = torch.load(control / "humanline_sync_rank0.pt", weights_only=True)
-    del state["reference_shards"]  # the control: the counts, and the initial `ref` adapter instead of the moved one
-    torch.save(state, control / "humanline_sync_rank0.pt")
-    resumed, stale = run(tmp_path / "resumed", resume=str(ours)), run(tmp_path / "stale", resume=str(control))
+    ours = tmp_path / "ours"
+    shutil.copytree(saved, ours)
+    shutil.rmtree(ours / REFERENCE_ADAPTER)  # ...so without it the moved reference comes from our file only
+    resumed = run(tmp_path / "resumed", resume=str(ours))
+    load = HumanlineSyncCallback._load  # the control: the counts, the initial `ref` adapter, not the moved one
+    monkeypatch.setattr(HumanlineSyncCallback, "_load",
+                        lambda self, state: load(self, {k: v for k, v in state.items() if k != "reference_shards"}))
+    stale = run(tmp_path / "stale", resume=str(ours))
     losses, again, wrong = ([row["loss"] for row in t.humanline_history] for t in (whole, resumed, stale))
     gap = max(abs(a - b) for a, b in zip(losses[4:], again[4:]))
     print(f"LoRA DPO: updates 4-7 resumed vs whole, max |loss difference| {gap:.2e}")

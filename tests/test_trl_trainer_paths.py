@@ -5,76 +5,22 @@ bonus and a mixture-of-experts router's auxiliary loss (applied, as TRL applies 
 
 import json
 import math
-import sys
 
 import pytest
 import torch
 
 from helpers import REPO
-from test_own_loop import weights  # noqa: F401  (the fixture: the tiny model's saved random weights)
+from trl_common import checksum, conversational, dpo, grpo, kto, settings
 
 trl = pytest.importorskip("trl")
-sys.path.insert(0, str(REPO / "tests" / "distributed"))
 
-from trl_data import dpo_rows, grpo_rows, kto_rows, load  # noqa: E402
-
-from hl_core.humanline import ClipTransform, NoTransform, SyncSchedule  # noqa: E402
-from hl_core.integrations.trl import (  # noqa: E402
-    HumanlineDPOTrainer,
-    HumanlineGRPOTrainer,
-    HumanlineKTOTrainer,
-)
-
-
-def settings(tmp_path, **extra):
-    base = dict(output_dir=str(tmp_path / "out"), per_device_train_batch_size=4, per_device_eval_batch_size=4,
-                learning_rate=1e-3, lr_scheduler_type="constant", report_to=[], bf16=False, logging_steps=1,
-                save_strategy="no", disable_tqdm=True, seed=0, train_sampling_strategy="sequential")
-    base.update(extra)
-    return base
-
-
-def dpo(weights, tmp_path, rows=8, **extra):  # noqa: F811
-    from transformers import AutoTokenizer
-    from trl import DPOConfig
-
-    tok = AutoTokenizer.from_pretrained(weights)
-    data = dpo_rows(tok).select(range(rows))
-    config = DPOConfig(**settings(tmp_path, **extra.pop("args", {})), beta=0.1, max_length=None)
-    return HumanlineDPOTrainer(load(weights), ref_model=load(weights), args=config, train_dataset=data,
-                               eval_dataset=data, processing_class=tok, transform=ClipTransform(-0.05, 0.05),
-                               schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
-
-
-def kto(weights, tmp_path, **extra):  # noqa: F811
-    from transformers import AutoTokenizer
-    from trl import KTOConfig
-
-    tok = AutoTokenizer.from_pretrained(weights)
-    data = kto_rows(tok, 8).select(range(16))
-    config = KTOConfig(**settings(tmp_path, per_device_train_batch_size=8, per_device_eval_batch_size=8,
-                                  **extra.pop("args", {})), beta=0.1, max_length=None)
-    return HumanlineKTOTrainer(load(weights), ref_model=load(weights), args=config, train_dataset=data,
-                               eval_dataset=data, processing_class=tok, transform=ClipTransform(-0.05, 0.05),
-                               schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
-
-
-def grpo(weights, tmp_path, model=None, transform=None, **extra):  # noqa: F811
-    from transformers import AutoTokenizer
-    from trl import GRPOConfig
-
-    tok = AutoTokenizer.from_pretrained(weights)
-    config = GRPOConfig(**{"beta": 0.0, "loss_type": "bnpo", "num_generations": 4, "temperature": 1.0,
-                           **settings(tmp_path, per_device_train_batch_size=8, **extra.pop("args", {}))})
-    return HumanlineGRPOTrainer(model if model is not None else load(weights), reward_funcs=[], args=config,
-                                train_dataset=grpo_rows(tok).select(range(16)), processing_class=tok,
-                                transform=transform or ClipTransform(-0.05, 0.05),
-                                schedule=extra.pop("schedule", SyncSchedule(every=2)), **extra)
+from distributed.trl_data import grpo_rows, load  # noqa: E402
+from hl_core.humanline import NoTransform, SyncSchedule  # noqa: E402
 
 
 @pytest.mark.parametrize("build", [dpo, kto,
                                    grpo])
-def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weights, tmp_path):  # noqa: F811
+def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weights, tmp_path):
     trainer = build(weights, tmp_path, args={"save_strategy": "steps", "save_steps": 1, "max_steps": 2})
     trainer.train()
     state = json.loads((tmp_path / "out" / "checkpoint-2" / "trainer_state.json").read_text())
@@ -82,7 +28,7 @@ def test_checkpoints_are_written_and_the_logged_metrics_are_floats(build, weight
     assert len(logged) == 2 and all(isinstance(v, (int, float)) for row in logged for v in row.values())
 
 
-def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # noqa: F811
+def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):
     trainer = dpo(weights, tmp_path, rows=5, args={"num_train_epochs": 1})  # batches of 4 then 1
     trainer.train()
     assert [row["update"] for row in trainer.humanline_history] == [0, 1]
@@ -90,7 +36,7 @@ def test_dpo_trains_through_an_epochs_last_smaller_batch(weights, tmp_path):  # 
 
 
 @pytest.mark.parametrize("build", [dpo, kto])
-def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path):  # noqa: F811
+def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path):
     seen = []
 
     def compute_metrics(prediction):
@@ -102,13 +48,14 @@ def test_compute_metrics_gets_the_logits_as_with_trl(build, weights, tmp_path): 
     assert seen and seen[0][-1] == 448  # the vocabulary: TRL's extra forward gave the logits
 
 
-def first_loss(weights, tmp_path, transform=None, **args):  # noqa: F811
-    trainer = grpo(weights, tmp_path, transform=transform, args={"max_steps": 1, **args})
+def first_loss(weights, tmp_path, transform=None, **args):
+    keywords = {"transform": transform} if transform is not None else {}
+    trainer = grpo(weights, tmp_path, args={"max_steps": 1, **args}, **keywords)
     trainer.train()
     return trainer.humanline_history[0]["loss"]
 
 
-def test_grpo_applies_the_entropy_bonus_as_trl_does(weights, tmp_path):  # noqa: F811
+def test_grpo_applies_the_entropy_bonus_as_trl_does(weights, tmp_path):
     """At the first update the reference equals the policy: the loss with ``entropy_coef`` is the loss without it
     minus ``coef`` times the mean per-token entropy of the completions (computed here from the logits)."""
     from transformers import AutoTokenizer
@@ -155,14 +102,13 @@ def test_grpo_with_a_mixture_of_experts_adds_the_router_aux_loss(tmp_path):
     assert aux > 0 and abs((with_aux - without) - 0.5 * aux) < 1e-3 * aux, (with_aux, without, aux)
 
 
-def test_the_callback_syncs_a_stock_trl_trainer_before_the_step(weights, tmp_path):  # noqa: F811
+def test_the_callback_syncs_a_stock_trl_trainer_before_the_step(weights, tmp_path):
     """TRL's own ``DPOTrainer`` with ``HumanlineSyncCallback`` added (k = 2, 4 updates): synced at updates 0 and 2,
     and at the end the reference holds the policy's weights from the start of update 2 (pre-update), not the end."""
     from transformers import AutoTokenizer, TrainerCallback
     from trl import DPOConfig, DPOTrainer
 
     from hl_core.integrations.trl import HumanlineSyncCallback
-    from test_trl_resume import checksum, conversational
 
     class Begin(TrainerCallback):
         sums = []

@@ -112,10 +112,10 @@ def lora_policy(model_dir: Path, seed: int):
 
 
 def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed=None, out=None, save_steps=None,
-          lr=LR, lora_seed=None):
+          lr=LR, lora_seed=None, batch=None):
     """A humanline TRL trainer of ``kind`` (a checkpoint every ``save_steps`` updates, if given); with
     ``lora_seed``, a LoRA policy (``lora_policy``) and no reference model (the trainer's reference is then the
-    policy's ``ref`` adapter)."""
+    policy's ``ref`` adapter); ``batch``: rows per process per update (default: one process's whole update)."""
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     lora = lora_seed is not None
     policy = lora_policy(model_dir, lora_seed) if lora else load(model_dir)
@@ -125,7 +125,7 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineDPOTrainer
 
-        config = DPOConfig(**common_config(steps, 8, *options), beta=0.1, max_length=None)
+        config = DPOConfig(**common_config(steps, batch or 8, *options), beta=0.1, max_length=None)
         return HumanlineDPOTrainer(policy, ref_model=None if lora else load(model_dir), args=config,
                                    train_dataset=dpo_rows(tokenizer), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
@@ -134,7 +134,7 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineKTOTrainer
 
-        config = KTOConfig(**common_config(steps, 16, *options), beta=0.1, max_length=None)
+        config = KTOConfig(**common_config(steps, batch or 16, *options), beta=0.1, max_length=None)
         return HumanlineKTOTrainer(policy, ref_model=None if lora else load(model_dir), args=config,
                                    train_dataset=kto_rows(tokenizer, 16), processing_class=tokenizer,
                                    transform=transform, schedule=schedule)
@@ -143,7 +143,7 @@ def build(kind: str, model_dir: Path, steps: int, transform, schedule, deepspeed
 
         from hl_core.integrations.trl import HumanlineGRPOTrainer
 
-        config = GRPOConfig(**common_config(steps, 8, *options), beta=0.0, epsilon=0.2,
+        config = GRPOConfig(**common_config(steps, batch or 8, *options), beta=0.0, epsilon=0.2,
                             loss_type="bnpo", num_generations=4, temperature=1.0)
         return HumanlineGRPOTrainer(policy, reward_funcs=unused_reward, args=config,
                                     train_dataset=grpo_rows(tokenizer), processing_class=tokenizer,

@@ -52,6 +52,11 @@ parser.add_argument("--lr", type=float, default=1e-3)
 parser.add_argument("--lora-seed", type=int, default=None, help="a LoRA policy, its adapter seeded as the pack's")
 parser.add_argument("--save-steps", type=int, default=None)
 parser.add_argument("--resume", default=None)
+parser.add_argument("--batch", type=int, default=None, help="rows per process per update (default: the trainer's)")
+parser.add_argument("--expect-refusal", action="store_true",
+                    help="the resume is to be refused: write the refusal (a UserError's message) to the report")
+parser.add_argument("--initial-reference", action="store_true",
+                    help="the control: resume without the checkpoint's reference shards (the initial reference)")
 args = parser.parse_args()
 rank = int(os.environ.get("RANK", "0"))
 
@@ -96,10 +101,13 @@ original_load = ReferenceSync.load_state_dict
 
 
 def counted_load(self, state):
+    """``load_state_dict``, counting its collectives; then this rank's reference checksum (a LoRA policy's: its
+    ``ref`` adapter's tensors) and, under ZeRO-3, a gather probe."""
     with CountCollectives(comm_modules()) as counter:
         original_load(self, state)
-    restores.append({"collectives": counter.count, "ref_checksum": local_checksum(trainer.ref_model)})
-    partitioned = [p for p in trainer.ref_model.parameters() if getattr(p, "ds_status", None) is not None
+    references = [reference for _, _, reference in self.pairs]
+    restores.append({"collectives": counter.count, "ref_checksum": local_checksum(references)})
+    partitioned = [p for p in references if getattr(p, "ds_status", None) is not None
                    and p.ds_status.name == "NOT_AVAILABLE"]
     if partitioned:  # the counter sees a ZeRO-3 gather when one runs
         import deepspeed
@@ -111,6 +119,10 @@ def counted_load(self, state):
 
 
 ReferenceSync.load_state_dict = counted_load
+if args.initial_reference:
+    base_load = HumanlineSyncCallback._load
+    HumanlineSyncCallback._load = lambda self, state: base_load(
+        self, {key: value for key, value in state.items() if key != "reference_shards"})
 if args.late:  # the sync after the optimizer step, at TRL's on_step_end
     HumanlineSyncCallback.on_pre_optimizer_step = lambda self, *a, **k: None
     HumanlineSyncCallback._attach_engine = lambda self, engine: None
@@ -131,11 +143,13 @@ if args.zero is not None:
 
 
 def local_checksum(model):
-    """The sum of this rank's weights of ``model`` (ZeRO-3: its partitions ``ds_tensor``; nothing gathered); None
-    without a reference model (a LoRA policy's reference is its ``ref`` adapter)."""
+    """The sum of this rank's weights of ``model`` (a module, or a list of tensors; ZeRO-3: its partitions
+    ``ds_tensor``; nothing gathered); None without a reference model (a LoRA policy's reference is its ``ref``
+    adapter)."""
     if model is None:
         return None
-    return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in model.parameters())
+    tensors = model.parameters() if isinstance(model, torch.nn.Module) else model
+    return sum(float(getattr(p, "ds_tensor", p).detach().double().sum()) for p in tensors)
 
 
 class HookProbe(TrainerCallback):
@@ -172,8 +186,18 @@ probe = HookProbe()
 transform = SampleTransform(seed=0) if args.sample else ClipTransform(*args.clip)
 trainer = build(args.trainer, Path(args.model), args.steps, transform,
                 SyncSchedule(every=args.sync_every), deepspeed=deepspeed, out=args.out, save_steps=args.save_steps,
-                lr=args.lr, lora_seed=args.lora_seed)
+                lr=args.lr, lora_seed=args.lora_seed, batch=args.batch)
 trainer.add_callback(probe)
+if args.expect_refusal:
+    from hl_core.errors import UserError
+
+    try:
+        trainer.train(resume_from_checkpoint=args.resume)
+        refusal = None
+    except UserError as exc:
+        refusal = str(exc)
+    Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"refused": refusal}))
+    sys.exit(0)
 trainer.train(resume_from_checkpoint=args.resume)
 Path(f"{args.report}.rank{rank}.json").write_text(json.dumps({"history": trainer.humanline_history, "calls": calls,
                                                               "hooks": probe.rows, "restores": restores}))

@@ -1,23 +1,20 @@
-"""What the TRL adapter needs from TRL's internals, checked before a trainer is built, and the settings it refuses.
+"""Which TRL releases the adapter supports, checked before a trainer is built, and the settings it refuses.
 
-The adapter wraps private methods of TRL's trainers (``_compute_loss``, ``_prepare_dataset``,
-``GRPOTrainer._get_per_token_logps_and_entropies``) and the per-token log-probabilities of TRL's fused LM head. It
-supports the TRL releases in ``SUPPORTED_TRL`` (what ``pip install -e .[trl]`` allows); another release, or one
-lacking an internal, is refused (``UnsupportedTrlError``) instead of training something else silently.
+The adapter wraps internals of TRL's trainers, declared once in ``internals.INTERNALS``. It supports the TRL
+releases in ``SUPPORTED_TRL`` (what ``pip install -e .[trl]`` allows); another release, a version that cannot be
+read, or one lacking an internal, is refused (``UnsupportedTrlError``) instead of training something else silently.
 """
 
 from __future__ import annotations
 
-import inspect
-import sys
-from typing import List
+from typing import Optional
 
-import transformers
 import trl
-from packaging.version import Version
-from trl.trainer import utils as trl_utils
+from packaging.version import InvalidVersion, Version
 
-from hl_core.errors import UserError
+from hl_core.errors import HumanlineUsageError, UserError
+
+from . import internals
 
 TESTED_TRL = "1.16.0"  # the newest release tested
 SUPPORTED_TRL = (">=1.14", "<1.17")  # as setup.py's `trl` extra declares it
@@ -25,81 +22,63 @@ INSTALL = "pip install -e .[trl]"
 
 
 class UnsupportedTrlError(UserError):
-    """The installed TRL lacks an internal the adapter overrides or reads."""
+    """The installed TRL is outside the supported releases, or lacks an internal the adapter overrides or reads."""
 
 
-class HumanlineTrlSettingError(UserError):
-    """A TRL setting the humanline adapter cannot honour (the message names it and the fix)."""
-
-
-# (trainer, method, the parameters the adapter relies on, what the adapter does there)
-_METHODS = {
-    "DPOTrainer": [("_compute_loss", ("model", "inputs", "return_outputs"), "clip before the sequence sums"),
-                   ("_prepare_dataset", ("dataset", "processing_class", "args", "dataset_name"),
-                    "take token ids as given")],
-    "KTOTrainer": [("_compute_loss", ("model", "inputs", "return_outputs"), "clip before the sequence sums"),
-                   ("_prepare_dataset", ("dataset", "processing_class", "args", "dataset_name"),
-                    "take token ids as given")],
-    "GRPOTrainer": [("_compute_loss", ("model", "inputs"), "clip before exp() of the ratio"),
-                    ("_get_per_token_logps_and_entropies", ("model",),
-                     "the per-token log-probs of the policy and the reference")],
-}
+class HumanlineTrlSettingError(HumanlineUsageError):
+    """A TRL setting, keyword or checkpoint the humanline adapter cannot honour (the message names it and the fix):
+    the humanline API's ``HumanlineUsageError`` (a ``ValueError``, a ``TypeError`` and a ``UserError``) at the TRL
+    adapter's door."""
 
 
 def fused_head_available() -> bool:
-    """Whether TRL has the fused LM head the DPO and KTO adapters need (1.15 on; 1.14 takes log-probs from logits)."""
-    return "outputs" in inspect.signature(getattr(trl_utils, "add_fused_lm_head", lambda: None)).parameters
+    """Whether the installed TRL gives DPO and KTO their log-probs from the fused LM head (1.15 on; 1.14 from the
+    logits): declared by the release (``internals.FUSED_FROM``), not probed."""
+    return internals.uses_fused_head(trl.__version__)
 
 
-def missing_internals(trainer: str) -> List[str]:
-    """The internals of ``trl.<trainer>`` the adapter relies on that the installed TRL lacks (empty: all there)."""
-    missing = []
-    cls = getattr(trl, trainer, None)
-    if cls is None:
-        return [f"`trl.{trainer}`"]
-    for name, params, purpose in _METHODS[trainer]:
-        method = getattr(cls, name, None)
-        have = list(inspect.signature(method).parameters)[1:] if callable(method) else None
-        if have is None or tuple(have[:len(params)]) != params:
-            missing.append(f"`{trainer}.{name}({', '.join(params)})` ({purpose})")
-    if trainer in ("DPOTrainer", "KTOTrainer") and not fused_head_available():
-        module = sys.modules[cls.__module__]
-        for name in ("selective_log_softmax", "selective_log_softmax_and_entropy"):
-            function = getattr(module, name, None)
-            params = list(inspect.signature(function).parameters) if callable(function) else []
-            if params[:2] != ["logits", "index"] or "row_mask" not in params:
-                missing.append(f"`{cls.__module__}.{name}(logits, index, ..., row_mask=)` (where the adapter hands "
-                               f"{trainer}'s loss the transformed per-token log-probs, without TRL's fused LM head)")
-    if not hasattr(transformers.TrainerCallback, "on_pre_optimizer_step"):
-        missing.append("`transformers.TrainerCallback.on_pre_optimizer_step` (the sync's moment)")
-    return missing
+def readable_release(version: str) -> Optional[Version]:
+    """``version`` as a release (a pre-release counts as its release), or None where it is no version at all (a
+    source checkout without metadata reports ``unknown``)."""
+    try:
+        return Version(Version(str(version)).base_version)
+    except InvalidVersion:
+        return None
 
 
 def supported_release(version: str) -> bool:
     """Whether ``version`` is in ``SUPPORTED_TRL`` (a pre-release of a supported release counts as it)."""
-    release = Version(Version(version).base_version)
-    return Version(SUPPORTED_TRL[0][2:]) <= release < Version(SUPPORTED_TRL[1][1:])
+    release = readable_release(version)
+    return release is not None and Version(SUPPORTED_TRL[0][2:]) <= release < Version(SUPPORTED_TRL[1][1:])
 
 
-def check_trl(trainer: str) -> None:
-    """Refuse an installed TRL outside the supported releases, or one lacking an internal the adapter wraps.
+def _refusal(why: str) -> UnsupportedTrlError:
+    return UnsupportedTrlError(
+        f"humanline's TRL adapter wraps TRL's internals as they are in trl{','.join(SUPPORTED_TRL)} (tested with "
+        f"1.14.0 and {TESTED_TRL}), and the installed trl {why}, so the adapter cannot put the per-token clip and "
+        f"the reference sync where they belong and will not fall back to TRL's plain objective. Fix: install a "
+        f"supported release (`{INSTALL}`, which asks for trl{','.join(SUPPORTED_TRL)}), or use our own trainer "
+        f"(launchers/run.py) or your own loop (docs/howto/own-loop.md)."
+    )
+
+
+def check_trl(trainer: str, instance=None) -> None:
+    """Refuse an installed TRL outside the supported releases, or one lacking an internal ``trainer``'s humanline
+    subclass relies on (``internals.INTERNALS``; with ``instance``, the built trainer's attributes).
 
     Raises:
         UnsupportedTrlError: one paragraph naming the installed version, what is wrong and the fix.
     """
-    missing = missing_internals(trainer)
-    outside = not supported_release(trl.__version__)
+    version = str(trl.__version__)
+    if readable_release(version) is None:
+        raise _refusal(f"reports its version as `{version}`, which is no release (a source checkout without "
+                       "package metadata?), so which of TRL's internals it holds cannot be told")
+    missing = internals.missing(trainer, version, instance)
+    outside = not supported_release(version)
     if missing or outside:
         why = [f"is outside the releases it supports (trl{','.join(SUPPORTED_TRL)})"] if outside else []
         why += [f"lacks {', '.join(missing)}"] if missing else []
-        raise UnsupportedTrlError(
-            f"humanline's TRL adapter wraps TRL's internals as they are in trl{','.join(SUPPORTED_TRL)} (tested "
-            f"with 1.14.0 and {TESTED_TRL}), and the installed trl {trl.__version__} {' and '.join(why)}, so the "
-            f"adapter cannot put the per-token clip and the reference sync where they belong and will not fall "
-            f"back to TRL's plain objective. Fix: install a supported release (`{INSTALL}`, which asks for "
-            f"trl{','.join(SUPPORTED_TRL)}), or use our own trainer (launchers/run.py) or your own loop "
-            f"(docs/howto/own-loop.md)."
-        )
+        raise _refusal(f"{version} {' and '.join(why)}")
 
 
 def check_settings(args) -> None:

@@ -19,7 +19,9 @@ TOKEN_COLUMNS = ("prompt_ids", "chosen_ids", "rejected_ids")
 
 
 class HumanlineDPOTrainer(HumanlineMixin, DPOTrainer):
-    """TRL's ``DPOTrainer`` with humanline clipping (``transform``) and syncing (``schedule``).
+    """TRL's ``DPOTrainer`` with humanline clipping and syncing: set by ``HumanlineDPOConfig``'s fields (with
+    ``humanline=False``, TRL's own trainer), or with TRL's ``DPOConfig`` by ``transform=`` and ``schedule=``
+    (``HumanlineMixin``).
 
     A training set that already holds ``prompt_ids``, ``chosen_ids`` and ``rejected_ids`` is used as is (no chat
     template, no EOS added), so the same token ids can be fed to TRL and to another trainer.
@@ -33,4 +35,6 @@ class HumanlineDPOTrainer(HumanlineMixin, DPOTrainer):
         return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
     def _compute_loss(self, model, inputs, return_outputs):
+        if not self.humanline_enabled:  # `humanline=False`: TRL's own
+            return super()._compute_loss(model, inputs, return_outputs)
         return compute_loss_on_pair(self, super()._compute_loss, model, inputs, return_outputs)

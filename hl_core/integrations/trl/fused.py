@@ -17,6 +17,8 @@ import contextlib
 import torch
 import trl
 
+from hl_core.swaps import swap
+
 from .compat import fused_head_available
 from .logits import LogitsPair, patched_log_probs, trl_log_prob_functions
 from .stand_ins import ReferenceFirst
@@ -59,21 +61,17 @@ def compute_loss_on_pair(trainer, trl_compute_loss, model, inputs, return_output
     """Call TRL's ``_compute_loss`` (``trl_compute_loss``, bound) with the stand-ins of `FusedPair` or, on a TRL
     without the fused LM head, of ``logits.LogitsPair``.
 
-    ``trainer.ref_model`` is the reference stand-in for the call's duration only. The clipped fraction counted is
-    that of the last transformed forward: the completions (KTO's mismatched rows come first).
+    ``trainer.ref_model`` is the reference stand-in for the call's duration only (``hl_core.swaps.swap``). The
+    clipped fraction counted is that of the last transformed forward: the completions (KTO's mismatched rows come
+    first).
     """
-    reference = trainer.ref_model
     if fused_head_available():
         pair, patch = FusedPair(trainer, model, trainer._humanline_reference(model)), contextlib.nullcontext()
     else:
         trl_class = getattr(trl, trainer._trl_trainer)
         pair = LogitsPair(trainer, model, trainer._humanline_reference(model), trl_log_prob_functions(trl_class))
         patch = patched_log_probs(trl_class, pair)
-    trainer.ref_model = pair.reference_forward
-    try:
-        with patch:
-            out = trl_compute_loss(pair.policy_forward, inputs, return_outputs)
-    finally:
-        trainer.ref_model = reference
+    with swap(trainer, "ref_model", pair.reference_forward), patch:
+        out = trl_compute_loss(pair.policy_forward, inputs, return_outputs)
     trainer._humanline_count(pair.metrics[-1])
     return out

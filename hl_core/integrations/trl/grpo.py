@@ -5,9 +5,18 @@ per-token log-ratio transformed (clipped) before ``exp()``, then PPO-clipped (so
 ``lp_ref + d_hl`` (``d_hl = T(lp_pol - lp_ref)``, ``lp_ref`` the synced reference's, computed at loss time), and the
 reference's log-probs as TRL's ``old_per_token_logps``. So TRL's ratio is ``exp(d_hl)``, and every ``loss_type``,
 ``importance_sampling_level``, the entropy bonus (static and adaptive), ``top_entropy_quantile``, the router's
-auxiliary loss and the metrics are TRL's own. TRL's KL term (``beta != 0``) is given the reference log-probs that make
-it ``k3`` of the *unclamped* log-ratio, as the method says. It always keeps a reference model (TRL keeps none at
-``beta=0``): ``ref_model=`` or a copy of the policy.
+auxiliary loss and the metrics are TRL's own. It always keeps a reference model (TRL keeps none at ``beta=0``):
+``ref_model=`` or a copy of the policy.
+
+Two of TRL's terms read the old policy, which humanline replaces by the synced reference:
+
+* TRL's KL term (``beta != 0``) is given the reference log-probs that make it ``k3`` of the *unclamped* log-ratio,
+  ``k3 = exp(lp_ref - lp_pol) - (lp_ref - lp_pol) - 1``, as the method says; with ``use_bias_correction_kl=False``
+  that is the term, ``beta * k3`` (the pack's GRPO); with ``use_bias_correction_kl=True`` (TRL's default) TRL weights
+  it by its importance ratio, here humanline's ``exp(d_hl)``: ``beta * k3 * exp(d_hl)``.
+* ``off_policy_mask_threshold`` (DeepSeek-V3.2's off-policy sequence mask) measures the drift against the synced
+  reference: a sequence with a negative advantage is dropped when its mean ``lp_ref - lp_pol`` (unclamped) exceeds
+  the threshold.
 
 Offline groups ("rollouts fed identically"): a training set whose rows hold ``prompt_ids``, ``completion_ids`` and
 ``score`` is read in order, ``num_generations`` consecutive rows (one prompt) per group, with no generation; the
@@ -23,15 +32,11 @@ import torch
 from torch.utils.data import SequentialSampler
 from trl import GRPOTrainer
 from trl.models.utils import prepare_deepspeed
-from trl.trainer.utils import create_model_from_path, disable_dropout_in_model, get_config_model_id
-
-try:
-    from trl.trainer.utils import add_fused_lm_head
-except ImportError:  # trl 1.14: GRPOTrainer takes the log-probs from the logits, no fused head to add
-    add_fused_lm_head = None
+from trl.trainer import utils as trl_utils
 
 from hl_core.objectives.grpo import group_advantages
 
+from .compat import fused_head_available
 from .mixin import HumanlineMixin
 
 OFFLINE_COLUMNS = ("prompt_ids", "completion_ids", "score")
@@ -48,7 +53,9 @@ def _scores_in_the_data(completions, **kwargs):
 
 
 class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
-    """TRL's ``GRPOTrainer`` with humanline clipping (``transform``) and syncing (``schedule``).
+    """TRL's ``GRPOTrainer`` with humanline clipping and syncing: set by ``HumanlineGRPOConfig``'s fields (with
+    ``humanline=False``, TRL's own trainer), or with TRL's ``GRPOConfig`` by ``transform=`` and ``schedule=``
+    (``HumanlineMixin``).
 
     Extra keyword arguments: ``ref_model`` (the reference; default: a copy of the policy) and ``advantage_eps``
     (offline groups' advantages, default 1e-4). Offline groups need no reward function (``reward_funcs=[]``).
@@ -65,9 +72,11 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         super().__init__(*args, **kwargs)
 
     def _ensure_reference(self) -> None:
+        """The reference: the policy's ``ref`` adapter (PEFT), else ``ref_model=`` when given (in place of the one
+        TRL loads from the policy's path at ``beta != 0``), else TRL's, else a copy of the policy."""
         if self._humanline_peft is not None:  # the reference is the policy's `ref` adapter
             super()._ensure_reference()
-        elif self.ref_model is None:
+        elif self._humanline_ref is not None or self.ref_model is None:
             self.ref_model = self._build_reference(self._humanline_ref)
         self._humanline_ref = None
 
@@ -77,15 +86,17 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         loads its own, from the policy's checkpoint; otherwise it is a copy of the policy."""
         ref = ref_model
         if ref is None and self.is_deepspeed_enabled and self.accelerator.state.deepspeed_plugin.zero_stage == 3:
-            ref = create_model_from_path(get_config_model_id(self.model.config), dtype=self.model.dtype,
-                                         attn_implementation=self.model.config._attn_implementation)
+            ref = trl_utils.create_model_from_path(trl_utils.get_config_model_id(self.model.config),
+                                                   dtype=self.model.dtype,
+                                                   attn_implementation=self.model.config._attn_implementation)
         elif ref is None:
             ref = copy.deepcopy(self.model)
         ref.requires_grad_(False)
         if self.args.disable_dropout:
-            disable_dropout_in_model(ref)
-        if add_fused_lm_head is not None:
-            add_fused_lm_head(ref, temperature=self.temperature, cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
+            trl_utils.disable_dropout_in_model(ref)
+        if fused_head_available():  # trl 1.14: GRPOTrainer takes the log-probs from the logits, no fused head
+            trl_utils.add_fused_lm_head(ref, temperature=self.temperature,
+                                        cast_lm_head_to_fp32=self.args.cast_lm_head_to_fp32)
         if self.is_deepspeed_enabled:
             return prepare_deepspeed(ref, self.accelerator)
         return self.accelerator.prepare_model(ref, evaluation_mode=True)
@@ -122,6 +133,8 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
                 "completion_mask": completion_mask, "advantages": advantages, "num_items_in_batch": tokens}
 
     def _compute_loss(self, model, inputs):
+        if not self.humanline_enabled:  # `humanline=False`: TRL's own
+            return super()._compute_loss(model, inputs)
         mask = inputs["completion_mask"]
         inputs = dict(inputs)
         self._humanline_pending = (inputs, mask if "tool_mask" not in inputs else mask * inputs["tool_mask"])
@@ -145,7 +158,12 @@ class HumanlineGRPOTrainer(HumanlineMixin, GRPOTrainer):
         log_ratios, metrics, _ = self._humanline_log_ratios(policy_logps, ref_logps, mask, lead=0)
         humanline_logps = ref_logps + log_ratios
         inputs["old_per_token_logps"] = ref_logps  # TRL's ratio: exp(d_hl), against the synced reference
-        if self.beta != 0.0:  # TRL's k3 of (ref - lp_ref - d_hl): that of the unclamped log-ratio, lp_ref - lp_pol
-            inputs["ref_per_token_logps"] = 2 * ref_logps - policy_logps + log_ratios
+        # TRL forms `x - (lp_ref + d_hl)` for its KL term and its off-policy mask: with `x` below it is lp_ref - lp_pol,
+        # the unclamped log-ratio against the synced reference (with its gradient, for the KL term)
+        unclamped = 2 * ref_logps - policy_logps + log_ratios
+        if self.beta != 0.0:
+            inputs["ref_per_token_logps"] = unclamped
+        if self.args.off_policy_mask_threshold is not None:
+            inputs["sampling_per_token_logps"] = unclamped.detach()
         self._humanline_count(metrics)
         return (humanline_logps, *out[1:])

@@ -21,7 +21,9 @@ TOKEN_COLUMNS = ("prompt_ids", "completion_ids", "label", "KL_completion_ids")
 
 
 class HumanlineKTOTrainer(HumanlineMixin, KTOTrainer):
-    """TRL's ``KTOTrainer`` with humanline clipping (``transform``) and syncing (``schedule``).
+    """TRL's ``KTOTrainer`` with humanline clipping and syncing: set by ``HumanlineKTOConfig``'s fields (with
+    ``humanline=False``, TRL's own trainer), or with TRL's ``KTOConfig`` by ``transform=`` and ``schedule=``
+    (``HumanlineMixin``).
 
     A training set that already holds ``prompt_ids``, ``completion_ids``, ``label`` and ``KL_completion_ids`` is used
     as is, so the same token ids (and the same mismatched pairs) can be fed to TRL and to another trainer.
@@ -35,4 +37,6 @@ class HumanlineKTOTrainer(HumanlineMixin, KTOTrainer):
         return super()._prepare_dataset(dataset, processing_class, args, dataset_name)
 
     def _compute_loss(self, model, inputs, return_outputs):
+        if not self.humanline_enabled:  # `humanline=False`: TRL's own
+            return super()._compute_loss(model, inputs, return_outputs)
         return compute_loss_on_pair(self, super()._compute_loss, model, inputs, return_outputs)

@@ -25,7 +25,9 @@ import sys
 
 import torch
 
-from .stand_ins import ReferenceFirst
+from hl_core.swaps import swap_in_context, unswapped
+
+from .stand_ins import ReferenceFirst, _order_refusal
 
 PATCHED = ("selective_log_softmax", "selective_log_softmax_and_entropy")  # names in the trainer's module
 
@@ -43,12 +45,12 @@ class LogitsPair(ReferenceFirst):
     def __init__(self, trainer, policy, reference, originals: dict):
         super().__init__(trainer, policy, reference)
         self.originals = originals
-        self.pending = None  # the reference output of the last policy forward, until its log-probs are taken
+        self.pending = None  # (the policy's output, the reference's) of the last policy forward, until its log-probs
 
     def policy_forward(self, *args, **kwargs):
         ref_out = self.run_reference(*args, **kwargs)
         out = self.policy(*args, **kwargs)
-        self.pending = ref_out
+        self.pending = (out, ref_out)
         return out
 
     def selective_log_softmax(self, logits, index, *args, **kwargs):
@@ -66,9 +68,12 @@ class LogitsPair(ReferenceFirst):
         ``args``/``kwargs``: what follows ``index`` in ``selective_log_softmax``'s signature (``temperature``,
         ``row_mask``).
         """
-        ref_out, self.pending = self.pending, None
-        if ref_out is None:
+        pending, self.pending = self.pending, None
+        if pending is None:
             return policy_logps
+        out, ref_out = pending
+        if self.probing() and (logits.shape[0] != out.logits.shape[0] or logits.shape[-1] != out.logits.shape[-1]):
+            raise _order_refusal(self.trainer, "took log-probs of other logits than the policy's last forward's")
         ref_logits = ref_out.logits[..., : logits.shape[-2], :]  # TRL's slice of the same positions: [..., :-1, :]
         ref_logps = self.originals["selective_log_softmax"](ref_logits, index, *args, **kwargs).detach()
         row_mask = kwargs.get("row_mask", args[1] if len(args) > 1 else None)
@@ -78,19 +83,18 @@ class LogitsPair(ReferenceFirst):
 
 @contextlib.contextmanager
 def patched_log_probs(trainer_class, pair: LogitsPair):
-    """Put ``pair``'s log-prob functions in the module of ``trainer_class`` (TRL's trainer) for the block."""
+    """``pair``'s log-prob functions in the module of ``trainer_class`` (TRL's trainer), for the block and the
+    calling thread only (``hl_core.swaps.swap_in_context``): another trainer, in another thread, keeps TRL's own or
+    its own stand-ins."""
     module = sys.modules[trainer_class.__module__]
-    saved = {name: getattr(module, name) for name in PATCHED}
-    for name in PATCHED:
-        setattr(module, name, getattr(pair, name))
-    try:
+    with contextlib.ExitStack() as stack:
+        for name in PATCHED:
+            stack.enter_context(swap_in_context(module, name, getattr(pair, name)))
         yield
-    finally:
-        for name, function in saved.items():
-            setattr(module, name, function)
 
 
 def trl_log_prob_functions(trainer_class) -> dict:
-    """TRL's log-prob functions as the trainer's module holds them (the originals the stand-ins call)."""
+    """TRL's log-prob functions as the trainer's module holds them (the originals the stand-ins call; under
+    another thread's swap, the function the swap dispatches to)."""
     module = sys.modules[trainer_class.__module__]
-    return {name: getattr(module, name) for name in PATCHED}
+    return {name: unswapped(module, name) for name in PATCHED}

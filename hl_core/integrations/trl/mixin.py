@@ -1,55 +1,123 @@
-"""What the three humanline trainers share: the settings, the refusals, the sync callback, the per-update row, the
-metrics and the reference's place in TRL's checkpoints."""
+"""What the three humanline trainers share: the settings (keywords or a ``Humanline*Config``), the refusals, the
+sync callback, the per-update row, the metrics, the humanline files in TRL's checkpoints and the resume door."""
 
 from __future__ import annotations
 
-import json
+import inspect
 import os
-from typing import Dict, Optional
+from typing import Dict
 
 import torch
 import torch.nn.functional as F
-from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+import trl
+from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from hl_core.humanline import ClipTransform, LogRatioTransform, SyncSchedule
-
+from . import checkpoint as ckpt
 from .compat import HumanlineTrlSettingError, check_settings, check_trl
+from .config import UNSET, describe, settings
 from .lora import AdapterReference, ensure_reference_adapter, peft_policy
 from .sync import HumanlineSyncCallback
 
-SYNC_FILE = "humanline_sync_rank{rank}.pt"  # ReferenceSync.state_dict(): the counts and the reference shards
-STATE_FILE = "humanline_state.json"
+SYNC_FILE, STATE_FILE = ckpt.SYNC_FILE, ckpt.STATE_FILE
+
+
+def trainer_args(trl_class, args: tuple, kwargs: dict):
+    """The ``args=`` TRL's ``trl_class(*args, **kwargs)`` receives, found by binding its signature (None when the
+    call does not bind: TRL then raises its own error)."""
+    try:
+        bound = inspect.signature(trl_class.__init__).bind_partial(None, *args, **kwargs)
+    except TypeError:
+        return None
+    return bound.arguments.get("args")
 
 
 class HumanlineMixin:
     """Put in front of a TRL trainer class: ``class HumanlineDPOTrainer(HumanlineMixin, DPOTrainer)``.
 
-    Keyword arguments on top of the TRL trainer's own:
+    Humanline's settings come from the config (``HumanlineDPOConfig`` and its siblings: ``humanline=True`` and the
+    ``humanline_*`` fields; ``humanline=False`` is TRL's own trainer) or, with TRL's own config, from two keyword
+    arguments on top of the TRL trainer's own:
 
     * ``transform``: the per-token log-ratio transform (``hl_core.humanline.ClipTransform`` by default, with the
       paper's bounds; ``SampleTransform()`` for humanline sampling, ``NoTransform()`` for none);
     * ``schedule``: the reference sync (``hl_core.humanline.SyncSchedule``; every update by default; ``None`` keeps
       the reference frozen).
 
-    Checkpoints written by TRL's ``save_steps`` also hold each rank's ``ReferenceSync.state_dict()`` (the moved
-    reference's shards and the sync's counts, ``humanline_sync_rank<r>.pt``) and ``humanline_history`` with its sync
-    marks (``humanline_state.json``); ``train(resume_from_checkpoint=...)`` restores them.
+    A keyword the config disagrees with is refused (``HumanlineTrlSettingError``). Checkpoints written by TRL's
+    ``save_steps`` also hold each rank's sync and transform state (``humanline_sync_rank<r>.pt``) and the settings,
+    sync marks and ``humanline_history`` (``humanline_state.json``), checksummed; ``train(resume_from_checkpoint=...)``
+    checks the whole checkpoint first (``checkpoint.read_resume``) and restores them.
     """
 
     _trl_trainer = ""  # the TRL class's name, for the internals check
 
-    def __init__(self, *args, transform: Optional[LogRatioTransform] = None,
-                 schedule: Optional[SyncSchedule] = SyncSchedule(every=1), **kwargs):
+    def __init__(self, *args, transform=UNSET, schedule=UNSET, **kwargs):
         check_trl(self._trl_trainer)
-        self.humanline_transform = ClipTransform() if transform is None else transform
-        settings = kwargs.get("args", args[2] if len(args) > 2 else None)
-        check_settings(settings)
+        config = trainer_args(getattr(trl, self._trl_trainer), args, kwargs)
+        chosen = settings(config, transform, schedule)
+        if chosen.enabled:
+            check_settings(config)
+        self.humanline_enabled = chosen.enabled
+        self.humanline_transform = chosen.transform
         self._humanline_update: Dict[str, object] = {}
         super().__init__(*args, **kwargs)
+        check_trl(self._trl_trainer, instance=self)
         self._humanline_peft = peft_policy(self.model)
+        self.humanline_sync = None
+        if not self.humanline_enabled:
+            return
         self._ensure_reference()
-        self.humanline_sync = HumanlineSyncCallback(self, schedule, rows=True)
+        self.humanline_sync = HumanlineSyncCallback(self, chosen.schedule, rows=True)
         self.add_callback(self.humanline_sync)
+
+    def humanline_settings_record(self) -> dict:
+        """What a checkpoint records of this trainer's humanline settings, and a resume compares (the sampling seed
+        aside: each rank's generator state is in its own file)."""
+        schedule = self.humanline_sync.schedule if self.humanline_sync is not None else None
+        return {"humanline": self.humanline_enabled, "transform": describe(self.humanline_transform, seed=False),
+                "schedule": repr(schedule)}
+
+    def train(self, resume_from_checkpoint=None, *args, **kwargs):
+        """TRL's ``train``; a resume is checked first, whole (``checkpoint.read_resume``), before transformers reads
+        any of it: a refusal changes nothing."""
+        if resume_from_checkpoint is True:
+            resume_from_checkpoint = get_last_checkpoint(self.args.output_dir)
+            if resume_from_checkpoint is None:
+                raise HumanlineTrlSettingError(
+                    f"`resume_from_checkpoint=True` found no `{PREFIX_CHECKPOINT_DIR}-N` folder in `output_dir` "
+                    f"({self.args.output_dir}). Fix: point `resume_from_checkpoint` at a checkpoint folder, or leave "
+                    "it unset for a fresh run.")
+        if resume_from_checkpoint not in (None, False):
+            resume = self._agreed(lambda: ckpt.read_resume(self, resume_from_checkpoint), resume_from_checkpoint)
+            if self.humanline_sync is not None:
+                self.humanline_sync.restore(resume)
+        return super().train(resume_from_checkpoint or None, *args, **kwargs)
+
+    def _agreed(self, read, checkpoint):
+        """``read()`` on every rank; a refusal on any rank refuses on all (one gather), so no rank trains on alone
+        and waits for the others forever."""
+        try:
+            result, refusal = read(), None
+        except HumanlineTrlSettingError as exc:
+            result, refusal = None, exc
+        if self.args.world_size > 1:
+            refused = self.accelerator.gather(torch.tensor([refusal is not None], device=self.accelerator.device))
+            ranks = [rank for rank, flag in enumerate(refused.tolist()) if flag]
+            if refusal is None and ranks:
+                refusal = HumanlineTrlSettingError(
+                    f"cannot resume from `{checkpoint}`: rank(s) {ranks} refused it (their message names the file and "
+                    "why). Nothing was loaded. Fix: the one their message names.")
+        if refusal is not None:
+            raise refusal
+        return result
+
+    def create_scheduler(self, *args, **kwargs):
+        """TRL's; then, under DeepSpeed, the engine's checkpoint loads made weights-only (transformers prepares the
+        engine just before and loads a checkpoint into it just after: ``internals``' order contract)."""
+        out = super().create_scheduler(*args, **kwargs)
+        if self.is_deepspeed_enabled and self.accelerator.deepspeed_engine_wrapped is not None:
+            ckpt.install_safe_engine(self.accelerator.deepspeed_engine_wrapped.engine)
+        return out
 
     def _ensure_reference(self) -> None:
         """A PEFT policy's reference: the frozen ``ref`` adapter (``lora.ensure_reference_adapter``)."""
@@ -63,13 +131,15 @@ class HumanlineMixin:
 
     @property
     def humanline_history(self):
-        """One row per update: ``update``, ``loss``, ``clipped_frac``, ``synced`` (``HumanlineSyncCallback``)."""
-        return self.humanline_sync.history
+        """One row per update: ``update``, ``loss``, ``clipped_frac``, ``synced`` (``HumanlineSyncCallback``); empty
+        with humanline off."""
+        return self.humanline_sync.history if self.humanline_sync is not None else []
 
     def training_step(self, *args, **kwargs):
         loss = super().training_step(*args, **kwargs)
-        update = self._humanline_update
-        update["loss"] = update.get("loss", 0.0) + loss.detach().to(torch.float64)
+        if self.humanline_enabled:
+            update = self._humanline_update
+            update["loss"] = update.get("loss", 0.0) + loss.detach().to(torch.float64)
         return loss
 
     def _humanline_log_ratios(self, policy_logps, ref_logps, mask, lead: int = 1):
@@ -103,32 +173,10 @@ class HumanlineMixin:
 
     def _save_checkpoint(self, model, trial):
         super()._save_checkpoint(model, trial)
+        if not self.humanline_enabled:
+            return
         folder = os.path.join(self._get_output_dir(trial=trial), f"{PREFIX_CHECKPOINT_DIR}-{self.state.global_step}")
         sync, rows = self.humanline_sync.checkpoint()
-        if sync is not None:
-            torch.save(sync, os.path.join(folder, SYNC_FILE.format(rank=self.args.process_index)))
-        if self.args.should_save:
-            with open(os.path.join(folder, STATE_FILE), "w") as f:
-                json.dump(rows, f)
-
-    def _load_optimizer_and_scheduler(self, checkpoint):
-        super()._load_optimizer_and_scheduler(checkpoint)
-        if checkpoint is None:
-            return
-        sync_file = os.path.join(checkpoint, SYNC_FILE.format(rank=self.args.process_index))
-        rows_file = os.path.join(checkpoint, STATE_FILE)
-        schedule = self.humanline_sync.schedule
-        if not os.path.exists(sync_file) and schedule is not None and schedule.every is not None:
-            raise HumanlineTrlSettingError(
-                f"`resume_from_checkpoint={checkpoint}` holds no `{os.path.basename(sync_file)}`: the moved "
-                "reference and the sync's counts that this rank needs (the checkpoint was written by a trainer "
-                "without humanline syncing, or by fewer processes), so the run would resume against the initial "
-                "reference and sync on other updates. Fix: resume from a checkpoint this humanline trainer wrote, "
-                "with the same number of processes, or start a fresh run."
-            )
-        sync = torch.load(sync_file, map_location="cpu", weights_only=True) if os.path.exists(sync_file) else None
-        rows = None
-        if os.path.exists(rows_file):
-            with open(rows_file) as f:
-                rows = json.load(f)
-        self.humanline_sync.restore(sync, rows)
+        state = getattr(self.humanline_transform, "state_dict", None)
+        rows = {"settings": self.humanline_settings_record(), **rows} if self.args.should_save else None
+        ckpt.save(folder, self.args.process_index, sync, state() if callable(state) else None, rows)

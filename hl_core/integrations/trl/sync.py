@@ -15,17 +15,22 @@ DeepSpeed 0.19):
 
 The copy is ``hl_core.humanline.pair_parameters`` + ``hl_core.humanline.ReferenceSync``: each rank writes
 its own shard (ZeRO-3: its partition), nothing is gathered, no collective runs.
+
+One sync per reference: a second ``HumanlineSyncCallback`` on a trainer that has one, or on a reference another
+callback syncs (two trainers sharing one reference), is refused; each update would otherwise sync twice.
 """
 
 from __future__ import annotations
 
-from typing import List, Optional
+from typing import Dict, List, Optional
 
 import torch
 from transformers import TrainerCallback
 
-from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule
+from hl_core.humanline import ReferenceSync, SyncRecord, SyncSchedule, SyncUsageError
+from hl_core.humanline.sync import _unwrap
 
+from .checkpoint import Resume, expected_local
 from .compat import HumanlineTrlSettingError
 from .lora import reference_pairs
 
@@ -54,6 +59,18 @@ class HumanlineSyncCallback(TrainerCallback):
     """
 
     def __init__(self, trainer, schedule: Optional[SyncSchedule], rows: bool = False):
+        if schedule is not None and not isinstance(schedule, SyncSchedule):
+            raise HumanlineTrlSettingError(
+                f"HumanlineSyncCallback's `schedule={schedule!r}` is not accepted: it takes a "
+                "hl_core.humanline.SyncSchedule, or None for a frozen reference. Fix: pass "
+                f"`SyncSchedule(every={schedule if isinstance(schedule, int) else 'k'})`.")
+        handler = getattr(trainer, "callback_handler", None)
+        if any(isinstance(cb, HumanlineSyncCallback) for cb in getattr(handler, "callbacks", ())):
+            raise HumanlineTrlSettingError(
+                f"{type(trainer).__name__} already has a HumanlineSyncCallback (a humanline trainer adds its own), "
+                "and a second one would sync the reference twice in every update (with `mix=0.5`, 0.75 of the way). "
+                "Fix: drop the second callback; give the schedule to the one in place (a humanline trainer's "
+                "`schedule=` or its config's `humanline_sync_freq`).")
         self.trainer = trainer
         self.schedule = schedule
         self.rows = rows
@@ -61,20 +78,49 @@ class HumanlineSyncCallback(TrainerCallback):
         self.records: List[SyncRecord] = []
         self.history: List[dict] = []
         self.synced_updates: List[int] = []
-        self._restored: Optional[dict] = None  # ReferenceSync.state_dict() from a checkpoint, loaded at train begin
+        self._restored: Optional[Resume] = None  # checked by checkpoint.read_resume, applied at train begin
         self._attachment = None  # the engine's step, under DeepSpeed
 
     def on_train_begin(self, args, state, control, **kwargs):
         trainer = self.trainer
-        if self.schedule is None or self.schedule.every is None:
-            return
-        pairs = reference_pairs(trainer.model_wrapped, trainer.ref_model)
-        self.sync = ReferenceSync(pairs, self.schedule, updates_done=state.global_step)
-        if self._restored is not None:  # the reference syncing moved, and the counts, from the checkpoint
-            self._load(self._restored)
-            self._restored = None
-        if trainer.is_deepspeed_enabled:
-            self._attach_engine(trainer.model_wrapped)
+        restored, self._restored = self._restored, None
+        if self.schedule is not None and self.schedule.every is not None:
+            pairs = reference_pairs(trainer.model_wrapped, trainer.ref_model)
+            if self.sync is not None:  # a train() before this one: its sync lets go of the reference
+                self.sync.close()
+            self.sync = self._reference_sync(pairs, state.global_step)
+            if restored is not None and restored.sync is not None:  # the moved reference and the counts
+                self._load(restored.sync)
+            if trainer.is_deepspeed_enabled:
+                self._attach_engine(trainer.model_wrapped)
+        if restored is not None:
+            if restored.transform:  # a SampleTransform's generators (checked by checkpoint.read_resume)
+                trainer.humanline_transform.load_state_dict(restored.transform)
+            if restored.rows is not None:
+                self.synced_updates = [int(n) for n in restored.rows["synced_updates"]]
+                self.history = [dict(row) for row in restored.rows["history"]]
+
+    def _reference_sync(self, pairs, updates_done: int) -> ReferenceSync:
+        """The sync of these pairs; a reference another live ``ReferenceSync`` drives (another callback's, two
+        trainers sharing one reference) is refused in the adapter's words."""
+        try:
+            return ReferenceSync(pairs, self.schedule, updates_done=updates_done)
+        except SyncUsageError as exc:
+            raise HumanlineTrlSettingError(
+                f"the reference of {type(self.trainer).__name__} is already synced by another HumanlineSyncCallback "
+                f"or ReferenceSync (two callbacks on one trainer, or two trainers sharing a reference model), so "
+                f"every update would sync it twice ({exc}). Fix: give each trainer its own reference model, or sync "
+                f"it from one place only (`schedule=None` on the others).") from None
+
+    def expected_shards(self) -> Dict[str, Optional[torch.Tensor]]:
+        """Name -> this rank's reference shard as the sync will save it (None where ZeRO-3 partitions it only when
+        training starts): what a checkpoint's sync file must hold (``checkpoint.read_resume``)."""
+        trainer = self.trainer
+        if trainer.ref_model is not None:
+            return {name: expected_local(p, False) for name, p in _unwrap(trainer.ref_model).named_parameters()}
+        plugin = getattr(trainer.accelerator.state, "deepspeed_plugin", None) if trainer.is_deepspeed_enabled else None
+        pending = plugin is not None and plugin.zero_stage == 3 and trainer.model_wrapped is trainer.model
+        return {name: expected_local(ref, pending) for name, _, ref in reference_pairs(trainer.model, None)}
 
     def _load(self, state: dict) -> None:
         try:
@@ -125,14 +171,13 @@ class HumanlineSyncCallback(TrainerCallback):
         sync = self.sync.state_dict() if self.sync is not None else None
         return sync, {"synced_updates": list(self.synced_updates), "history": list(self.history)}
 
-    def restore(self, sync: Optional[dict], rows: Optional[dict]) -> None:
-        """The inverse of ``checkpoint`` (before ``train`` resumes; the sync state is loaded when the sync is built)."""
-        self._restored = sync
-        if rows is not None:
-            self.synced_updates = [int(n) for n in rows["synced_updates"]]
-            self.history = [dict(row) for row in rows["history"]]
+    def restore(self, resume: Optional[Resume]) -> None:
+        """Apply ``resume`` (checked already by ``checkpoint.read_resume``) when training starts."""
+        self._restored = resume
 
     def on_train_end(self, args, state, control, **kwargs):
         if self._attachment is not None:
             self._attachment.remove()
             self._attachment = None
+        if self.sync is not None:  # training ended: the reference is free for another sync
+            self.sync.close()

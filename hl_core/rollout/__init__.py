@@ -50,9 +50,11 @@ class RolloutSource:
         sampling: what generation reads (``hl_core.config.Sampling``: the ``rollout`` section and more).
         train: the recipe's ``train`` section (the run's last update, the micro-batch size or token budget).
         output_dir: the run's directory (``rollout.log_samples`` writes under ``rollouts/``).
-        engine, tokenizer: the run's.
+        engine: the run's.
+        tokenizer: the run's.
         prompts: the train split, a ``TokenizedDataset`` of ``{"prompt_ids", "reference", "messages"}``.
-        collate, data_kind: the objective's examples (their collate function and ``DATA_KINDS`` key).
+        collate: the objective's collate function for its examples.
+        data_kind: the objective's ``DATA_KINDS`` key.
         positions: position -> dataset index (the shared, seeded data order).
         needs_old_logps: keep the behaviour policy's log-probs (``hl_core.config.needs_old_logps``).
         logps_temperature: the temperature of those log-probs.

@@ -132,7 +132,7 @@ def _pickle_problem(path: Path) -> Optional[str]:
     """Why the pickled ``path`` may not be loaded (it names code, or it is no ``torch.save`` archive), or None.
     Only the archive's pickle is read, never run; allowed besides weights: what transformers allows in its RNG
     states (numpy) and DeepSpeed's classes."""
-    from transformers.trainer_pt_utils import safe_globals
+    from transformers.trainer_pt_utils import safe_globals  # transformers loads only when a resume reads a file
 
     try:
         with safe_globals(), torch.serialization.safe_globals(_deepspeed_globals()):
@@ -154,7 +154,7 @@ def _json_problem(path: Path) -> Optional[str]:
 
 
 def _safetensors_shapes(path: Path) -> Dict[str, tuple]:
-    from safetensors import safe_open
+    from safetensors import safe_open  # read only for LoRA resumes
 
     with safe_open(str(path), framework="pt") as f:
         return {key: tuple(f.get_slice(key).get_shape()) for key in f.keys()}

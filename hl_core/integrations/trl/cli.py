@@ -27,6 +27,9 @@ import yaml
 
 from hl_core.errors import UserError, did_you_mean, exit_on_user_error
 
+# Imports inside functions: trl, datasets, transformers and torch load only once the flags are read, so a bad flag
+# or a --help answers at once; the trainers and configs import TRL itself.
+
 USAGE = "python -m hl_core.integrations.trl dpo|kto|grpo --config FILE.yaml [--flag value ...]"
 OBJECTIVES = ("dpo", "kto", "grpo")
 ROW = "update {update}  loss {loss:.8f}  clipped {clipped_frac:.4f}  synced {synced}"
@@ -194,7 +197,9 @@ def run(kind: str, script_args, training_args, model_args, dataset_args) -> int:
     """Train as TRL's script for ``kind`` does, with the humanline trainer; print one row per update."""
     from trl import get_peft_config, get_quantization_config
 
-    from . import HumanlineDPOTrainer, HumanlineGRPOTrainer, HumanlineKTOTrainer
+    from .dpo import HumanlineDPOTrainer
+    from .grpo import HumanlineGRPOTrainer
+    from .kto import HumanlineKTOTrainer
 
     dataset = _dataset(kind, script_args, dataset_args)
     model, reference, tokenizer = _models(kind, script_args, training_args, model_args)

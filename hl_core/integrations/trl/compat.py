@@ -14,7 +14,7 @@ from packaging.version import InvalidVersion, Version
 
 from hl_core.errors import HumanlineUsageError, UserError
 
-from . import internals
+import hl_core.integrations.trl.internals as internals
 
 TESTED_TRL = "1.16.0"  # the newest release tested
 SUPPORTED_TRL = (">=1.14", "<1.17")  # as setup.py's `trl` extra declares it

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
-from . import checkpoint as ckpt
+import hl_core.integrations.trl.checkpoint as ckpt
 from .compat import HumanlineTrlSettingError, check_settings, check_trl
 from .config import UNSET, describe, settings
 from .lora import AdapterReference, ensure_reference_adapter, peft_policy

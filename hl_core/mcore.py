@@ -21,13 +21,21 @@ from .humanline.contract import dtype_arg, refuse, whole_number
 __all__ = ["causal_mask", "gpt_chunk_from_hf", "use_cpu"]
 
 
-def use_cpu() -> None:
-    """Let megatron-core run on a CPU over gloo (no CUDA, no fused kernels); call it before the process group.
+def use_cpu() -> megatron_cpu.CpuShims:
+    """Let megatron-core run on a CPU over gloo (no CUDA, no fused kernels); use it before the process group.
 
-    Installs the same small shims the pack's Megatron engine uses on CPU (CUDA device queries answered for the CPU,
-    the RNG tracker, `nn.Module.cuda` as a no-op, the CUDA-only allocations of the pipeline schedules). Idempotent.
+    Puts in place the small shims the pack's Megatron engine uses on CPU (CUDA device queries answered for the CPU,
+    the RNG tracker, ``nn.Module.cuda`` as a no-op, the CUDA-only allocations of the pipeline schedules), each as a
+    swap (``hl_core.swaps``). As a context manager (``with use_cpu(): ...``) it takes its shims out at the end of
+    the block, leaving any others in place; called as a statement, they stay for the process.
+
+    Returns:
+        The ``CpuShims`` handle: ``undo()`` takes these shims out.
+
+    Raises:
+        RuntimeError: CUDA is available (the shims are for machines without a GPU).
     """
-    megatron_cpu.install()
+    return megatron_cpu.shims()
 
 
 def causal_mask(seq_len: int, device=None) -> torch.Tensor:

@@ -60,3 +60,38 @@ def test_attach_on_a_megatron_optimizer_syncs_before_its_step():
     assert (sync.updates_seen, sync.num_syncs) == (4, 2)
     handle.remove()
     assert "step" not in vars(optimizer)  # the class's own step is back
+
+
+def test_a_removed_attachment_under_a_newer_wrapper_stops_syncing_and_leaves_the_wrapper():
+    """``attach`` wraps ``step`` as an ``hl_core.swaps`` layer: removing it while a newer wrapper (another swap) sits
+    on top takes out the sync only; the newer wrapper keeps running, and undoing it restores the class's ``step``."""
+    megatron_optimizer = pytest.importorskip("megatron.core.optimizer")
+    from hl_core.swaps import swap
+
+    class Counting(megatron_optimizer.MegatronOptimizer):
+        def __init__(self):
+            self.steps = 0
+
+        def step(self):
+            self.steps += 1
+
+        zero_grad = get_loss_scale = reload_model_params = state_dict = load_state_dict = lambda *a, **k: None
+        step_with_ready_grads = prepare_grads = sharded_state_dict = lambda *a, **k: None
+
+    policy, reference = torch.nn.Linear(2, 1), torch.nn.Linear(2, 1)
+    optimizer = Counting()
+    sync = ReferenceSync(pair_parameters(policy, reference), SyncSchedule(every=1))
+    handle = sync.attach(optimizer)
+    below, calls = optimizer.step, []
+    newer = swap(optimizer, "step", lambda: (calls.append("newer"), below())[1])
+    optimizer.step()
+    assert (sync.num_syncs, optimizer.steps, calls) == (1, 1, ["newer"])
+    handle.remove()  # the newer wrapper stays on top; the sync under it is gone
+    optimizer.step()
+    assert (sync.num_syncs, optimizer.steps, calls) == (1, 2, ["newer", "newer"])
+    assert sync.attach(optimizer) is not None  # removed, so it may attach again (on top of the newer wrapper)
+    optimizer.step()
+    assert (sync.num_syncs, optimizer.steps) == (2, 3)
+    sync._attached.remove()
+    newer.undo()
+    assert "step" not in vars(optimizer)  # the class's own step is back

@@ -120,3 +120,28 @@ def test_nested_context_swaps_show_the_newest_then_the_older():
             assert module.f() == "inner"
         assert module.f() == "outer"
     assert module.f() == "original"
+
+
+def test_use_cpu_as_a_context_manager_takes_its_shims_out_and_leaves_others():
+    """``hl_core.mcore.use_cpu()`` puts the megatron-core CPU shims in place as swaps: a ``with`` block's shims are
+    gone after it (``torch.cuda.current_device``, ``Module.cuda`` and the schedules' ``torch`` as they were), while
+    shims taken as a statement, before it, stay."""
+    pytest.importorskip("megatron.core")
+    import torch
+    from megatron.core.pipeline_parallel import schedules
+
+    from hl_core import mcore
+
+    if torch.cuda.is_available():
+        pytest.skip("the CPU shims refuse to run where CUDA is available")
+    originals = (torch.cuda.current_device, schedules.torch, "cuda" in vars(torch.nn.Module))
+    with mcore.use_cpu() as shims:
+        assert torch.cuda.current_device() == "cpu" and shims.active
+        assert torch.nn.Module().cuda is not None and schedules.torch is not torch
+    assert (torch.cuda.current_device, schedules.torch, "cuda" in vars(torch.nn.Module)) == originals
+    kept = mcore.use_cpu()
+    with mcore.use_cpu():
+        pass
+    assert torch.cuda.current_device() == "cpu" and kept.active  # the statement's shims outlive the block's
+    kept.undo()
+    assert (torch.cuda.current_device, schedules.torch) == originals[:2] and not kept.active

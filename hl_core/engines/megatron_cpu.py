@@ -26,19 +26,24 @@ an explicit boolean causal mask, and sequence parallel stays off (it needs TE/Ap
 does all of that. Megatron's own optimizer checks tensor types for "cuda", so on CPU the engine uses
 a torch optimizer over the local shards instead (see ``megatron_engine``).
 
-``install()`` is idempotent and refuses to run when CUDA is available: on a GPU nothing here is
-ever installed.
+Every patch is a swap (``hl_core.swaps``): ``shims()`` puts them in place and returns a ``CpuShims`` handle whose
+``undo()`` (or the end of a ``with`` block) takes out exactly those layers, in stack order, so a block's shims never
+outlive it and never remove another holder's. ``install()`` is the engine's: the shims for the rest of the process,
+once. Both refuse to run when CUDA is available: on a GPU nothing here is ever installed.
 """
 
 from __future__ import annotations
 
 import contextlib
+from typing import List, Optional
 
 import torch
 
+from ..swaps import Swap, swap
+
 # Imports inside functions: megatron-core is an optional extra; the shims load it when they are installed.
 
-_INSTALLED = False
+_PROCESS_SHIMS: Optional["CpuShims"] = None  # install()'s, kept for the process
 
 
 def needed() -> bool:
@@ -47,7 +52,35 @@ def needed() -> bool:
 
 
 def installed() -> bool:
-    return _INSTALLED
+    """Whether the process-wide shims (``install()``) are in place."""
+    return _PROCESS_SHIMS is not None
+
+
+class CpuShims:
+    """The CPU shims one ``shims()`` call put in place: ``undo()`` (idempotent) or the end of a ``with`` block takes
+    these layers out again, newest first; shims put in place by another call stay.
+
+    Attributes:
+        layers: the ``hl_core.swaps.Swap`` handles, in the order they were made.
+    """
+
+    def __init__(self, layers: List[Swap]):
+        self.layers = layers
+
+    @property
+    def active(self) -> bool:
+        """Whether these shims are still in place."""
+        return any(layer.active for layer in self.layers)
+
+    def undo(self) -> None:
+        for layer in reversed(self.layers):
+            layer.undo()
+
+    def __enter__(self) -> "CpuShims":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.undo()
 
 
 class _TorchProxy:
@@ -92,28 +125,41 @@ def _cpu_fork(self, name="model-parallel-rng"):
         torch.set_rng_state(outer)
 
 
-def install() -> None:
-    """Install the patches above (once per process; only where no GPU is present)."""
-    global _INSTALLED
-    if _INSTALLED:
-        return
+def shims() -> CpuShims:
+    """Put the patches above in place (as swaps) and return their handle.
+
+    Returns:
+        A ``CpuShims``: keep it for the process, or undo it (``with shims(): ...``) to take its patches out.
+
+    Raises:
+        RuntimeError: CUDA is available (on a GPU nothing here is installed).
+    """
     if not needed():
-        raise RuntimeError("megatron_cpu.install() is for machines without a GPU; CUDA is available here")
+        raise RuntimeError("the megatron-core CPU shims are for machines without a GPU; CUDA is available here")
     from megatron.core.pipeline_parallel import schedules
     from megatron.core.tensor_parallel import random as mp_random
 
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *args, **kwargs: None
-    mp_random.CudaRNGStatesTracker.add = _cpu_add
-    mp_random.CudaRNGStatesTracker.fork = _cpu_fork
-    mp_random._get_cuda_rng_state = lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)
-    mp_random._set_cuda_rng_state = lambda *args, **kwargs: None
     # `torch.cuda.manual_seed` is already a silent no-op without CUDA (lazy call), as Megatron's
     # model_parallel_cuda_manual_seed needs.
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    torch.nn.Module.cuda = lambda self, *args, **kwargs: self
-    schedules.torch = _TorchProxy(torch)
-    _INSTALLED = True
+    patches = [
+        (torch.cuda, "current_device", lambda: "cpu"),
+        (torch.cuda, "synchronize", lambda *args, **kwargs: None),
+        (mp_random.CudaRNGStatesTracker, "add", _cpu_add),
+        (mp_random.CudaRNGStatesTracker, "fork", _cpu_fork),
+        (mp_random, "_get_cuda_rng_state", lambda *args, **kwargs: torch.empty(0, dtype=torch.uint8)),
+        (mp_random, "_set_cuda_rng_state", lambda *args, **kwargs: None),
+        (torch.Tensor, "cuda", lambda self, *args, **kwargs: self),
+        (torch.nn.Module, "cuda", lambda self, *args, **kwargs: self),
+        (schedules, "torch", _TorchProxy(torch)),
+    ]
+    return CpuShims([swap(target, name, value) for target, name, value in patches])
+
+
+def install() -> None:
+    """The shims for the rest of the process (the Megatron engine's), put in place once per process."""
+    global _PROCESS_SHIMS
+    if _PROCESS_SHIMS is None:
+        _PROCESS_SHIMS = shims()
 
 
 # Model-config flags that select fused CUDA kernels; all must be off on CPU.

@@ -22,6 +22,7 @@ from typing import Callable
 import torch
 
 from ..errors import SyncUsageError  # noqa: F401 (its home before 0.1.x; hl_core.humanline exports it)
+from ..swaps import swap
 from .contract import refuse
 
 
@@ -58,23 +59,18 @@ class Attachment:
 
 
 def _wrap_step(target, before: Callable[[], None]) -> Callable[[], None]:
-    """Replace ``target.step`` on the instance by one that calls ``before()`` first; returns the undo."""
-    own = target.__dict__.get("step")
+    """Swap ``target.step`` on the instance for one that calls ``before()`` first (``hl_core.swaps``); returns the
+    undo. Undone, the wrapper passes straight through, so a wrapper stacked on it later keeps working without the
+    sync, and undoing takes out this layer only."""
     original = target.step
 
     def step(*args, **kwargs):
-        before()
+        if layer.active:
+            before()
         return original(*args, **kwargs)
 
-    target.step = step
-
-    def undo():
-        if own is None:
-            del target.step
-        else:
-            target.step = own
-
-    return undo
+    layer = swap(target, "step", step)
+    return layer.undo
 
 
 def hook_into(target, kind: str, sync_next: Callable[[], None]) -> Callable[[], None]:

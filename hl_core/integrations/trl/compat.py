@@ -12,9 +12,8 @@ from typing import Optional
 import trl
 from packaging.version import InvalidVersion, Version
 
-from hl_core.errors import HumanlineUsageError, UserError
-
 import hl_core.integrations.trl.internals as internals
+from hl_core.errors import HumanlineUsageError, UserError
 
 TESTED_TRL = "1.16.0"  # the newest release tested
 SUPPORTED_TRL = (">=1.14", "<1.17")  # as setup.py's `trl` extra declares it

@@ -13,6 +13,7 @@ import trl
 from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR, get_last_checkpoint
 
 import hl_core.integrations.trl.checkpoint as ckpt
+
 from .compat import HumanlineTrlSettingError, check_settings, check_trl
 from .config import UNSET, describe, settings
 from .lora import AdapterReference, ensure_reference_adapter, peft_policy

@@ -78,6 +78,20 @@ def validate(recipe, world_size=None) -> str:
     return validate_run(validation(recipe, world_size))
 
 
+def check_post_training_evals(recipe) -> None:
+    """What the post-training evals the recipe enables need from this environment, checked before any training: their
+    packages, and MATH-500's pinned LaTeX parser runtime (another one would change the verdicts, and would otherwise
+    only be refused after training, when the scorer starts). A ``UserError`` naming the fix."""
+    if not (recipe.eval.after_training and recipe.eval.math500.enabled):
+        return
+    from hl_core.config.checks import check_sink_packages
+
+    check_sink_packages(recipe)
+    from eval.math500 import check_scorer_runtime  # eval/ only where MATH-500 runs after training
+
+    check_scorer_runtime()
+
+
 def post_training_eval(recipe, model_dir: Path) -> Dict[str, str]:
     """The enabled ``eval.math500`` / ``eval.alpaca_eval`` / ``eval.data_quality`` blocks on ``final/``
     (rank 0, after training, engines torn down); results in ``output_dir/eval/*.json``. A failing block
@@ -124,7 +138,9 @@ def main(argv=None) -> int:
             print(plan_report(shape, world))
             return 1 if memory_plan(shape, world)["exceeds"] else 0
         if args.validate:
-            print(validate(recipe, world))
+            report = validate(recipe, world)
+            check_post_training_evals(recipe)
+            print(report)
             return 0
         if args.rehearse or args.rehearse_rank is not None:
             # deepspeed/megatron and the trainer: only a rehearsal needs them here
@@ -135,6 +151,7 @@ def main(argv=None) -> int:
         from hl_core.loop.lifecycle import note_run_start
         from hl_core.trainer import run
 
+        check_post_training_evals(recipe)
         note_run_start(started)
         return run(recipe, after_training=post_training_eval).get("exit_code", 0)
     except UserError as exc:

@@ -177,6 +177,31 @@ def test_the_cli_refuses_another_runtime_with_exit_2(tmp_path):
     assert not (tmp_path / "out" / "math500.json").exists()
 
 
+@pytest.mark.parametrize("mode", ["--validate", "train"])
+def test_the_launcher_refuses_another_runtime_before_training(tmp_path, mode):
+    """A recipe that runs MATH-500 after training, in an environment whose runtime says 4.11.0: `--validate` and the
+    run itself exit 2 with the runtime's paragraph before any update (no checkpoint, no metrics), not hours later
+    when the scorer starts. Without MATH-500 the same environment trains."""
+    dist = tmp_path / "site" / "antlr4_python3_runtime-4.11.0.dist-info"
+    dist.mkdir(parents=True)
+    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: antlr4-python3-runtime\nVersion: 4.11.0\n")
+    env = _env()
+    env["PYTHONPATH"] = f"{tmp_path / 'site'}:{env['PYTHONPATH']}"
+    out = tmp_path / "run"
+    cmd = [sys.executable, "launchers/run.py", "recipes/tiny/humanline_dpo.yaml", f"output_dir={out}",
+           "eval.math500.enabled=true", "eval.math500.data=tests/fixtures/eval/math500_20.jsonl",
+           "train.max_steps=1"] + ([mode] if mode.startswith("--") else [])
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    paragraph = proc.stderr.strip().splitlines()[-1]
+    assert paragraph.startswith("error: MATH-500 answer checking is pinned to antlr4-python3-runtime==4.13.2")
+    assert "Traceback" not in proc.stderr and not (out / "metrics.jsonl").exists()
+    if mode == "train":  # the same environment, MATH-500 off: it trains (the check is the runtime's, not the env's)
+        ok = subprocess.run(cmd[:3] + [f"output_dir={tmp_path / 'plain'}", "train.max_steps=1"], cwd=REPO, env=env,
+                            capture_output=True, text=True, timeout=600)
+        assert ok.returncode == 0, ok.stderr[-3000:]
+
+
 # ------------------------------------------------------------------------------------------- the agreement script
 
 

@@ -197,7 +197,7 @@ def plot_curves(curves: Dict[str, Dict[RunKey, Curve]], path: Union[str, Path],
     from matplotlib.figure import Figure
 
     labels = labels or {}
-    fig = Figure(figsize=(7, 4.5))
+    fig = Figure(figsize=(9.5, 4.5))  # wide: the legend sits beside the axes, never over a curve
     FigureCanvasAgg(fig)
     ax = fig.add_subplot(1, 1, 1)
     for arm, runs in curves.items():
@@ -209,7 +209,7 @@ def plot_curves(curves: Dict[str, Dict[RunKey, Curve]], path: Union[str, Path],
     if title:
         ax.set_title(title)
     ax.grid(True, alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left", bbox_to_anchor=(1.02, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)

@@ -104,7 +104,7 @@ def _refuse_bad_values(where: str, policy_logps, ref_logps, mask, counted) -> No
     for argument, values, flagged in (("policy_logps", policy_logps, bad[0]), ("ref_logps", ref_logps, bad[1])):
         if flagged:
             position = (counted & ~torch.isfinite(values)).nonzero()[0].tolist()
-            value = float(values[tuple(position)])
+            value = float(values.detach()[tuple(position)])
             raise NonFiniteLogRatioError(
                 f"`{where}`: `{argument}` is {value} at {position}, a position the mask counts: the update is "
                 "refused, as the trainer's NaN guard stops a run (a non-finite log-ratio is neither clipped nor "

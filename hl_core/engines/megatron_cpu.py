@@ -51,11 +51,6 @@ def needed() -> bool:
     return not torch.cuda.is_available()
 
 
-def installed() -> bool:
-    """Whether the process-wide shims (``install()``) are in place."""
-    return _PROCESS_SHIMS is not None
-
-
 class CpuShims:
     """The CPU shims one ``shims()`` call put in place: ``undo()`` (idempotent) or the end of a ``with`` block takes
     these layers out again, newest first; shims put in place by another call stay.
